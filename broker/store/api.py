@@ -1,0 +1,267 @@
+"""The message store's interface: what the broker, the HA service and the tests may call.
+
+One interface, implemented by the file store (:mod:`broker.store.file_store`) and, for tests, by a memory
+store. The store is synchronous and does no networking; it never calls asyncio. Waiting for durability
+(SYNC_FLUSH group commit) is exposed as ``concurrent.futures.Future`` so that an event loop can await it with
+``asyncio.wrap_future`` and a plain thread can call ``.result()``.
+
+Threads: all mutating calls (``append_batch``, ``put_message``, ``append_to_commitlog``, ``dispatch_available``,
+``truncate``) come from one thread at a time (the broker's event loop, or the test's thread). Read calls may
+come from that same thread. Background services (flush, and dispatch when ``dispatch_in_thread=True``) run in
+the store's own threads and synchronise with it internally.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Protocol
+
+import attrs
+
+from client.protocol.codec import BatchItem
+
+__all__ = [
+    "AppendResult",
+    "GetMessageResult",
+    "GetMessageStatus",
+    "MessageStore",
+    "PutMessageStatus",
+    "QueryResult",
+    "StoreError",
+    "StoreCorruptError",
+]
+
+
+class StoreError(Exception):
+    """A store failure that is not the caller's fault (disk full, I/O error); the message says which file."""
+
+
+class StoreCorruptError(StoreError):
+    """Recovery found a corrupt record in the middle of the commit log (file and offset in the message)."""
+
+
+class PutMessageStatus(enum.Enum):
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    OS_PAGE_CACHE_BUSY = "OS_PAGE_CACHE_BUSY"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+@attrs.frozen
+class AppendResult:
+    """Outcome of an append; on PUT_OK the records are in the commit log (not necessarily flushed)."""
+
+    status: PutMessageStatus
+    """PUT_OK, or why nothing was written."""
+    remark: str = ""
+    """For a failure: what was wrong (names the topic, queue, file or limit)."""
+    wrote_offset: int = -1
+    """Physical offset of the first record."""
+    wrote_bytes: int = 0
+    """Total bytes of the records (the end offset is ``wrote_offset + wrote_bytes``)."""
+    queue_offset: int = -1
+    """Logical offset of the first message in its consume queue."""
+    msg_count: int = 0
+    """Messages written."""
+    store_timestamp: int = 0
+    """Store time given to every record of this append."""
+    physical_offsets: tuple[int, ...] = ()
+    """Physical offset of each record."""
+
+    @property
+    def end_offset(self) -> int:
+        return self.wrote_offset + self.wrote_bytes
+
+
+class GetMessageStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@attrs.frozen
+class GetMessageResult:
+    """Outcome of ``get_message`` (SEMANTICS.md 3.1)."""
+
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    records: list[bytes] = attrs.field(factory=list)
+    """Each found record's bytes, in queue order (join them for a pull response)."""
+    queue_offsets: list[int] = attrs.field(factory=list)
+    """Logical offset of each found record."""
+    suggest_pulling_from_slave: bool = False
+    """``diff > memory`` with ``memory = total RAM * accessMessageInMemoryMaxRatio / 100`` (scan branch only)."""
+
+    @property
+    def msg_count(self) -> int:
+        return len(self.records)
+
+    @property
+    def total_size(self) -> int:
+        return sum(map(len, self.records))
+
+
+@attrs.frozen
+class QueryResult:
+    """Records found by a key / unique-key lookup."""
+
+    records: list[bytes]
+    index_last_update_timestamp: int = 0
+    index_last_update_phy_offset: int = 0
+
+
+#: ``(topic, queue_id, tags_code_or_none) -> bool``: consume-queue filter for ``get_message``.
+TagFilter = Callable[[int], bool]
+
+
+class MessageStore(Protocol):
+    """What every store implements. Offsets: *physical* = commit-log byte offset; *queue* = logical index."""
+
+    # lifecycle -------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Open files, recover (normal or abnormal, SEMANTICS.md 7.6), create the abort file.
+
+        Raises:
+            StoreCorruptError: a corrupt record mid-log and ``truncate_corrupt`` was not set.
+        """
+
+    def start(self) -> None:
+        """Start background services (flush; dispatch when ``dispatch_in_thread``)."""
+
+    def shutdown(self) -> None:
+        """Stop services, dispatch and flush everything, delete the abort file. Idempotent."""
+
+    # writes ---------------------------------------------------------------------------------------------
+    def append_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        items: Sequence[BatchItem],
+        *,
+        born_host: bytes,
+        reconsume_times: int = 0,
+    ) -> AppendResult:
+        """Append messages of one topic/queue contiguously, all or nothing; assign queue offsets.
+
+        Validates first (topic name and length, properties size, ``maxMessageSize``, writeable store, role not
+        SLAVE) and returns a non-OK status with a remark instead of writing. Applies the delay rewrite for
+        messages with a ``DELAY`` property (to ``SCHEDULE_TOPIC_XXXX``, queue ``level-1``, ``REAL_TOPIC`` /
+        ``REAL_QID`` properties). Does not wait for flush or replication.
+        """
+
+    def put_message(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        born_host: bytes,
+        born_timestamp: int,
+        flag: int = 0,
+        sys_flag: int = 0,
+        reconsume_times: int = 0,
+    ) -> AppendResult:
+        """Append one message built server-side (delay redelivery, send-back); same rules as append_batch."""
+
+    def flush_future(self, end_offset: int) -> Future[bool]:
+        """A future set to True once the commit log is flushed to ``end_offset``, False at ``syncFlushTimeout``.
+
+        Under ASYNC_FLUSH the future is already done (True). Concurrent callers share flushes (group commit).
+        """
+
+    def append_to_commitlog(self, physical_offset: int, data: bytes | memoryview) -> None:
+        """Slave side of HA: write replicated bytes at ``physical_offset`` (must equal ``max_physical_offset``
+        unless the store is empty), creating files as needed, then wake the dispatcher.
+
+        Raises:
+            ValueError: ``physical_offset`` does not continue the log.
+            StoreError: the bytes cannot be written (disk full).
+        """
+
+    def add_append_listener(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(new_max_physical_offset)`` after every append (in the appending thread)."""
+
+    def add_dispatch_listener(self, callback: Callable[[str, int, int], None]) -> None:
+        """Call ``callback(topic, queue_id, new_max_queue_offset)`` after records are dispatched to a queue."""
+
+    # dispatch -------------------------------------------------------------------------------------------
+    def dispatch_available(self, max_bytes: int = 4 << 20) -> int:
+        """Build consume-queue units and index entries for up to ``max_bytes`` of undispatched commit log.
+
+        Works from the commit-log bytes alone (so it runs on slaves). Returns the bytes consumed; 0 when
+        caught up. Non-blocking.
+        """
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        """``max_physical_offset - reput offset``."""
+
+    # reads ----------------------------------------------------------------------------------------------
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int,
+        max_bytes: int,
+        tag_filter: TagFilter | None = None,
+    ) -> GetMessageResult:
+        """Read up to ``max_nums`` messages / ``max_bytes`` from a queue (statuses and next-offset rules of
+        SEMANTICS.md 3.1, including the slave rule that suppresses offset corrections)."""
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset whose store time is >= ``timestamp_ms`` (max offset when none)."""
+
+    def get_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """Store time of one message, -1 when absent."""
+
+    def look_message_by_offset(self, physical_offset: int, size: int | None = None) -> bytes | None:
+        """The record at a physical offset, or None."""
+
+    def query_message(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> QueryResult:
+        """Records whose index key ``topic#key`` matches (keys and unique keys), newest first, deduplicated."""
+
+    def get_commitlog_data(self, physical_offset: int, max_bytes: int) -> memoryview | None:
+        """Bytes of the commit log from ``physical_offset`` to the written end of the file holding it
+        (at most ``max_bytes``); never crosses a file. None when nothing is there. Used by the HA master."""
+
+    @property
+    def max_physical_offset(self) -> int: ...
+
+    @property
+    def min_physical_offset(self) -> int: ...
+
+    @property
+    def flushed_physical_offset(self) -> int: ...
+
+    @property
+    def mapped_file_size_commitlog(self) -> int: ...
+
+    def topic_queue_max_offsets(self) -> dict[tuple[str, int], int]:
+        """Max queue offset of every (topic, queue) the store knows (for runtime info and metrics)."""
+
+    def truncate(self, physical_offset: int) -> None:
+        """Drop commit-log bytes from ``physical_offset`` on and consume-queue units pointing there (HA / DLedger
+        divergence repair)."""

@@ -1,0 +1,201 @@
+"""Small helpers for the servers' bare ASGI apps: read a bounded body, answer bytes or JSON, route by path.
+
+Pure glue over the ASGI ``receive``/``send`` callables (no sockets here); both the nameserver and the broker
+use it, so their error answers have one shape (see :mod:`client.protocol.wire`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from client.errors import ClientError
+from client.protocol.codes import ResponseCode
+from client.protocol.wire import CONTENT_BINARY, CONTENT_JSON, encode_error, http_status_for_code
+
+__all__ = ["Request", "Response", "Router", "error_response", "json_response"]
+
+log = logging.getLogger(__name__)
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class Request:
+    """One HTTP request: method, path, query and a body read up to a bound."""
+
+    __slots__ = ("body", "client", "method", "path", "query")
+
+    def __init__(self, method: str, path: str, query: dict[str, str], body: bytes, client: tuple[str, int]) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.body = body
+        self.client = client
+
+    def arg(self, name: str, default: str | None = None) -> str:
+        """A required (or defaulted) query argument; raises ArgumentError naming it."""
+        v = self.query.get(name, default)
+        if v is None:
+            raise ArgumentError(f"missing query argument {name!r}")
+        return v
+
+    def int_arg(self, name: str, default: int | None = None, *, lo: int | None = None, hi: int | None = None) -> int:
+        raw = self.query.get(name)
+        if raw is None:
+            if default is None:
+                raise ArgumentError(f"missing query argument {name!r}")
+            return default
+        try:
+            v = int(raw)
+        except ValueError:
+            raise ArgumentError(f"query argument {name!r}={raw[:40]!r} is not an integer") from None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ArgumentError(f"query argument {name!r}={v} is outside [{lo}, {hi}]")
+        return v
+
+    def json(self) -> dict[str, Any]:
+        """The body as a JSON object; raises ArgumentError when it is not one."""
+        try:
+            obj = json.loads(self.body)
+        except ValueError as e:
+            raise ArgumentError(f"request body is not valid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise ArgumentError("request body must be a JSON object")
+        return obj
+
+
+class ArgumentError(ClientError):
+    """A request argument is missing or malformed (answered as INVALID_PARAMETER)."""
+
+    code = int(ResponseCode.INVALID_PARAMETER)
+
+
+class Response:
+    __slots__ = ("body", "content_type", "status")
+
+    def __init__(self, body: bytes, status: int = 200, content_type: str = CONTENT_BINARY) -> None:
+        self.body = body
+        self.status = status
+        self.content_type = content_type
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(json.dumps(obj, separators=(",", ":")).encode(), status, CONTENT_JSON)
+
+
+def error_response(code: int, remark: str, *, broker: str | None = None, role: str | None = None) -> Response:
+    return Response(encode_error(code, remark, broker=broker, role=role), http_status_for_code(code), CONTENT_JSON)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Router:
+    """Exact-path routing with per-path allowed methods, bounded bodies and uniform errors.
+
+    Args:
+        routes: ``{(method, path): handler}``.
+        max_body_bytes: requests with a larger body are refused with MESSAGE_ILLEGAL (HTTP 413).
+        identity: returns ``(addr, role)`` put into every error answer.
+        extra: non-JSON handlers (``/metrics``) keyed by path, given the raw request.
+    """
+
+    def __init__(
+        self,
+        routes: Mapping[tuple[str, str], Handler],
+        *,
+        max_body_bytes: int,
+        identity: Callable[[], tuple[str | None, str | None]] = lambda: (None, None),
+    ) -> None:
+        self._routes = dict(routes)
+        self._paths: dict[str, set[str]] = {}
+        for method, path in self._routes:
+            self._paths.setdefault(path, set()).add(method)
+        self._max_body = max_body_bytes
+        self._identity = identity
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        response = await self._dispatch(scope, receive)
+        await send({
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [(b"content-type", response.content_type.encode()),
+                        (b"content-length", str(len(response.body)).encode())],
+        })
+        await send({"type": "http.response.body", "body": response.body})
+
+    async def _dispatch(self, scope: dict[str, Any], receive: Receive) -> Response:
+        method: str = scope["method"]
+        path: str = scope["path"]
+        broker, role = self._identity()
+        handler = self._routes.get((method, path))
+        if handler is None:
+            allowed = self._paths.get(path)
+            if allowed:
+                r = error_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                   f"method {method} not allowed on {path}; use {', '.join(sorted(allowed))}",
+                                   broker=broker, role=role)
+                r.status = 405
+                return r
+            return error_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"no such endpoint: {method} {path}",
+                                  broker=broker, role=role)
+        try:
+            body = await _read_body(receive, self._max_body)
+        except BodyTooLarge:
+            r = error_response(ResponseCode.MESSAGE_ILLEGAL,
+                               f"request body exceeds the limit of {self._max_body} bytes", broker=broker, role=role)
+            r.status = 413
+            return r
+        qs = scope.get("query_string", b"")
+        query = dict(parse_qsl(qs.decode("latin-1"), keep_blank_values=True)) if qs else {}
+        request = Request(method, path, query, body, scope.get("client") or ("", 0))
+        try:
+            return await handler(request)
+        except ClientError as e:
+            code = e.code if e.code >= 0 else int(ResponseCode.SYSTEM_ERROR)
+            return error_response(code, e.message, broker=broker, role=role)
+        except Exception as e:  # a bug must not kill the connection; the client gets SYSTEM_ERROR and a log line
+            log.exception("%s %s failed", method, path)
+            return error_response(ResponseCode.SYSTEM_ERROR, f"internal error: {type(e).__name__}: {e}",
+                                  broker=broker, role=role)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        if chunk:
+            total += len(chunk)
+            if total > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

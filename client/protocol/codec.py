@@ -1,0 +1,649 @@
+"""The byte layouts of messages: commit-log records, send batches, msgIds. The only module that owns them.
+
+Commit-log record, version 1 (``MAGIC_V1``), all integers big-endian, IPv4 hosts::
+
+    pos  size  field
+      0     4  TOTALSIZE           whole record, this field included (91 + body + topic + properties)
+      4     4  MAGICCODE           0xDAA320A7
+      8     4  BODYCRC             zlib.crc32(body) & 0x7FFFFFFF (RocketMQ's UtilAll.crc32)
+     12     4  QUEUEID
+     16     4  FLAG                user flag
+     20     8  QUEUEOFFSET         logical offset in the consume queue
+     28     8  PHYSICALOFFSET      this record's commit-log offset
+     36     4  SYSFLAG             SysFlag bits; 0x10 / 0x20 make BORNHOST / STOREHOST 20 bytes (IPv6)
+     40     8  BORNTIMESTAMP       ms
+     48     8  BORNHOST            4-byte IPv4 + int32 port
+     56     8  STORETIMESTAMP      ms
+     64     8  STOREHOSTADDRESS    4-byte IPv4 + int32 port
+     72     4  RECONSUMETIMES
+     76     8  PREPARED TX OFFSET
+     84     4  BODYLENGTH          followed by the body
+      .     1  TOPICLENGTH         followed by the UTF-8 topic (at most 127 bytes)
+      .     2  PROPERTIESLENGTH    followed by ``k\\x01v\\x02...`` UTF-8 (at most 32767 bytes)
+
+End of a commit-log file: an 8-byte blank marker ``[int32 remaining][int32 BLANK_MAGIC]``; the rest of the
+file is unused and readers move to the next file.
+
+Send batch (the body of ``POST /send``; one topic and queue per request, given in the query string), items back
+to back::
+
+      0     4  ITEMSIZE            whole item, this field included (34 + body + properties)
+      4     4  MAGICCODE           BATCH_MAGIC 0x53504C54 ("SPLT")
+      8     4  BODYCRC             as in the record
+     12     4  FLAG
+     16     4  SYSFLAG
+     20     8  BORNTIMESTAMP
+     28     4  BODYLENGTH          followed by the body
+      .     2  PROPERTIESLENGTH    followed by the properties
+
+Offset msgId (``offsetMsgId``): upper-case hex of ``storeHostIP (4|16) | storePort int32 | commitLogOffset int64``.
+The client unique id (``UNIQ_KEY`` property, the ``msg_id`` users see): upper-case hex of
+``ip (4) | pid (2) | random (4) | ms since the start of the month (4) | counter (2)`` = 32 characters.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import ipaddress
+import itertools
+import os
+import random as _random
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from operator import mul
+from typing import NamedTuple
+
+from client.errors import MessageIllegalError, ProtocolViolationError
+from client.protocol.codes import SysFlag
+from client.protocol.message import Message, MessageExt
+from client.protocol.properties import (
+    DELAY,
+    KEYS,
+    MAX_PROPERTIES_BYTES,
+    MAX_TOPIC_LENGTH,
+    TAGS,
+    UNIQ_KEY,
+    decode_properties,
+    encode_properties,
+)
+
+__all__ = [
+    "BATCH_ITEM_HEAD",
+    "BLANK_MAGIC",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "MAGIC_V1",
+    "RECORD_HEAD",
+    "BatchItem",
+    "DispatchInfo",
+    "UniqKeyGenerator",
+    "body_crc",
+    "create_offset_msg_id",
+    "decode_batch",
+    "decode_offset_msg_id",
+    "decode_records",
+    "encode_batch",
+    "java_hash",
+    "pack_host",
+    "parse_dispatch_info",
+    "record_size",
+    "tags_hash",
+    "unpack_host",
+    "write_record",
+]
+
+MAGIC_V1 = -626843481  # 0xDAA320A7 as a signed int32
+BLANK_MAGIC = -875286124  # 0xCBD43194
+BATCH_MAGIC = 0x53504C54
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+
+#: Fixed part of a record up to and including BODYLENGTH, IPv4 hosts (88 bytes).
+RECORD_HEAD = struct.Struct(">iiiiiqqiq4siq4siiqi")
+#: TOTALSIZE + MAGICCODE: enough to step over a record or recognise a blank marker.
+RECORD_PREFIX = struct.Struct(">ii")
+BLANK_MARKER = struct.Struct(">ii")
+#: Batch item header up to and including BODYLENGTH (32 bytes).
+BATCH_ITEM_HEAD = struct.Struct(">iiiiiqi")
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+_Q_OFFSET = struct.Struct(">q")
+_MSGID_TAIL = struct.Struct(">iq")
+RECORD_FIXED_SIZE = RECORD_HEAD.size + 1 + 2  # 91
+BATCH_FIXED_SIZE = BATCH_ITEM_HEAD.size + 2  # 34
+#: Records smaller than this are impossible; used to reject garbage sizes early.
+MIN_RECORD_SIZE = RECORD_FIXED_SIZE
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    """CRC32 of a body as RocketMQ stores it (masked to a non-negative int32)."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+# --- Java String.hashCode -------------------------------------------------------------------------------
+
+_POW31: dict[int, tuple[int, ...]] = {}
+_MASK32 = 0xFFFFFFFF
+
+
+def _powers(n: int) -> tuple[int, ...]:
+    p = _POW31.get(n)
+    if p is None:
+        p = tuple(pow(31, n - 1 - i, 1 << 32) for i in range(n))
+        if n <= 512:
+            _POW31[n] = p
+    return p
+
+
+def java_hash(s: str) -> int:
+    """Java's ``String.hashCode()``: signed 32-bit ``h = 31*h + c`` over UTF-16 code units.
+
+    ``java_hash("TagA") == 2598919``; ``java_hash("FooBar#KEY1") == -2081429752``.
+    """
+    if s.isascii():
+        units: bytes | tuple[int, ...] = s.encode("ascii")
+    else:
+        raw = s.encode("utf-16-be")
+        units = struct.unpack(f">{len(raw) // 2}H", raw)
+    h = sum(map(mul, units, _powers(len(units)))) & _MASK32
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+_TAGS_HASH_CACHE: dict[str, int] = {}
+
+
+def tags_hash(tags: str | None) -> int:
+    """Consume-queue tag code: ``java_hash(tags)``, 0 without tags (cached: tags repeat)."""
+    if not tags:
+        return 0
+    h = _TAGS_HASH_CACHE.get(tags)
+    if h is None:
+        h = java_hash(tags)
+        if len(_TAGS_HASH_CACHE) < 65536:
+            _TAGS_HASH_CACHE[tags] = h
+    return h
+
+
+# --- hosts and msgIds ---------------------------------------------------------------------------------
+
+
+def pack_host(host: str, port: int) -> bytes:
+    """``ip`` (4 or 16 bytes) + int32 port, as stored in BORNHOST / STOREHOST."""
+    return ipaddress.ip_address(host).packed + _I32.pack(port)
+
+
+def unpack_host(data: bytes | memoryview) -> str:
+    """Inverse of :func:`pack_host`: ``"ip:port"`` (IPv6 in brackets)."""
+    ip = ipaddress.ip_address(bytes(data[:-4]))
+    port = _I32.unpack_from(data, len(data) - 4)[0]
+    return f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}"
+
+
+def create_offset_msg_id(store_host: bytes, offset: int) -> str:
+    """Broker msgId from a packed store host (:func:`pack_host`) and a commit-log offset.
+
+    ``create_offset_msg_id(pack_host("127.0.0.1", 9103), 123456) == "7F0000010000238F000000000001E240"``.
+    """
+    return (store_host + _Q_OFFSET.pack(offset)).hex().upper()
+
+
+def decode_offset_msg_id(msg_id: str) -> tuple[str, int]:
+    """``(store "ip:port", commit-log offset)`` from an offset msgId.
+
+    Raises:
+        MessageIllegalError: not 32 (IPv4) or 56 (IPv6) hex characters.
+    """
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise MessageIllegalError(f"msgId {msg_id!r} is not hex") from None
+    if len(raw) not in (16, 28):
+        raise MessageIllegalError(f"msgId {msg_id!r} has {len(msg_id)} characters; expected 32 or 56")
+    return unpack_host(raw[:-8]), _Q_OFFSET.unpack_from(raw, len(raw) - 8)[0]
+
+
+class UniqKeyGenerator:
+    """Client unique message ids (``UNIQ_KEY``), sortable within a process and month.
+
+    Args:
+        ip: 4 bytes identifying the host (defaults to 127.0.0.1).
+        clock_ms: returns the current time in ms (injected in tests).
+        rng: random source for the per-process part (injected in tests).
+    """
+
+    def __init__(
+        self,
+        ip: bytes = b"\x7f\x00\x00\x01",
+        *,
+        clock_ms: Callable[[], int] | None = None,
+        rng: _random.Random | None = None,
+    ) -> None:
+        rng = rng or _random.Random()
+        self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self._prefix = (ip[-4:] + struct.pack(">HI", os.getpid() & 0xFFFF, rng.getrandbits(32))).hex().upper()
+        self._counter = itertools.count(rng.getrandbits(16))
+        self._month_start_ms = 0
+        self._next_month_ms = 0
+        self._lock = threading.Lock()
+
+    def _roll_month(self, now_ms: int) -> None:
+        now = _dt.datetime.fromtimestamp(now_ms / 1000, tz=_dt.UTC)
+        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        nxt = (start + _dt.timedelta(days=32)).replace(day=1)
+        self._month_start_ms = int(start.timestamp() * 1000)
+        self._next_month_ms = int(nxt.timestamp() * 1000)
+
+    def next(self) -> str:
+        """A new 32-character id."""
+        now = self._clock_ms()
+        with self._lock:
+            if now >= self._next_month_ms or now < self._month_start_ms:
+                self._roll_month(now)
+            n = next(self._counter) & 0xFFFF
+        return f"{self._prefix}{(now - self._month_start_ms) & 0xFFFFFFFF:08X}{n:04X}"
+
+
+# --- send batches (client -> broker) --------------------------------------------------------------------
+
+
+def _message_properties(msg: Message, uniq_key: str | None) -> bytes:
+    props = dict(msg.properties)
+    if msg.tags:
+        props[TAGS] = msg.tags
+    if msg.keys:
+        props[KEYS] = " ".join(msg.keys)
+    if msg.delay_level:
+        props[DELAY] = str(msg.delay_level)
+    if uniq_key:
+        props[UNIQ_KEY] = uniq_key
+    return encode_properties(props)
+
+
+def encode_batch(
+    messages: Sequence[Message],
+    *,
+    born_timestamp_ms: int,
+    uniq_keys: Sequence[str | None] | None = None,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> bytes:
+    """Encode messages as one send body (see the module docstring).
+
+    Args:
+        messages: the messages (their topic is carried by the request, not the item).
+        born_timestamp_ms: producer clock for every item.
+        uniq_keys: a ``UNIQ_KEY`` per message (None entries add none).
+        max_message_size: limit on each message's stored record size.
+
+    Raises:
+        MessageIllegalError: a message would exceed ``max_message_size`` or its properties 32767 bytes.
+    """
+    parts: list[bytes] = []
+    head = BATCH_ITEM_HEAD.pack
+    for i, msg in enumerate(messages):
+        body = bytes(msg.body)
+        props = _message_properties(msg, uniq_keys[i] if uniq_keys else None)
+        size = record_size(len(body), len(msg.topic), len(props))
+        if size > max_message_size:
+            raise MessageIllegalError(
+                f"message {i} to topic {msg.topic} is {size} bytes stored, more than maxMessageSize "
+                f"{max_message_size}"
+            )
+        item_size = BATCH_FIXED_SIZE + len(body) + len(props)
+        parts.append(head(item_size, BATCH_MAGIC, body_crc(body), msg.flag, 0, born_timestamp_ms, len(body)))
+        parts.append(body)
+        parts.append(_U16.pack(len(props)))
+        parts.append(props)
+    return b"".join(parts)
+
+
+class BatchItem(NamedTuple):
+    """One message of a send batch, as views into the request body (no copies)."""
+
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    body_crc: int
+    body: memoryview
+    properties: memoryview
+
+
+def decode_batch(data: bytes | memoryview, *, verify_crc: bool = True) -> list[BatchItem]:
+    """Split a send body into items, checking every length, magic and (optionally) body CRC.
+
+    Raises:
+        MessageIllegalError: empty, truncated or corrupt body; the message names the item and byte position.
+    """
+    view = memoryview(data)
+    n = len(view)
+    if n == 0:
+        raise MessageIllegalError("send body is empty: expected at least one encoded message")
+    items: list[BatchItem] = []
+    pos = 0
+    unpack = BATCH_ITEM_HEAD.unpack_from
+    while pos < n:
+        if n - pos < BATCH_FIXED_SIZE:
+            raise MessageIllegalError(f"batch item {len(items)} at byte {pos} is truncated ({n - pos} bytes left)")
+        size, magic, crc, flag, sys_flag, born, body_len = unpack(view, pos)
+        if magic != BATCH_MAGIC:
+            raise MessageIllegalError(f"batch item {len(items)} at byte {pos} has bad magic {magic & 0xFFFFFFFF:#x}")
+        if size < BATCH_FIXED_SIZE or pos + size > n or body_len < 0 or body_len > size - BATCH_FIXED_SIZE:
+            raise MessageIllegalError(
+                f"batch item {len(items)} at byte {pos}: size {size} / body length {body_len} do not fit the "
+                f"{n}-byte body (truncated?)"
+            )
+        body_start = pos + BATCH_ITEM_HEAD.size
+        props_at = body_start + body_len
+        props_len = _U16.unpack_from(view, props_at)[0]
+        if BATCH_FIXED_SIZE + body_len + props_len != size:
+            raise MessageIllegalError(
+                f"batch item {len(items)} at byte {pos}: lengths add up to "
+                f"{BATCH_FIXED_SIZE + body_len + props_len}, item size says {size}"
+            )
+        if props_len > MAX_PROPERTIES_BYTES:
+            raise MessageIllegalError(
+                f"batch item {len(items)}: properties are {props_len} bytes, more than {MAX_PROPERTIES_BYTES}"
+            )
+        body = view[body_start:props_at]
+        if verify_crc and body_crc(body) != crc:
+            raise MessageIllegalError(f"batch item {len(items)} at byte {pos}: body CRC mismatch")
+        items.append(BatchItem(flag, sys_flag, born, crc, body, view[props_at + 2 : props_at + 2 + props_len]))
+        pos += size
+    return items
+
+
+# --- commit-log records (broker) ------------------------------------------------------------------------
+
+
+def record_size(body_len: int, topic_len: int, props_len: int) -> int:
+    """Stored size of a V1 record with IPv4 hosts."""
+    return RECORD_FIXED_SIZE + body_len + topic_len + props_len
+
+
+def write_record(
+    buf: bytearray | memoryview,
+    pos: int,
+    *,
+    topic: bytes,
+    queue_id: int,
+    flag: int,
+    queue_offset: int,
+    physical_offset: int,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: bytes,
+    store_timestamp: int,
+    store_host: bytes,
+    reconsume_times: int,
+    prepared_tx_offset: int,
+    body: bytes | memoryview,
+    body_crc: int,
+    properties: bytes | memoryview,
+) -> int:
+    """Write one V1 record at ``buf[pos:]`` and return its size. Hosts are :func:`pack_host` values (8 bytes).
+
+    The caller has checked that the record fits (see :func:`record_size`) and that the topic is at most 127
+    bytes and the properties at most 32767 bytes.
+    """
+    body_len = len(body)
+    topic_len = len(topic)
+    props_len = len(properties)
+    size = RECORD_FIXED_SIZE + body_len + topic_len + props_len
+    if len(born_host) == 8 and len(store_host) == 8:
+        RECORD_HEAD.pack_into(
+            buf, pos, size, MAGIC_V1, body_crc, queue_id, flag, queue_offset, physical_offset,
+            sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6), born_timestamp, born_host[:4],
+            _I32.unpack_from(born_host, 4)[0], store_timestamp, store_host[:4], _I32.unpack_from(store_host, 4)[0],
+            reconsume_times, prepared_tx_offset, body_len,
+        )
+        p = pos + RECORD_HEAD.size
+    else:
+        return _write_record_v6(
+            buf, pos, topic, queue_id, flag, queue_offset, physical_offset, sys_flag, born_timestamp, born_host,
+            store_timestamp, store_host, reconsume_times, prepared_tx_offset, body, body_crc, properties,
+        )
+    buf[p : p + body_len] = body
+    p += body_len
+    buf[p] = topic_len
+    buf[p + 1 : p + 1 + topic_len] = topic
+    p += 1 + topic_len
+    _U16.pack_into(buf, p, props_len)
+    buf[p + 2 : p + 2 + props_len] = properties
+    return size
+
+
+def _write_record_v6(
+    buf: bytearray | memoryview, pos: int, topic: bytes, queue_id: int, flag: int, queue_offset: int,
+    physical_offset: int, sys_flag: int, born_ts: int, born_host: bytes, store_ts: int, store_host: bytes,
+    reconsume_times: int, prepared_tx_offset: int, body: bytes | memoryview, crc: int,
+    properties: bytes | memoryview,
+) -> int:
+    sys_flag &= ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
+    if len(born_host) == 20:
+        sys_flag |= SysFlag.BORNHOST_V6
+    if len(store_host) == 20:
+        sys_flag |= SysFlag.STOREHOST_V6
+    parts = [
+        struct.pack(">ii", 0, MAGIC_V1),
+        struct.pack(">iiiqqiq", crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts),
+        born_host,
+        struct.pack(">q", store_ts),
+        store_host,
+        struct.pack(">iqi", reconsume_times, prepared_tx_offset, len(body)),
+        bytes(body),
+        bytes([len(topic)]),
+        topic,
+        _U16.pack(len(properties)),
+        bytes(properties),
+    ]
+    rec = b"".join(parts)
+    size = len(rec)
+    buf[pos : pos + size] = rec
+    _I32.pack_into(buf, pos, size)
+    return size
+
+
+class DispatchInfo(NamedTuple):
+    """What the dispatcher needs from one record to build consume queues and the index."""
+
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    store_timestamp: int
+    tags_code: int
+    keys: str
+    uniq_key: str
+    delay_level: int
+
+
+_TOPIC_CACHE: dict[bytes, str] = {}
+
+
+def _topic_str(raw: bytes) -> str:
+    t = _TOPIC_CACHE.get(raw)
+    if t is None:
+        t = raw.decode("utf-8", "replace")
+        if len(_TOPIC_CACHE) < 100_000:
+            _TOPIC_CACHE[raw] = t
+    return t
+
+
+def _host_sizes(sys_flag: int) -> tuple[int, int]:
+    return (20 if sys_flag & SysFlag.BORNHOST_V6 else 8), (20 if sys_flag & SysFlag.STOREHOST_V6 else 8)
+
+
+def _record_layout(buf: bytes | memoryview, pos: int, size: int) -> tuple[int, int, int, int, int]:
+    """``(sys_flag, store_ts_pos, body_len_pos, topic_len_pos, props_len_pos)`` of a record; validates lengths."""
+    sys_flag = _I32.unpack_from(buf, pos + 36)[0]
+    born_len, store_len = _host_sizes(sys_flag)
+    store_ts_pos = pos + 48 + born_len
+    body_len_pos = store_ts_pos + 8 + store_len + 4 + 8
+    body_len = _I32.unpack_from(buf, body_len_pos)[0]
+    topic_len_pos = body_len_pos + 4 + body_len
+    if body_len < 0 or topic_len_pos + 3 > pos + size:
+        raise ProtocolViolationError(f"record at {pos}: body length {body_len} does not fit size {size}")
+    topic_len = buf[topic_len_pos]
+    props_len_pos = topic_len_pos + 1 + topic_len
+    props_len = _U16.unpack_from(buf, props_len_pos)[0]
+    if props_len_pos + 2 + props_len != pos + size:
+        raise ProtocolViolationError(f"record at {pos}: field lengths do not add up to TOTALSIZE {size}")
+    return sys_flag, store_ts_pos, body_len_pos, topic_len_pos, props_len_pos
+
+
+def _find_property(props: bytes, key: bytes) -> str:
+    """Value of ``key`` (given as ``b"NAME\\x01"``) in a raw property string, or ''."""
+    start = props.find(key)
+    while start > 0 and props[start - 1] != 2:  # must begin the string or follow a \x02 separator
+        start = props.find(key, start + 1)
+    if start < 0:
+        return ""
+    start += len(key)
+    end = props.find(b"\x02", start)
+    return props[start : end if end >= 0 else len(props)].decode("utf-8", "replace")
+
+
+_TAGS_KEY = TAGS.encode() + b"\x01"
+_KEYS_KEY = KEYS.encode() + b"\x01"
+_UNIQ_KEY = UNIQ_KEY.encode() + b"\x01"
+_DELAY_KEY = DELAY.encode() + b"\x01"
+
+
+def parse_dispatch_info(buf: bytes | memoryview, pos: int, size: int) -> DispatchInfo:
+    """Read the fields the dispatcher needs from the record at ``buf[pos:pos+size]``.
+
+    Raises:
+        ProtocolViolationError: the record's internal lengths are inconsistent.
+    """
+    sys_flag, store_ts_pos, body_len_pos, topic_len_pos, props_len_pos = _record_layout(buf, pos, size)
+    queue_id = _I32.unpack_from(buf, pos + 12)[0]
+    queue_offset, physical_offset = struct.unpack_from(">qq", buf, pos + 20)
+    store_ts = _Q_OFFSET.unpack_from(buf, store_ts_pos)[0]
+    topic = _topic_str(bytes(buf[topic_len_pos + 1 : props_len_pos]))
+    props = bytes(buf[props_len_pos + 2 : pos + size])
+    tags = _find_property(props, _TAGS_KEY) if props else ""
+    keys = _find_property(props, _KEYS_KEY) if props else ""
+    uniq = _find_property(props, _UNIQ_KEY) if props else ""
+    delay = _find_property(props, _DELAY_KEY) if props else ""
+    return DispatchInfo(
+        size, topic, queue_id, queue_offset, physical_offset, sys_flag, store_ts, tags_hash(tags), keys, uniq,
+        int(delay) if delay.isdigit() else 0,
+    )
+
+
+def read_record_prefix(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """``(TOTALSIZE, MAGICCODE)`` at ``pos``."""
+    return RECORD_PREFIX.unpack_from(buf, pos)
+
+
+def decode_records(
+    data: bytes | memoryview,
+    *,
+    broker_name: str = "",
+    verify_crc: bool = False,
+) -> list[MessageExt]:
+    """Decode back-to-back stored records (a pull response body) into messages.
+
+    Bodies are copied once, out of ``data``; nothing else holds a reference to ``data``.
+
+    Raises:
+        ProtocolViolationError: a record is truncated, has a bad magic, or (with ``verify_crc``) a bad body CRC.
+    """
+    view = memoryview(data)
+    n = len(view)
+    out: list[MessageExt] = []
+    pos = 0
+    head = RECORD_HEAD.unpack_from
+    host_cache: dict[bytes, str] = {}
+    while pos < n:
+        if n - pos < RECORD_FIXED_SIZE:
+            raise ProtocolViolationError(f"record at byte {pos} is truncated ({n - pos} bytes left)")
+        size, magic = RECORD_PREFIX.unpack_from(view, pos)
+        if magic != MAGIC_V1:
+            raise ProtocolViolationError(f"record at byte {pos} has bad magic {magic & 0xFFFFFFFF:#x}")
+        if size < RECORD_FIXED_SIZE or pos + size > n:
+            raise ProtocolViolationError(f"record at byte {pos} claims {size} bytes; {n - pos} left")
+        sys_flag = _I32.unpack_from(view, pos + 36)[0]
+        if sys_flag & (SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6):
+            out.append(_decode_record_generic(view, pos, size, broker_name))
+            pos += size
+            continue
+        (_, _, crc, queue_id, flag, queue_offset, phy, _, born_ts, born_ip, born_port, store_ts, store_ip,
+         store_port, reconsume, _, body_len) = head(view, pos)
+        body_start = pos + 88
+        topic_at = body_start + body_len
+        if body_len < 0 or topic_at + 3 > pos + size:
+            raise ProtocolViolationError(f"record at byte {pos}: body length {body_len} exceeds size {size}")
+        body = bytes(view[body_start:topic_at])
+        if verify_crc and body_crc(body) != crc:
+            raise ProtocolViolationError(f"record at byte {pos} (offset {phy}): body CRC mismatch")
+        topic_len = view[topic_at]
+        props_at = topic_at + 1 + topic_len
+        topic = _topic_str(bytes(view[topic_at + 1 : props_at]))
+        props_len = _U16.unpack_from(view, props_at)[0]
+        if props_at + 2 + props_len != pos + size:
+            raise ProtocolViolationError(f"record at byte {pos}: field lengths do not add up to {size}")
+        props = decode_properties(view[props_at + 2 : props_at + 2 + props_len]) if props_len else {}
+        store_key = store_ip + store_port.to_bytes(4, "big", signed=True)
+        store_host = host_cache.get(store_key)
+        if store_host is None:
+            store_host = host_cache[store_key] = unpack_host(store_key)
+        born_key = born_ip + born_port.to_bytes(4, "big", signed=True)
+        born_host = host_cache.get(born_key)
+        if born_host is None:
+            born_host = host_cache[born_key] = unpack_host(born_key)
+        offset_msg_id = (store_key + phy.to_bytes(8, "big", signed=True)).hex().upper()
+        keys = props.get(KEYS)
+        out.append(MessageExt(
+            topic, body, props.get(TAGS), tuple(keys.split()) if keys else (), props, broker_name, queue_id,
+            queue_offset, phy, props.get(UNIQ_KEY) or offset_msg_id, offset_msg_id, born_ts, store_ts,
+            born_host, store_host, reconsume, size, flag, sys_flag, crc,
+        ))
+        pos += size
+    return out
+
+
+def _decode_record_generic(view: memoryview, pos: int, size: int, broker_name: str) -> MessageExt:
+    try:
+        sys_flag, store_ts_pos, body_len_pos, topic_len_pos, props_len_pos = _record_layout(view, pos, size)
+    except ProtocolViolationError:
+        raise
+    crc, queue_id, flag, queue_offset, phy = struct.unpack_from(">iiiqq", view, pos + 8)
+    born_ts = _Q_OFFSET.unpack_from(view, pos + 40)[0]
+    born_host = bytes(view[pos + 48 : store_ts_pos])
+    store_ts = _Q_OFFSET.unpack_from(view, store_ts_pos)[0]
+    store_host = bytes(view[store_ts_pos + 8 : body_len_pos - 12])
+    reconsume = _I32.unpack_from(view, body_len_pos - 12)[0]
+    body = bytes(view[body_len_pos + 4 : topic_len_pos])
+    topic = _topic_str(bytes(view[topic_len_pos + 1 : props_len_pos]))
+    props = decode_properties(view[props_len_pos + 2 : pos + size])
+    offset_msg_id = create_offset_msg_id(store_host, phy)
+    keys = props.get(KEYS)
+    return MessageExt(
+        topic, body, props.get(TAGS), tuple(keys.split()) if keys else (), props, broker_name, queue_id,
+        queue_offset, phy, props.get(UNIQ_KEY) or offset_msg_id, offset_msg_id, born_ts, store_ts,
+        unpack_host(born_host), unpack_host(store_host), reconsume, size, flag, sys_flag, crc,
+    )
+
+
+def iter_record_spans(data: bytes | memoryview) -> Iterator[tuple[int, int]]:
+    """``(pos, size)`` of each record in back-to-back stored records; stops at a blank marker or garbage."""
+    view = memoryview(data)
+    pos, n = 0, len(view)
+    while n - pos >= 8:
+        size, magic = RECORD_PREFIX.unpack_from(view, pos)
+        if magic != MAGIC_V1 or size < RECORD_FIXED_SIZE or pos + size > n:
+            return
+        yield pos, size
+        pos += size
+
+
+def check_topic_bytes(topic: str) -> bytes:
+    """UTF-8 topic for a V1 record; raises MessageIllegalError beyond 127 bytes."""
+    raw = topic.encode()
+    if len(raw) > MAX_TOPIC_LENGTH:
+        raise MessageIllegalError(f"topic {topic[:40]!r}... is {len(raw)} bytes, longer than {MAX_TOPIC_LENGTH}")
+    return raw

@@ -1,0 +1,146 @@
+"""Message models: what a producer sends, what a consumer gets, and where it lives.
+
+All three are frozen attrs classes. ``MessageExt`` is built by the codec from stored bytes; users never
+construct one by hand except in tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from client.errors import MessageIllegalError
+from client.protocol.properties import SYSTEM_KEYS, validate_topic
+
+__all__ = ["Message", "MessageExt", "MessageQueue"]
+
+#: Highest delay level accepted by the SDK; the broker clamps to its own ``messageDelayLevel`` count.
+MAX_DELAY_LEVEL = 64
+
+
+def _to_keys(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(value.split())
+    keys = tuple(value)
+    for k in keys:
+        if not isinstance(k, str) or not k or any(c.isspace() for c in k):
+            raise MessageIllegalError(f"message key {k!r} must be a non-empty str without white space")
+    return keys
+
+
+def _to_properties(value: Mapping[str, str] | None) -> dict[str, str]:
+    if not value:
+        return {}
+    props = dict(value)
+    for k, v in props.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise MessageIllegalError(f"property {k!r}: keys and values must be str")
+        if not k:
+            raise MessageIllegalError("property with an empty name")
+        if k in SYSTEM_KEYS:
+            raise MessageIllegalError(f"property {k!r} is reserved by the SDK; use the Message field instead")
+    return props
+
+
+def _check_body(_: Any, attribute: Any, value: object) -> None:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise MessageIllegalError(f"message body must be bytes, got {type(value).__name__}")
+
+
+def _check_topic(_: Any, attribute: Any, value: object) -> None:
+    validate_topic(value)
+
+
+def _check_tags(_: Any, attribute: Any, value: str | None) -> None:
+    if value is not None and (not isinstance(value, str) or not value or "\x01" in value or "\x02" in value):
+        raise MessageIllegalError(f"tags {value!r} must be a non-empty str without separators")
+
+
+def _check_delay(_: Any, attribute: Any, value: int) -> None:
+    if not isinstance(value, int) or not 0 <= value <= MAX_DELAY_LEVEL:
+        raise MessageIllegalError(f"delay_level must be an int in [0, {MAX_DELAY_LEVEL}], got {value!r}")
+
+
+@attrs.frozen(hash=False)
+class Message:
+    """A message to send."""
+
+    topic: str = attrs.field(validator=_check_topic)
+    """Destination topic: at most 127 characters of ``[%|a-zA-Z0-9_-]``."""
+    body: bytes = attrs.field(validator=_check_body)
+    """Payload; stored as is (no compression)."""
+    tags: str | None = attrs.field(default=None, kw_only=True, validator=_check_tags)
+    """One tag used for broker-side filtering (``TagA || TagB`` subscriptions)."""
+    keys: tuple[str, ...] = attrs.field(default=(), kw_only=True, converter=_to_keys)
+    """Business keys, indexed by the broker for queries; a str is split on white space."""
+    properties: dict[str, str] = attrs.field(factory=dict, kw_only=True, converter=_to_properties)
+    """User properties (system names such as ``TAGS`` are reserved)."""
+    delay_level: int = attrs.field(default=0, kw_only=True, validator=_check_delay)
+    """0 for immediate delivery; 1..18 select ``messageDelayLevel`` (1s 5s 10s 30s 1m ... 2h)."""
+    flag: int = attrs.field(default=0, kw_only=True)
+    """RocketMQ's opaque user flag (int32)."""
+
+
+@attrs.frozen(order=True)
+class MessageQueue:
+    """One queue of a topic on one broker group; frozen, hashable and ordered."""
+
+    topic: str
+    """Topic name."""
+    broker_name: str
+    """Broker group (``brokerName``) holding the queue."""
+    queue_id: int
+    """Queue index within the broker group."""
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}:{self.queue_id}"
+
+
+@attrs.frozen(hash=False)
+class MessageExt:
+    """A stored message as a consumer sees it."""
+
+    topic: str
+    """Topic the message was stored under."""
+    body: bytes
+    """Payload."""
+    tags: str | None
+    """The ``TAGS`` property, if any."""
+    keys: tuple[str, ...]
+    """The ``KEYS`` property split on spaces."""
+    properties: dict[str, str]
+    """Every property of the record, system ones included (RocketMQ's ``getProperties``)."""
+    broker_name: str
+    """Broker group the message was pulled from."""
+    queue_id: int
+    """Queue id within the broker group."""
+    queue_offset: int
+    """Logical offset in the consume queue."""
+    commit_log_offset: int
+    """Physical offset of the record in the commit log (identical on master and slaves)."""
+    msg_id: str
+    """The client-generated unique id (``UNIQ_KEY``), or the offset msgId when absent."""
+    offset_msg_id: str
+    """Broker msgId: store host + commit-log offset, 32 hex characters for IPv4."""
+    born_timestamp: int
+    """Producer clock, ms since the epoch."""
+    store_timestamp: int
+    """Broker clock when stored, ms since the epoch."""
+    born_host: str
+    """``ip:port`` of the producer as the broker saw it."""
+    store_host: str
+    """``ip:port`` of the master that stored it."""
+    reconsume_times: int
+    """How many times the message was sent back for retry."""
+    store_size: int
+    """Size of the whole stored record in bytes."""
+    flag: int = 0
+    """User flag."""
+    sys_flag: int = 0
+    """Record SYSFLAG bits."""
+    body_crc: int = 0
+    """CRC32 of the body as stored (masked to 31 bits, as RocketMQ)."""
