@@ -91,6 +91,7 @@ __all__ = [
     "record_size",
     "tags_hash",
     "unpack_host",
+    "write_batch_records",
     "write_record",
 ]
 
@@ -411,6 +412,54 @@ def write_record(
     _U16.pack_into(buf, p, props_len)
     buf[p + 2 : p + 2 + props_len] = properties
     return size
+
+
+def write_batch_records(
+    buf: bytearray | memoryview,
+    pos: int,
+    file_start_offset: int,
+    *,
+    topic: bytes,
+    queue_id: int,
+    first_queue_offset: int,
+    items: Sequence[BatchItem],
+    born_host: bytes,
+    store_timestamp: int,
+    store_host: bytes,
+    reconsume_times: int = 0,
+) -> list[int]:
+    """Write the records of a send batch back to back at ``buf[pos:]`` (the hot path of a put).
+
+    ``file_start_offset + pos`` is the physical offset of the first record. Both hosts must be IPv4 (8 bytes);
+    the caller checked that everything fits. Returns the physical offset of each record.
+    """
+    pack_head = RECORD_HEAD.pack_into
+    pack_u16 = _U16.pack_into
+    born_ip, born_port = born_host[:4], _I32.unpack_from(born_host, 4)[0]
+    store_ip, store_port = store_host[:4], _I32.unpack_from(store_host, 4)[0]
+    topic_len = len(topic)
+    topic_field = bytes([topic_len]) + topic
+    offsets: list[int] = []
+    append = offsets.append
+    queue_offset = first_queue_offset
+    for flag, sys_flag, born_ts, crc, body, props in items:
+        body_len = len(body)
+        props_len = len(props)
+        size = RECORD_FIXED_SIZE + body_len + topic_len + props_len
+        phy = file_start_offset + pos
+        pack_head(buf, pos, size, MAGIC_V1, crc, queue_id, flag, queue_offset, phy, sys_flag & ~0x30, born_ts,
+                  born_ip, born_port, store_timestamp, store_ip, store_port, reconsume_times, 0, body_len)
+        p = pos + 88
+        buf[p : p + body_len] = body
+        p += body_len
+        buf[p : p + 1 + topic_len] = topic_field
+        p += 1 + topic_len
+        pack_u16(buf, p, props_len)
+        buf[p + 2 : p + 2 + props_len] = props
+        append(phy)
+        pos += size
+        queue_offset += 1
+    return offsets
 
 
 def _write_record_v6(

@@ -1,0 +1,356 @@
+"""The nameserver's HTTP face: an ASGI app over :class:`~nameserver.routeinfo.RouteInfo`, and the expiry scan.
+
+Endpoints (docs/PROTOCOL.md, "Nameserver endpoints")::
+
+    POST /broker/register          register or refresh a broker -> {"masterAddr", "haServerAddr"}
+    POST /broker/unregister        a broker's goodbye -> {}
+    GET  /route?topic=T            TopicRouteData, or 404 code 17
+    GET  /cluster                  brokerAddrTable, clusterAddrTable, brokerLiveTable
+    GET  /topics                   {"topicList": [...]}
+    POST /broker/wipe-write-perm   {"brokerName"} -> {"affected": n}
+    POST /broker/add-write-perm    {"brokerName"} -> {"affected": n}
+    GET  /metrics                  Prometheus text
+
+All handlers run on the event loop thread and the table operations never await, so each request sees and
+leaves the table consistent without a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import uvicorn
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from client.errors import TopicNotExistError
+from client.protocol.asgi import ArgumentError, Request, Response, Router, json_response
+from client.protocol.route import DataVersion, TopicConfig
+
+from nameserver.routeinfo import RouteInfo
+
+__all__ = [
+    "METRICS_CONTENT_TYPE",
+    "NamesrvConfig",
+    "create_app",
+    "format_addr",
+    "run_expiry_scan",
+    "serve",
+    "wall_clock_ms",
+]
+
+log = logging.getLogger(__name__)
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Longest name (cluster, broker, topic, address) accepted from a request; longer is INVALID_PARAMETER.
+MAX_NAME_CHARS = 1024
+#: A broker registers its whole topic table; 16 MiB is room for ~100k topics.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+#: How long ``serve`` waits for uvicorn to start serving before it gives up.
+STARTUP_TIMEOUT_S = 30.0
+#: Bound on uvicorn's wait for open connections at shutdown.
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def wall_clock_ms() -> int:
+    """The nameserver's clock: epoch milliseconds (what RocketMQ puts in ``lastUpdateTimestamp``)."""
+    return time.time_ns() // 1_000_000
+
+
+def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value}")
+
+
+@attrs.frozen
+class NamesrvConfig:
+    """Nameserver settings (RocketMQ's names in the docstrings)."""
+
+    broker_expiry_ms: int = attrs.field(default=120_000, validator=_positive)
+    """A broker not heard from for this long is removed (4.9.3: 120000)."""
+    scan_interval_ms: int = attrs.field(default=10_000, validator=_positive)
+    """``scanNotActiveBrokerInterval``: period of the expiry scan (4.9.3: 10000)."""
+    max_body_bytes: int = attrs.field(default=DEFAULT_MAX_BODY_BYTES, validator=_positive)
+    """Largest request body accepted (HTTP 413 above)."""
+
+
+# ---------------------------------------------------------------------- request parsing
+
+
+def _str_field(obj: Mapping[str, Any], key: str, *, allow_empty: bool = False) -> str:
+    if key not in obj or obj[key] is None:
+        raise ArgumentError(f"missing field {key!r}")
+    v = obj[key]
+    if not isinstance(v, str):
+        raise ArgumentError(f"field {key!r} must be a string, got {type(v).__name__}")
+    if not v and not allow_empty:
+        raise ArgumentError(f"field {key!r} must not be empty")
+    if len(v) > MAX_NAME_CHARS:
+        raise ArgumentError(f"field {key!r} is longer than MAX_NAME_CHARS={MAX_NAME_CHARS}")
+    return v
+
+
+def _int_field(obj: Mapping[str, Any], key: str, *, default: int | None = None, lo: int = 0,
+               hi: int = 2**63 - 1, where: str = "") -> int:
+    v = obj.get(key)
+    if v is None:
+        if default is None:
+            raise ArgumentError(f"missing field {where}{key!r}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ArgumentError(f"field {where}{key!r} must be an integer, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise ArgumentError(f"field {where}{key!r}={v} is outside [{lo}, {hi}]")
+    return v
+
+
+def _topic_configs(obj: Mapping[str, Any]) -> list[TopicConfig] | None:
+    table = obj.get("topicConfigTable")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ArgumentError("field 'topicConfigTable' must be an object {topic: TopicConfig}")
+    configs = []
+    for name, tc in table.items():
+        if not name or len(name) > MAX_NAME_CHARS:
+            raise ArgumentError(f"topicConfigTable key {name[:40]!r} is not a valid topic name")
+        if not isinstance(tc, dict):
+            raise ArgumentError(f"topicConfigTable[{name!r}] must be an object")
+        where = f"topicConfigTable[{name!r}]."
+        if tc.get("topicName", name) != name:
+            raise ArgumentError(f"{where}'topicName'={tc.get('topicName')!r} differs from its key")
+        configs.append(TopicConfig(
+            name,
+            _int_field(tc, "readQueueNums", default=8, hi=65535, where=where),
+            _int_field(tc, "writeQueueNums", default=8, hi=65535, where=where),
+            _int_field(tc, "perm", default=6, hi=15, where=where),
+            _int_field(tc, "topicSysFlag", default=0, hi=2**31 - 1, where=where),
+            bool(tc.get("order", False)),
+        ))
+    return configs
+
+
+def _data_version(obj: Mapping[str, Any]) -> DataVersion:
+    dv = obj.get("dataVersion")
+    if dv is None:
+        return DataVersion()
+    if not isinstance(dv, dict):
+        raise ArgumentError("field 'dataVersion' must be an object {timestamp, counter}")
+    return DataVersion(_int_field(dv, "timestamp", default=0, where="dataVersion."),
+                       _int_field(dv, "counter", default=0, where="dataVersion."))
+
+
+# ---------------------------------------------------------------------- the app
+
+
+class _Handlers:
+    """The endpoint handlers, closed over one table and one clock."""
+
+    def __init__(self, route_info: RouteInfo, clock_ms: Callable[[], int]) -> None:
+        self._ri = route_info
+        self._clock_ms = clock_ms
+
+    async def register(self, req: Request) -> Response:
+        body = req.json()
+        cluster = _str_field(body, "clusterName")
+        addr = _str_field(body, "brokerAddr")
+        name = _str_field(body, "brokerName")
+        broker_id = _int_field(body, "brokerId", hi=2**31 - 1)
+        ha_addr = _str_field(body, "haServerAddr", allow_empty=True)
+        result = self._ri.register_broker(cluster, addr, name, broker_id, ha_addr, _topic_configs(body),
+                                          _data_version(body), self._clock_ms())
+        return json_response(result.to_json())
+
+    async def unregister(self, req: Request) -> Response:
+        body = req.json()
+        self._ri.unregister_broker(_str_field(body, "clusterName"), _str_field(body, "brokerAddr"),
+                                   _str_field(body, "brokerName"), _int_field(body, "brokerId", hi=2**31 - 1))
+        return json_response({})
+
+    async def route(self, req: Request) -> Response:
+        topic = req.arg("topic")
+        if not topic:
+            raise ArgumentError("query argument 'topic' must not be empty")
+        route = self._ri.get_route(topic)
+        if route is None:
+            raise TopicNotExistError(f"No topic route info in name server for the topic: {topic}")
+        return json_response(route.to_json())
+
+    async def cluster(self, req: Request) -> Response:
+        return json_response(self._ri.cluster_info().to_json())
+
+    async def topics(self, req: Request) -> Response:
+        return json_response({"topicList": self._ri.topic_list()})
+
+    async def wipe_write_perm(self, req: Request) -> Response:
+        return json_response({"affected": self._ri.wipe_write_perm(_str_field(req.json(), "brokerName"))})
+
+    async def add_write_perm(self, req: Request) -> Response:
+        return json_response({"affected": self._ri.add_write_perm(_str_field(req.json(), "brokerName"))})
+
+
+class _MetricsApp:
+    """Wraps the router: counts requests by (known) path and status, and serves ``GET /metrics``."""
+
+    def __init__(self, router: Router, known_paths: frozenset[str], requests: Counter) -> None:
+        self._router = router
+        self._known = known_paths
+        self._requests = requests
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self._router(scope, receive, send)
+            return
+        # Unknown paths share one label so a scanner cannot grow the metric without bound.
+        path = scope["path"] if scope["path"] in self._known else "other"
+        status = 0
+
+        async def send_and_watch(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._router(scope, receive, send_and_watch)
+        finally:
+            self._requests.labels(path=path, status=str(status)).inc()
+
+
+def create_app(
+    route_info: RouteInfo,
+    *,
+    clock_ms: Callable[[], int] = wall_clock_ms,
+    registry: CollectorRegistry | None = None,
+    addr: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Callable[..., Any]:
+    """The nameserver ASGI app over ``route_info``.
+
+    Args:
+        route_info: the table the handlers read and change.
+        clock_ms: the registration clock (epoch ms), injectable for tests.
+        registry: where the metrics live; a fresh ``CollectorRegistry`` when ``None`` (never the global one,
+            so several apps can live in one process).
+        addr: this nameserver's ``host:port``, put into error answers.
+        max_body_bytes: larger request bodies are refused with HTTP 413.
+
+    Returns:
+        An ASGI application callable.
+    """
+    registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+    Gauge("splitmq_nameserver_live_brokers", "Registered, unexpired broker addresses",
+          registry=registry).set_function(route_info.live_broker_count)
+    Gauge("splitmq_nameserver_topics", "Topics with a route", registry=registry).set_function(
+        route_info.topic_count)
+    requests = Counter("splitmq_nameserver_requests", "HTTP requests by path and status",
+                       ["path", "status"], registry=registry)
+
+    async def metrics(req: Request) -> Response:
+        return Response(generate_latest(registry), 200, METRICS_CONTENT_TYPE)
+
+    h = _Handlers(route_info, clock_ms)
+    routes = {
+        ("POST", "/broker/register"): h.register,
+        ("POST", "/broker/unregister"): h.unregister,
+        ("GET", "/route"): h.route,
+        ("GET", "/cluster"): h.cluster,
+        ("GET", "/topics"): h.topics,
+        ("POST", "/broker/wipe-write-perm"): h.wipe_write_perm,
+        ("POST", "/broker/add-write-perm"): h.add_write_perm,
+        ("GET", "/metrics"): metrics,
+    }
+    router = Router(routes, max_body_bytes=max_body_bytes, identity=lambda: (addr, None))
+    return _MetricsApp(router, frozenset(path for _, path in routes), requests)
+
+
+# ---------------------------------------------------------------------- running
+
+
+async def run_expiry_scan(
+    route_info: RouteInfo, *, clock_ms: Callable[[], int], broker_expiry_ms: int, scan_interval_ms: int
+) -> None:
+    """Expire silent brokers every ``scan_interval_ms`` until cancelled (first scan after one interval)."""
+    while True:
+        await asyncio.sleep(scan_interval_ms / 1000)
+        try:
+            expired = route_info.scan_not_active_brokers(clock_ms(), broker_expiry_ms)
+        except Exception:  # a bug in one scan must not stop expiry for the life of the process
+            log.exception("expiry scan failed")
+            continue
+        if expired:
+            log.info("expiry scan removed %d broker(s): %s", len(expired), ", ".join(expired))
+
+
+def format_addr(sockname: Any) -> str:
+    """``host:port`` of a bound socket (IPv6 hosts in brackets)."""
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve(
+    sock: socket.socket,
+    config: NamesrvConfig | None = None,
+    *,
+    route_info: RouteInfo | None = None,
+    clock_ms: Callable[[], int] = wall_clock_ms,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve the nameserver on an already bound, listening socket until uvicorn is told to exit.
+
+    uvicorn installs its own SIGINT/SIGTERM handlers for the duration and stops gracefully on either.
+
+    Args:
+        sock: the listening socket (bound by the caller, so port 0 is race-free).
+        config: expiry and body settings.
+        route_info: the table to serve (a fresh one when ``None``).
+        clock_ms: the registration and expiry clock.
+        on_ready: called once with ``host:port`` when uvicorn serves.
+
+    Raises:
+        TimeoutError: uvicorn did not start within STARTUP_TIMEOUT_S.
+        RuntimeError: uvicorn stopped before it started serving.
+    """
+    config = config or NamesrvConfig()
+    route_info = route_info if route_info is not None else RouteInfo()
+    listen = format_addr(sock.getsockname())
+    app = create_app(route_info, clock_ms=clock_ms, addr=listen, max_body_bytes=config.max_body_bytes)
+    server = uvicorn.Server(uvicorn.Config(
+        app, loop="uvloop", http="httptools", lifespan="off", access_log=False, log_level="warning",
+        timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S), log_config=None,
+    ))
+    scanner = asyncio.create_task(run_expiry_scan(
+        route_info, clock_ms=clock_ms, broker_expiry_ms=config.broker_expiry_ms,
+        scan_interval_ms=config.scan_interval_ms))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await _wait_started(server, serving)
+        log.info("nameserver serving on %s (brokerExpiry=%d ms, scanInterval=%d ms)", listen,
+                 config.broker_expiry_ms, config.scan_interval_ms)
+        if on_ready is not None:
+            on_ready(listen)
+        await serving
+    finally:
+        scanner.cancel()
+        if not serving.done():
+            server.should_exit = True
+            await asyncio.wait({serving}, timeout=SHUTDOWN_TIMEOUT_S * 2)
+        await asyncio.gather(scanner, return_exceptions=True)
+
+
+async def _wait_started(server: uvicorn.Server, serving: asyncio.Task[None]) -> None:
+    # uvicorn has no started event; poll its flag with a deadline.
+    deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_S
+    while not server.started:
+        if serving.done():
+            serving.result()
+            raise RuntimeError("uvicorn stopped before it started serving")
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"uvicorn did not start within STARTUP_TIMEOUT_S={STARTUP_TIMEOUT_S}")
+        await asyncio.sleep(0.01)
