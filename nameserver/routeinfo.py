@@ -162,6 +162,9 @@ class RouteInfo:
                 for tc in topic_configs:
                     self._put_queue_data(tc, broker_name)
 
+        if broker_addr not in self._live:
+            log.info("new broker registered: cluster=%s name=%s id=%d addr=%s ha=%s",
+                     cluster, broker_name, broker_id, broker_addr, ha_server_addr)
         self._live[broker_addr] = BrokerLiveInfo(now_ms, data_version, ha_server_addr)
         if broker_id == MASTER_ID:
             return RegisterResult()

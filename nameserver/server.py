@@ -31,7 +31,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from client.errors import TopicNotExistError
 from client.protocol.asgi import ArgumentError, Request, Response, Router, json_response
 from client.protocol.route import DataVersion, TopicConfig
-
 from nameserver.routeinfo import RouteInfo
 
 __all__ = [
@@ -110,6 +109,13 @@ def _int_field(obj: Mapping[str, Any], key: str, *, default: int | None = None, 
     return v
 
 
+def _bool_field(obj: Mapping[str, Any], key: str, *, where: str) -> bool:
+    v = obj.get(key, False)
+    if not isinstance(v, bool):
+        raise ArgumentError(f"field {where}{key!r} must be true or false, got {type(v).__name__}")
+    return v
+
+
 def _topic_configs(obj: Mapping[str, Any]) -> list[TopicConfig] | None:
     table = obj.get("topicConfigTable")
     if table is None:
@@ -131,7 +137,7 @@ def _topic_configs(obj: Mapping[str, Any]) -> list[TopicConfig] | None:
             _int_field(tc, "writeQueueNums", default=8, hi=65535, where=where),
             _int_field(tc, "perm", default=6, hi=15, where=where),
             _int_field(tc, "topicSysFlag", default=0, hi=2**31 - 1, where=where),
-            bool(tc.get("order", False)),
+            _bool_field(tc, "order", where=where),
         ))
     return configs
 

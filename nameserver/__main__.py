@@ -1,0 +1,174 @@
+"""``python -m nameserver`` / ``splitmq-nameserver``: parse arguments, set up logging, bind, serve.
+
+Prints exactly one line to stdout once it serves: ``nameserver ready listen=HOST:PORT`` (the real bound port,
+so ``--listen 127.0.0.1:0`` works). SIGTERM or SIGINT stops it gracefully with exit code 0; bad arguments give
+one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, NoReturn
+
+from nameserver.server import NamesrvConfig, serve
+
+DEFAULT_LISTEN = "127.0.0.1:9876"
+LISTEN_BACKLOG = 1024
+
+
+class _ArgParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one stderr line (no usage dump) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) to ``(host, port)``; raises ValueError naming the problem."""
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"--listen {value!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"--listen {value!r}: port {port_s!r} is not an integer") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--listen {value!r}: port {port} is outside [0, 65535]")
+    return host, port
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{n} must be > 0")
+    return n
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = _ArgParser(prog="splitmq-nameserver", description="SplitMQ nameserver (route table over HTTP)")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})")
+    p.add_argument("--broker-expiry-ms", type=_positive_int, default=NamesrvConfig().broker_expiry_ms,
+                   help="drop a broker not heard from for this long (default 120000)")
+    p.add_argument("--scan-interval-ms", type=_positive_int, default=NamesrvConfig().scan_interval_ms,
+                   help="scanNotActiveBrokerInterval (default 10000)")
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+    p.add_argument("--log-format", default="text", choices=["text", "json"])
+    return p
+
+
+def _configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:  # uvloop is not available everywhere (e.g. Windows); asyncio's loop works too
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(coro)
+
+
+class _StopSignals:
+    """SIGTERM/SIGINT handling around uvicorn's own.
+
+    While serving, uvicorn owns both signals and stops gracefully; once done it restores our handler and
+    re-raises the signal, which must then be a no-op so the process exits 0 instead of dying by signal. A
+    signal that arrives before uvicorn took over exits at once (nothing is served yet).
+    """
+
+    def __init__(self) -> None:
+        self.uvicorn_owns = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if not self.uvicorn_owns:
+            raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m nameserver`` and the ``splitmq-nameserver`` console script."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        host, port = parse_listen(args.listen)
+    except ValueError as e:
+        parser.error(str(e))
+    _configure_logging(args.log_level, args.log_format)
+    config = NamesrvConfig(broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms)
+    try:
+        sock = _bind(host, port)
+    except OSError as e:
+        print(f"splitmq-nameserver: error: cannot listen on {args.listen}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+    signals = _StopSignals()
+
+    def ready(listen: str) -> None:
+        signals.uvicorn_owns = True  # uvicorn captures the signals before it starts serving
+        print(f"nameserver ready listen={listen}", flush=True)
+
+    signals.install()
+    try:
+        _run(serve(sock, config, on_ready=ready))
+    finally:
+        sock.close()
+    logging.getLogger("nameserver").info("nameserver stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
