@@ -1,0 +1,255 @@
+"""Slave side of classic HA (SEMANTICS.md 2.6 with decisions 3 and 4): connect to the master's HA port, append
+the streamed commit-log bytes at the same physical offsets, report progress.
+
+One task per client runs the connection cycle (READY -> connect -> TRANSFER -> closed -> back-off -> READY).
+Frames are handled in the socket's reader callback straight from the read buffer: consistency check, append,
+one report per read (covering every frame in it). The cycle task only wakes every ``tick_ms`` for the idle
+report (``ha_send_heartbeat_interval_ms``) and housekeeping (no bytes from the master for
+``ha_housekeeping_interval_ms`` -> drop the link, HEAD semantics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.ha.channel import SocketChannel
+from broker.ha.config import HAConfig
+from broker.ha.progress import Backoff
+from broker.ha.protocol import FrameDecoder, encode_report
+from broker.store.api import MessageStore
+
+__all__ = ["HAClient", "HAOffsetMismatchError", "parse_ha_addr"]
+
+log = logging.getLogger(__name__)
+
+
+class HAOffsetMismatchError(ValueError):
+    """The master sent a frame that does not continue the slave's commit log."""
+
+
+def parse_ha_addr(addr: str) -> tuple[str, int]:
+    """``"host:port"`` (IPv6 as ``"[::1]:port"``) -> (host, port).
+
+    Raises:
+        ValueError: not ``host:port`` with a port in 1..65535 (the message quotes the address).
+    """
+    host, sep, port_text = addr.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"HA master address {addr!r} is not host:port")
+    return host, int(port_text)
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class HAClient:
+    """The slave's replication client.
+
+    Args:
+        store: the slave's message store (``append_to_commitlog``, ``max_physical_offset``).
+        config: HA settings.
+        master_ha_addr: ``host:port`` of the master's HA listener, or None until the nameserver tells us.
+        clock_ms: wall clock in ms (injected in tests); timestamps and housekeeping use it.
+        rand: uniform [0, 1) source for the reconnect jitter (injected in tests).
+    """
+
+    def __init__(
+        self,
+        store: MessageStore,
+        config: HAConfig,
+        master_ha_addr: str | None,
+        *,
+        clock_ms: Callable[[], int] | None = None,
+        rand: Callable[[], float] | None = None,
+    ) -> None:
+        if master_ha_addr is not None:
+            parse_ha_addr(master_ha_addr)
+        self._store = store
+        self._config = config
+        self._clock_ms = clock_ms or _wall_clock_ms
+        self._backoff = Backoff(
+            config.reconnect_backoff_min_ms, config.reconnect_backoff_max_ms, rand or random.Random().random
+        )
+        self._decoder = FrameDecoder(config.ha_slave_read_buffer_bytes)
+        self.master_ha_addr = master_ha_addr
+        self.last_read_ms = 0
+        """Clock of the last bytes read from the master (0 before the first connection)."""
+        self.last_write_ms = 0
+        """Clock of the last offset report sent."""
+        self.last_error = ""
+        """Why the last connection ended or failed (for status and logs)."""
+        self.connect_count = 0
+        """Successful connections so far."""
+        self._channel: SocketChannel | None = None
+        self._reported = -1
+        self._received = False
+        self._addr_changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._state_name = "new"
+
+    @property
+    def is_connected(self) -> bool:
+        return self._channel is not None and not self._channel.is_closed
+
+    # lifecycle -------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the connection cycle (returns at once; connecting happens in the background).
+
+        Raises:
+            RuntimeError: started twice.
+        """
+        if self._state_name != "new":
+            raise RuntimeError(f"HAClient cannot start: it is {self._state_name}")
+        self._state_name = "started"
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="ha-client")
+
+    async def stop(self) -> None:
+        """Close the link and end the cycle; idempotent, bounded by ``ha_stop_timeout_ms``."""
+        if self._state_name != "started":
+            self._state_name = "stopped"
+            return
+        self._state_name = "stopped"
+        if self._channel is not None:
+            self._channel.close("HA client stopping")
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            _, late = await asyncio.wait([task], timeout=self._config.ha_stop_timeout_ms / 1000.0)
+            if late:
+                log.warning("HA client stop: still running after ha_stop_timeout_ms=%d",
+                            self._config.ha_stop_timeout_ms)
+
+    def update_master_address(self, addr: str | None) -> None:
+        """Point the client at a (new) master. None keeps the known address (SEMANTICS 2.2: the client keeps
+        retrying the old master). A different address drops the current link and connects there at once.
+
+        Raises:
+            ValueError: ``addr`` is not ``host:port``.
+        """
+        if addr is None or addr == self.master_ha_addr:
+            return
+        parse_ha_addr(addr)
+        log.info("HA master address %s -> %s", self.master_ha_addr, addr)
+        self.master_ha_addr = addr
+        if self._channel is not None:
+            self._channel.close(f"master address changed to {addr}")
+        self._addr_changed.set()
+
+    def status(self) -> dict[str, Any]:
+        """The slave's view: master address, local max offset, last read/write timestamps, link state."""
+        return {
+            "masterAddress": self.master_ha_addr,
+            "maxOffset": self._store.max_physical_offset,
+            "lastReadTimestamp": self.last_read_ms,
+            "lastWriteTimestamp": self.last_write_ms,
+            "connected": self.is_connected,
+            "lastError": self.last_error,
+        }
+
+    # the connection cycle --------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            addr = self.master_ha_addr
+            if addr is None:
+                self._addr_changed.clear()
+                await self._addr_changed.wait()
+                continue
+            self._addr_changed.clear()
+            try:
+                sock = await self._connect(addr)
+            except (OSError, TimeoutError) as exc:
+                self.last_error = f"connect to {addr} failed: {exc or type(exc).__name__}"
+                log.debug("HA client: %s", self.last_error)
+            else:
+                await self._session(sock, addr)
+            if self._received:
+                self._backoff.reset()
+            if not self._addr_changed.is_set():
+                delay_ms = self._backoff.next_ms()
+                try:
+                    await asyncio.wait_for(self._addr_changed.wait(), delay_ms / 1000.0)
+                except TimeoutError:
+                    pass
+
+    async def _connect(self, addr: str) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        host, port = parse_ha_addr(addr)
+        timeout_s = self._config.ha_connect_timeout_ms / 1000.0
+        infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s)
+        family, _, proto, _, sockaddr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM, proto)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, sockaddr), timeout_s)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def _session(self, sock: socket.socket, addr: str) -> None:
+        cfg = self._config
+        self._decoder.reset()
+        self._received = False
+        channel = SocketChannel(
+            asyncio.get_running_loop(), sock, get_buffer=self._decoder.get_buffer, on_data=self._on_data,
+            name=f"ha-slave->{addr}", max_backlog_bytes=cfg.ha_max_report_backlog_bytes,
+        )
+        self._channel = channel
+        self.connect_count += 1
+        self.last_read_ms = self._clock_ms()
+        # Decision 3: report at once, so data flows without waiting a heartbeat interval.
+        self._send_report(self._store.max_physical_offset)
+        log.info("HA client connected to %s, reported offset %d", addr, self._reported)
+        try:
+            while not channel.is_closed:
+                await asyncio.wait([channel.closed], timeout=cfg.tick_ms / 1000.0)
+                if channel.is_closed:
+                    break
+                now = self._clock_ms()
+                silent_ms = now - self.last_read_ms
+                if silent_ms > cfg.ha_housekeeping_interval_ms:
+                    channel.close(f"no bytes from the master for {silent_ms} ms "
+                                  f"(ha_housekeeping_interval_ms={cfg.ha_housekeeping_interval_ms})")
+                elif now - self.last_write_ms >= cfg.ha_send_heartbeat_interval_ms:
+                    self._send_report(self._store.max_physical_offset)
+        finally:
+            channel.close("HA session ended")
+            self._channel = None
+            self.last_error = channel.close_reason
+            log.info("HA client disconnected from %s: %s", addr, self.last_error)
+
+    def _send_report(self, offset: int) -> None:
+        if self._channel is None:
+            return
+        self._channel.send_nowait(encode_report(offset))
+        self._reported = offset
+        self.last_write_ms = self._clock_ms()
+
+    def _on_data(self, nbytes: int) -> None:
+        """Frames from the master (reader callback); raising closes the link, the cycle reconnects."""
+        self.last_read_ms = self._clock_ms()
+        self._received = True
+        decoder, store = self._decoder, self._store
+        decoder.buffer_updated(nbytes)
+        try:
+            while (frame := decoder.next_frame()) is not None:
+                local = store.max_physical_offset
+                if local != 0 and local != frame.phy_offset:
+                    raise HAOffsetMismatchError(
+                        f"master sent phyOffset {frame.phy_offset} but the slave's max offset is {local}"
+                    )
+                if frame.body:
+                    store.append_to_commitlog(frame.phy_offset, frame.body)
+        finally:
+            # One report per read covers every frame appended from it (and reports partial progress on error).
+            current = store.max_physical_offset
+            if current > self._reported:
+                self._send_report(current)

@@ -1,0 +1,66 @@
+"""HA configuration: a frozen, validated attrs object. Defaults are RocketMQ's (SEMANTICS.md 2.7); the broker
+builds it from its ``.properties`` file (``haSendHeartbeatInterval`` -> ``ha_send_heartbeat_interval_ms``...)."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["HAConfig"]
+
+#: Size of the transfer-frame header, repeated here so validation does not import the protocol module.
+_FRAME_HEADER_SIZE = 12
+
+
+def _positive(_: object, attribute: attrs.Attribute, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class HAConfig:
+    """Everything the master/slave replication needs. All times in ms, all sizes in bytes."""
+
+    ha_send_heartbeat_interval_ms: int = attrs.field(default=5000, validator=_positive)
+    """``haSendHeartbeatInterval``: idle master sends a heartbeat frame, idle slave re-reports its offset."""
+    ha_housekeeping_interval_ms: int = attrs.field(default=20_000, validator=_positive)
+    """``haHousekeepingInterval``: either side drops the link after this long without reading a byte."""
+    ha_transfer_batch_size: int = attrs.field(default=32 * 1024, validator=_positive)
+    """``haTransferBatchSize``: largest body of one transfer frame."""
+    ha_max_gap_not_in_sync: int = attrs.field(default=256 * 1024 * 1024, validator=_positive)
+    """``haMaxGapNotInSync``: a slave further behind than this is not in sync (strict ``<``)."""
+    reconnect_backoff_min_ms: int = attrs.field(default=100, validator=_positive)
+    """First reconnect delay of the slave (doubled per failed attempt, with jitter)."""
+    reconnect_backoff_max_ms: int = attrs.field(default=5000, validator=_positive)
+    """Largest reconnect delay of the slave (RocketMQ always waits 5000 ms)."""
+    ha_connect_timeout_ms: int = attrs.field(default=3000, validator=_positive)
+    """Bound on one TCP connect attempt of the slave."""
+    ha_slave_read_buffer_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
+    """Slave read buffer (RocketMQ: 4 MiB); a frame larger than this is a protocol error."""
+    ha_send_gather_bytes: int = attrs.field(default=256 * 1024, validator=_positive)
+    """Master: body bytes of several frames gathered into one ``sendmsg`` call (fewer syscalls)."""
+    ha_max_connections: int = attrs.field(default=64, validator=_positive)
+    """Master: slaves accepted at once; further connections are closed with a warning."""
+    ha_max_ack_waiters: int = attrs.field(default=100_000, validator=_positive)
+    """Master: pending ``wait_for_ack`` futures; beyond this a waiter completes False at once."""
+    ha_max_report_backlog_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
+    """Slave: unsent offset-report bytes tolerated before the link is considered stuck and dropped."""
+    ha_stop_timeout_ms: int = attrs.field(default=2000, validator=_positive)
+    """Bound on ``stop()`` waiting for its tasks to end."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.reconnect_backoff_min_ms > self.reconnect_backoff_max_ms:
+            raise ValueError(
+                f"reconnect_backoff_min_ms ({self.reconnect_backoff_min_ms}) must be <= "
+                f"reconnect_backoff_max_ms ({self.reconnect_backoff_max_ms})"
+            )
+        if self.ha_slave_read_buffer_bytes < self.ha_transfer_batch_size + _FRAME_HEADER_SIZE:
+            raise ValueError(
+                f"ha_slave_read_buffer_bytes ({self.ha_slave_read_buffer_bytes}) must hold one frame: "
+                f"ha_transfer_batch_size ({self.ha_transfer_batch_size}) + {_FRAME_HEADER_SIZE} header bytes"
+            )
+
+    @property
+    def tick_ms(self) -> int:
+        """Period of the housekeeping / heartbeat checks: fine enough for both intervals, at most 1 s."""
+        finest = min(self.ha_send_heartbeat_interval_ms, self.ha_housekeeping_interval_ms)
+        return max(5, min(1000, finest // 4))

@@ -1,0 +1,399 @@
+"""Master side of classic HA (SEMANTICS.md 2.4, 2.5, 2.8, 2.9.1): accept slaves, stream the commit log, collect
+acks, complete SYNC_MASTER waits.
+
+Everything runs as tasks and callbacks in the broker's event loop (a sender thread beside a busy loop collapses
+under the GIL). Per slave connection:
+
+* the socket's reader callback parses offset reports and feeds :class:`ReplicationState`; an ack completes the
+  ``wait_for_ack`` futures it covers right there (no polling);
+* one writer task streams ``[phyOffset][size] + body`` frames, several per ``sendmsg``, and when caught up waits
+  on an event set by :meth:`HAService.notify_new_data` (bounded by the heartbeat interval, after which an idle
+  link gets a heartbeat frame).
+
+One housekeeping task per service drops slaves that sent nothing for ``ha_housekeeping_interval_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.ha.channel import SocketChannel
+from broker.ha.config import HAConfig
+from broker.ha.progress import (
+    AckWaiter,
+    ReplicationState,
+    SlaveProgress,
+    TooManyWaitersError,
+    slave_in_sync,
+    transfer_start_offset,
+)
+from broker.ha.protocol import FRAME_HEADER, ReportDecoder, encode_frame_header
+from broker.store.api import MessageStore
+
+__all__ = ["HAService"]
+
+log = logging.getLogger(__name__)
+
+_MASTER_READ_BUFFER_BYTES = 64 * 1024
+_LISTEN_BACKLOG = 64
+_ACCEPT_ERROR_PAUSE_S = 0.1  # e.g. EMFILE: pause instead of spinning on a listener that keeps failing
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _format_addr(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"{addr[0]}:{addr[1]}"
+    return str(addr)
+
+
+class _SlaveConnection:
+    """One accepted slave: a channel, its progress entry and its writer task."""
+
+    def __init__(self, service: HAService, conn_id: int, sock: socket.socket, addr: str) -> None:
+        self.service = service
+        self.conn_id = conn_id
+        self.addr = addr
+        self.progress: SlaveProgress = service._state.add_slave(conn_id, addr)
+        self.last_read_ms = service._clock_ms()
+        self.new_data = asyncio.Event()
+        self.first_report = asyncio.Event()
+        self.speed_bytes_per_s = 0.0
+        self._speed_mark = (self.last_read_ms, 0)
+        self._reports = ReportDecoder()
+        self._rbuf = memoryview(bytearray(_MASTER_READ_BUFFER_BYTES))
+        self._warned = False
+        loop = service._require_loop()
+        self.channel = SocketChannel(
+            loop, sock, get_buffer=lambda: self._rbuf, on_data=self._on_data, name=f"ha-master<-{addr}"
+        )
+        self.writer = loop.create_task(self._write_loop(), name=f"ha-transfer->{addr}")
+        self.channel.closed.add_done_callback(lambda _: service._on_connection_closed(self))
+
+    def close(self, reason: str) -> None:
+        self.channel.close(reason)
+
+    def _on_data(self, nbytes: int) -> None:
+        self.last_read_ms = self.service._clock_ms()
+        offset = self._reports.feed(self._rbuf[:nbytes])
+        if offset is not None:
+            self.service._on_report(self, offset)
+
+    def update_speed(self, now_ms: int) -> None:
+        mark_ms, mark_bytes = self._speed_mark
+        if now_ms - mark_ms >= 1000:
+            sent = self.progress.transferred_bytes
+            self.speed_bytes_per_s = (sent - mark_bytes) * 1000.0 / (now_ms - mark_ms)
+            self._speed_mark = (now_ms, sent)
+
+    async def _write_loop(self) -> None:
+        try:
+            await self.first_report.wait()
+            await self._stream()
+        except ConnectionError:
+            pass  # the channel is closed and says why
+        except Exception:
+            log.exception("ha-transfer->%s: transfer loop failed", self.addr)
+            self.close("transfer loop failed")
+        finally:
+            self.close("transfer loop ended")
+
+    async def _stream(self) -> None:
+        svc = self.service
+        cfg, loop = svc._config, svc._require_loop()
+        next_offset = svc._start_offset(self.progress.request_offset)
+        log.info("ha-transfer->%s: first report %d, streaming from %d", self.addr, self.progress.request_offset,
+                 next_offset)
+        heartbeat_s = cfg.ha_send_heartbeat_interval_ms / 1000.0
+        last_write = loop.time()
+        while True:
+            # Clear before looking for data: an append after this point sets the event again.
+            self.new_data.clear()
+            sent_to = await self._send_available(next_offset)
+            if sent_to > next_offset:
+                next_offset = sent_to
+                last_write = loop.time()
+                continue
+            self._warn_if_unservable(next_offset)
+            idle_s = loop.time() - last_write
+            if idle_s >= heartbeat_s:
+                await self.channel.send_all([encode_frame_header(next_offset, 0)])
+                last_write = loop.time()
+                continue
+            try:
+                await asyncio.wait_for(self.new_data.wait(), heartbeat_s - idle_s)
+            except TimeoutError:
+                pass
+
+    async def _send_available(self, offset: int) -> int:
+        """Send every frame available from ``offset`` up to ``ha_send_gather_bytes`` in one ``sendmsg``; return
+        the offset after the last byte sent (``offset`` when nothing was available)."""
+        cfg, store = self.service._config, self.service._store
+        bufs: list[bytes | memoryview] = []
+        total = 0
+        while total < cfg.ha_send_gather_bytes:
+            data = store.get_commitlog_data(offset + total, cfg.ha_transfer_batch_size)
+            if data is None or len(data) == 0:
+                break
+            size = min(len(data), cfg.ha_transfer_batch_size)
+            bufs.append(FRAME_HEADER.pack(offset + total, size))
+            bufs.append(data[:size] if size < len(data) else data)
+            total += size
+        if not bufs:
+            return offset
+        await self.channel.send_all(bufs)
+        self.progress.transferred_bytes += total
+        return offset + total
+
+    def _warn_if_unservable(self, next_offset: int) -> None:
+        """Nothing to send: say so once when that is because the slave wants bytes the master does not have
+        (ahead of the master, or older than its oldest file); it then only gets heartbeats."""
+        if self._warned:
+            return
+        store = self.service._store
+        master_max, master_min = store.max_physical_offset, store.min_physical_offset
+        if next_offset > master_max or next_offset < master_min:
+            self._warned = True
+            log.warning("ha-transfer->%s: slave wants offset %d outside the master's commit log %d..%d",
+                        self.addr, next_offset, master_min, master_max)
+
+
+class HAService:
+    """The master side: listens on the HA port (opened on every broker) and serves slaves.
+
+    Args:
+        store: the broker's message store (``get_commitlog_data``, ``max_physical_offset``,
+            ``mapped_file_size_commitlog``, ``add_append_listener``).
+        config: HA settings.
+        clock_ms: wall clock in ms (injected in tests); used for read timestamps and housekeeping.
+    """
+
+    def __init__(self, store: MessageStore, config: HAConfig, *, clock_ms: Callable[[], int] | None = None) -> None:
+        self._store = store
+        self._config = config
+        self._clock_ms = clock_ms or _wall_clock_ms
+        self._state: ReplicationState[asyncio.Future[bool]] = ReplicationState(
+            max_gap=config.ha_max_gap_not_in_sync, max_waiters=config.ha_max_ack_waiters
+        )
+        self._conns: dict[int, _SlaveConnection] = {}
+        self._ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._lsock: socket.socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._state_name = "new"
+        self.port = 0
+        """The bound HA port (0 before ``start``)."""
+
+    # lifecycle -------------------------------------------------------------------------------------------
+    async def start(self, host: str, port: int) -> int:
+        """Bind and listen; return the bound port (``port=0`` lets the OS choose).
+
+        Raises:
+            RuntimeError: started twice.
+            OSError: the address cannot be bound (the message names it).
+        """
+        if self._state_name != "new":
+            raise RuntimeError(f"HAService cannot start: it is {self._state_name}")
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        infos = await self._loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        lsock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lsock.bind(sockaddr)
+            lsock.listen(_LISTEN_BACKLOG)
+            lsock.setblocking(False)
+        except OSError as exc:
+            lsock.close()
+            raise OSError(exc.errno, f"HA listener cannot bind {host}:{port}: {exc.strerror}") from exc
+        self._lsock = lsock
+        self.port = lsock.getsockname()[1]
+        self._state_name = "started"
+        self._store.add_append_listener(lambda _offset: self.notify_new_data())
+        self._tasks = [
+            self._loop.create_task(self._accept_loop(), name="ha-accept"),
+            self._loop.create_task(self._housekeeping_loop(), name="ha-housekeeping"),
+        ]
+        log.info("HA service listening on %s:%d", host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        """Close the listener and every slave connection; pending ack waits complete False. Idempotent and
+        bounded by ``ha_stop_timeout_ms``."""
+        if self._state_name != "started":
+            self._state_name = "stopped"
+            return
+        self._state_name = "stopped"
+        for task in self._tasks:
+            task.cancel()
+        writers = [conn.writer for conn in self._conns.values()]
+        for conn in list(self._conns.values()):
+            conn.close("HA service stopping")
+        for fut in self._state.waiters.drain():
+            if not fut.done():
+                fut.set_result(False)
+        pending = [t for t in [*self._tasks, *writers] if not t.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=self._config.ha_stop_timeout_ms / 1000.0)
+            if late:
+                log.warning("HA service stop: %d tasks still running after ha_stop_timeout_ms=%d",
+                            len(late), self._config.ha_stop_timeout_ms)
+        # Closed only now: the accept task has unregistered the listener's fd, so it cannot be reused under it.
+        if self._lsock is not None:
+            self._lsock.close()
+        log.info("HA service stopped")
+
+    # called by the broker --------------------------------------------------------------------------------
+    def notify_new_data(self) -> None:
+        """New bytes are in the commit log: wake every transfer loop now (safe from any thread)."""
+        loop = self._loop
+        if loop is None or self._state_name != "started":
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._wake_writers()
+        else:
+            loop.call_soon_threadsafe(self._wake_writers)
+
+    def _wake_writers(self) -> None:
+        for conn in self._conns.values():
+            conn.new_data.set()
+
+    def is_slave_ok(self, master_put_where: int) -> bool:
+        """SEMANTICS 2.8: a slave is connected and ``master_put_where - push2SlaveMaxOffset < haMaxGapNotInSync``."""
+        return self._state.is_slave_ok(master_put_where)
+
+    def in_sync_slave_count(self, master_put_where: int) -> int:
+        """Connected slaves whose own ack is less than ``haMaxGapNotInSync`` behind (the master not counted;
+        RocketMQ's ``inSyncReplicasNums`` is this + 1)."""
+        return self._state.in_sync_slave_count(master_put_where)
+
+    @property
+    def push2slave_max_offset(self) -> int:
+        """The best offset any slave has acked (monotonic, kept when slaves disconnect)."""
+        return self._state.push2slave_max_offset
+
+    @property
+    def connection_count(self) -> int:
+        return self._state.connection_count
+
+    def wait_for_ack(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool]:
+        """A future: True once some slave acked ``end_offset`` (``push2SlaveMaxOffset >= end_offset``), False
+        after ``timeout_s``, at ``stop()``, or at once when ``ha_max_ack_waiters`` waits are pending.
+
+        Concurrent waiters share acks: one report completes every waiter it covers. Call from the loop thread.
+        Cancelling the future withdraws the wait.
+        """
+        loop = self._require_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        try:
+            waiter = self._state.waiters.add(end_offset, fut)
+        except TooManyWaitersError as exc:
+            log.warning("wait_for_ack(%d) refused: %s", end_offset, exc)
+            fut.set_result(False)
+            return fut
+        if waiter is None:
+            fut.set_result(True)
+            return fut
+        handle = loop.call_later(max(0.0, timeout_s), self._expire, waiter)
+        fut.add_done_callback(lambda _: self._on_wait_done(waiter, handle))
+        return fut
+
+    def _expire(self, waiter: AckWaiter[asyncio.Future[bool]]) -> None:
+        if self._state.waiters.expire(waiter) and not waiter.token.done():
+            waiter.token.set_result(False)
+
+    def _on_wait_done(self, waiter: AckWaiter[asyncio.Future[bool]], handle: asyncio.TimerHandle) -> None:
+        handle.cancel()
+        self._state.waiters.expire(waiter)  # no-op unless the caller cancelled the future
+
+    def status(self) -> dict[str, Any]:
+        """``haStatus``: the master's max offset and, per slave, its ack, gap, in-sync flag and transfer rate."""
+        master_max = self._store.max_physical_offset
+        slaves = []
+        for conn in self._conns.values():
+            ack = conn.progress.ack_offset
+            slaves.append({
+                "addr": conn.addr,
+                "ackOffset": ack,
+                "diff": master_max - ack,
+                "inSync": slave_in_sync(master_max, ack, self._config.ha_max_gap_not_in_sync),
+                "transferredBytes": conn.progress.transferred_bytes,
+                "transferSpeedBytesPerS": round(conn.speed_bytes_per_s, 1),
+            })
+        return {
+            "masterMaxOffset": master_max,
+            "push2SlaveMaxOffset": self._state.push2slave_max_offset,
+            "connectionCount": self._state.connection_count,
+            "slaves": slaves,
+        }
+
+    # internals -------------------------------------------------------------------------------------------
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("HAService is not started")
+        return self._loop
+
+    def _start_offset(self, request_offset: int) -> int:
+        return transfer_start_offset(
+            request_offset, self._store.max_physical_offset, self._store.mapped_file_size_commitlog
+        )
+
+    def _on_report(self, conn: _SlaveConnection, offset: int) -> None:
+        first, done = self._state.on_report(conn.conn_id, offset)
+        if first:
+            conn.first_report.set()
+        for fut in done:
+            if not fut.done():
+                fut.set_result(True)
+
+    def _on_connection_closed(self, conn: _SlaveConnection) -> None:
+        if self._conns.pop(conn.conn_id, None) is None:
+            return
+        self._state.remove_slave(conn.conn_id)
+        conn.writer.cancel()
+        log.info("HA slave %s disconnected: %s (acked %d)", conn.addr, conn.channel.close_reason,
+                 conn.progress.ack_offset)
+
+    async def _accept_loop(self) -> None:
+        loop, lsock = self._require_loop(), self._lsock
+        assert lsock is not None
+        while True:
+            try:
+                sock, raw_addr = await loop.sock_accept(lsock)
+            except OSError as exc:
+                log.warning("HA accept failed: %s", exc)
+                await asyncio.sleep(_ACCEPT_ERROR_PAUSE_S)
+                continue
+            addr = _format_addr(raw_addr)
+            if len(self._conns) >= self._config.ha_max_connections:
+                log.warning("HA: refusing slave %s: %d connected (ha_max_connections=%d)", addr,
+                            len(self._conns), self._config.ha_max_connections)
+                sock.close()
+                continue
+            conn_id = next(self._ids)
+            self._conns[conn_id] = _SlaveConnection(self, conn_id, sock, addr)
+            log.info("HA slave %s connected", addr)
+
+    async def _housekeeping_loop(self) -> None:
+        cfg = self._config
+        while True:
+            await asyncio.sleep(cfg.tick_ms / 1000.0)
+            now = self._clock_ms()
+            for conn in list(self._conns.values()):
+                silent_ms = now - conn.last_read_ms
+                if silent_ms > cfg.ha_housekeeping_interval_ms:
+                    conn.close(f"no bytes from the slave for {silent_ms} ms "
+                               f"(ha_housekeeping_interval_ms={cfg.ha_housekeeping_interval_ms})")
+                else:
+                    conn.update_speed(now)
