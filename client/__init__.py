@@ -1,0 +1,47 @@
+"""SplitMQ SDK: producers, pull consumers and admin for a RocketMQ-style broker cluster over HTTP.
+
+::
+
+    from client import Producer, PullConsumer, Message
+
+    with Producer("my-group", "127.0.0.1:9876") as p:
+        p.send(Message("TopicTest", b"hello", tags="TagA"))
+
+Errors live in :mod:`client.errors` (also reachable as ``client.errors``); the local cluster launcher in
+:mod:`client.cluster`. Everything under ``client._*`` is private.
+"""
+
+from __future__ import annotations
+
+from client import errors
+from client._admin import Admin, ClusterInfo, QueueProgress
+from client._consumer import AsyncPullConsumer, PullConsumer
+from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
+from client._producer import AsyncProducer, Producer
+from client._requests import PullResult, SendResult
+from client._routing import FindBrokerResult
+from client.protocol.codes import PullStatus, SendStatus
+from client.protocol.message import Message, MessageExt, MessageQueue
+
+__all__ = [
+    "Admin",
+    "AsyncClientInstance",
+    "AsyncProducer",
+    "AsyncPullConsumer",
+    "ClientConfig",
+    "ClientInstance",
+    "ClientState",
+    "ClusterInfo",
+    "FindBrokerResult",
+    "Message",
+    "MessageExt",
+    "MessageQueue",
+    "Producer",
+    "PullConsumer",
+    "PullResult",
+    "PullStatus",
+    "QueueProgress",
+    "SendResult",
+    "SendStatus",
+    "errors",
+]

@@ -30,6 +30,7 @@ __all__ = [
     "BrokerConnectError",
     "BrokerError",
     "BrokerNotFoundError",
+    "BrokerSystemError",
     "ClientClosedError",
     "ClientError",
     "InvalidParameterError",
@@ -44,7 +45,6 @@ __all__ = [
     "ServiceNotAvailableError",
     "SubscriptionGroupNotExistError",
     "SystemBusyError",
-    "BrokerSystemError",
     "TopicNotExistError",
     "TransportError",
 ]

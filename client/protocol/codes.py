@@ -80,7 +80,7 @@ class SendStatus(enum.Enum):
         return _CODE_BY_SEND_STATUS[self]
 
 
-_SEND_STATUS_BY_CODE = {
+_SEND_STATUS_BY_CODE: dict[int, SendStatus] = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,
     ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
@@ -103,7 +103,7 @@ class PullStatus(enum.Enum):
         return _PULL_STATUS_BY_CODE.get(code)
 
 
-_PULL_STATUS_BY_CODE = {
+_PULL_STATUS_BY_CODE: dict[int, PullStatus] = {
     ResponseCode.SUCCESS: PullStatus.FOUND,
     ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
     ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,

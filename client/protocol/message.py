@@ -69,9 +69,9 @@ def _check_delay(_: Any, attribute: Any, value: int) -> None:
 class Message:
     """A message to send."""
 
-    topic: str = attrs.field(validator=_check_topic)
+    topic: str = attrs.field(validator=_check_topic)  # type: ignore[assignment]
     """Destination topic: at most 127 characters of ``[%|a-zA-Z0-9_-]``."""
-    body: bytes = attrs.field(validator=_check_body)
+    body: bytes = attrs.field(validator=_check_body)  # type: ignore[assignment]
     """Payload; stored as is (no compression)."""
     tags: str | None = attrs.field(default=None, kw_only=True, validator=_check_tags)
     """One tag used for broker-side filtering (``TagA || TagB`` subscriptions)."""

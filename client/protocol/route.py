@@ -42,6 +42,10 @@ class QueueData:
                    int(d.get("topicSysFlag", 0)))
 
 
+def _sorted_addrs(addrs: Mapping[int, str]) -> dict[int, str]:
+    return dict(sorted(addrs.items()))
+
+
 @attrs.frozen
 class BrokerData:
     """A broker group: its cluster and its members' addresses by broker id."""
@@ -50,7 +54,7 @@ class BrokerData:
     """Cluster the group belongs to."""
     broker_name: str
     """Group name."""
-    broker_addrs: Mapping[int, str] = attrs.field(converter=lambda m: dict(sorted(m.items())))
+    broker_addrs: Mapping[int, str] = attrs.field(converter=_sorted_addrs)
     """``brokerId -> "ip:port"``, ascending ids; 0 is the master."""
 
     def to_json(self) -> dict[str, Any]:

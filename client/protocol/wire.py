@@ -100,7 +100,7 @@ class PullHeader(NamedTuple):
     max_offset: int
     suggest_which_broker_id: int
     served_by_broker_id: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count; the wire name wins
 
 
 def encode_pull_header(

@@ -1,0 +1,361 @@
+"""``Admin``: topics, subscription groups, cluster and HA status, consumer progress, message queries (mqadmin).
+
+Control-plane calls go to the nameservers (one at a time, failing over) and to brokers' masters; reads that a
+slave can answer (offsets, messages) fall back to a slave when the master does not answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, TypeVar
+
+import attrs
+import httpx
+
+from client import _requests as rq
+from client._instance import ClientConfig, ClientInstance, ClientState
+from client.errors import (
+    BrokerNotFoundError,
+    ClientClosedError,
+    ClientError,
+    InvalidParameterError,
+    QueryNotFoundError,
+    RequestTimeoutError,
+)
+from client.protocol import codec
+from client.protocol.codes import MASTER_ID, Perm
+from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.properties import validate_group, validate_topic
+from client.protocol.route import BrokerData, TopicConfig, TopicRouteData
+
+__all__ = ["Admin", "ClusterInfo", "QueueProgress"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class ClusterInfo:
+    """The nameserver's view of the brokers (``GET /cluster``)."""
+
+    broker_addr_table: Mapping[str, BrokerData]
+    """Broker group name -> its members."""
+    cluster_addr_table: Mapping[str, tuple[str, ...]]
+    """Cluster name -> broker group names."""
+    broker_live_table: Mapping[str, Mapping[str, Any]]
+    """Member address -> ``{"lastUpdateTimestamp", "haServerAddr"}``."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ClusterInfo:
+        return cls(
+            {name: BrokerData.from_json(bd) for name, bd in dict(d.get("brokerAddrTable") or {}).items()},
+            {c: tuple(sorted(names)) for c, names in dict(d.get("clusterAddrTable") or {}).items()},
+            dict(d.get("brokerLiveTable") or {}),
+        )
+
+    def master_addrs(self, cluster: str | None = None) -> dict[str, str]:
+        """``{broker_name: master addr}`` of the groups (of ``cluster``) that have a master."""
+        names = self.cluster_addr_table.get(cluster, ()) if cluster is not None else self.broker_addr_table.keys()
+        out = {}
+        for name in sorted(names):
+            bd = self.broker_addr_table.get(name)
+            if bd is not None and bd.master_addr:
+                out[name] = bd.master_addr
+        return out
+
+
+@attrs.frozen
+class QueueProgress:
+    """One queue's consumption progress (``mqadmin consumerProgress``)."""
+
+    message_queue: MessageQueue
+    broker_offset: int
+    """The queue's max offset on the broker."""
+    consumer_offset: int
+    """The group's committed offset (-1 when never committed)."""
+    lag: int
+    """Messages not yet consumed: ``broker_offset - max(consumer_offset, 0)``."""
+
+
+class Admin:
+    """Administration of a SplitMQ cluster.
+
+    Args:
+        namesrv_addr: nameservers, ``;``-separated.
+        client_config: settings of the shared client instance (used when this admin creates it).
+    """
+
+    def __init__(self, namesrv_addr: str, *, client_config: ClientConfig | None = None) -> None:
+        self._client: ClientInstance | None = ClientInstance.acquire(namesrv_addr, client_config)
+        self._state = ClientState.OPENED
+
+    @property
+    def client(self) -> ClientInstance:
+        if self._state is not ClientState.OPENED or self._client is None:
+            raise ClientClosedError("admin is closed")
+        return self._client
+
+    def __enter__(self) -> Admin:
+        if self._state is ClientState.CLOSED:
+            raise ClientClosedError("admin is closed; create a new one")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the client instance. Idempotent."""
+        if self._state is ClientState.CLOSED:
+            return
+        self._state = ClientState.CLOSED
+        if self._client is not None:
+            self._client.release()
+
+    # --- nameserver ---
+
+    def _namesrv_get(self, path: str) -> dict[str, Any]:
+        client = self.client
+        last: ClientError | None = None
+        for addr in client.nameservers.rotation():
+            try:
+                obj = rq.json_of(client.http.get(f"http://{addr}{path}"), addr)
+            except httpx.HTTPError as e:
+                last = rq.map_transport_error(e, addr, f"nameserver {addr} {path}")
+                continue
+            client.nameservers.settle(addr)
+            return obj
+        assert last is not None
+        raise last
+
+    def cluster_info(self) -> ClusterInfo:
+        """Brokers and clusters as the nameserver knows them."""
+        return ClusterInfo.from_json(self._namesrv_get("/cluster"))
+
+    def topic_route(self, topic: str) -> TopicRouteData:
+        """The nameserver's route of ``topic`` (also refreshes the client's cache).
+
+        Raises:
+            RouteNotFoundError: no nameserver knows the topic.
+        """
+        validate_topic(topic)
+        client = self.client
+        client.update_topic_route_from_nameserver(topic)
+        route = client.routes.route(topic)
+        if route is None or not route.queue_datas:
+            raise client.no_route_error(topic)
+        return route
+
+    def topic_list(self) -> list[str]:
+        """Topics the nameserver knows."""
+        return sorted(self._namesrv_get("/topics").get("topicList", []))
+
+    # --- topics and groups ---
+
+    def _target_masters(self, cluster: str | None, broker_name: str | None) -> dict[str, str]:
+        info = self.cluster_info()
+        if broker_name is not None:
+            masters = {k: v for k, v in info.master_addrs().items() if k == broker_name}
+            if not masters:
+                raise BrokerNotFoundError(f"The broker[{broker_name}] not exist (or has no master)")
+            return masters
+        if cluster is not None and cluster not in info.cluster_addr_table:
+            raise InvalidParameterError(f"cluster {cluster!r} is unknown to the nameserver")
+        masters = info.master_addrs(cluster)
+        if not masters:
+            raise BrokerNotFoundError("no master broker is registered with the nameserver")
+        return masters
+
+    def create_topic(self, topic: str, *, queue_nums: int = 4, cluster: str | None = None,
+                     broker_name: str | None = None, read_queue_nums: int | None = None,
+                     write_queue_nums: int | None = None, perm: int = int(Perm.READ | Perm.WRITE),
+                     timeout_s: float = 10.0) -> list[str]:
+        """Create (or update) ``topic`` on masters; returns the broker groups, once the route shows them all.
+
+        Args:
+            topic: topic name.
+            queue_nums: read and write queues per group (unless given separately).
+            cluster: only the masters of this cluster.
+            broker_name: only this group's master.
+            read_queue_nums: read queues per group.
+            write_queue_nums: write queues per group.
+            perm: permission bits.
+            timeout_s: bound on waiting for the route to show the topic on every target group.
+
+        Raises:
+            RequestTimeoutError: the route did not show the topic within ``timeout_s``.
+        """
+        validate_topic(topic)
+        if not isinstance(queue_nums, int) or not 1 <= queue_nums <= 1024:
+            raise InvalidParameterError(f"queue_nums must be in [1, 1024], got {queue_nums!r}")
+        cfg = TopicConfig(topic, read_queue_nums or queue_nums, write_queue_nums or queue_nums, perm)
+        body = rq.dumps(cfg.to_json())
+        masters = self._target_masters(cluster, broker_name)
+        for name, addr in masters.items():
+            self._broker_call(addr, f"create topic {topic} on {name}",
+                              lambda a: rq.json_of(self.client.http.post(f"http://{a}/topic", content=body), a))
+        self._wait_route(topic, set(masters), cfg, timeout_s)
+        return sorted(masters)
+
+    def _wait_route(self, topic: str, names: set[str], cfg: TopicConfig, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.01
+        while True:
+            self.client.update_topic_route_from_nameserver(topic)
+            route = self.client.routes.route(topic)
+            if route is not None:
+                seen = {qd.broker_name for qd in route.queue_datas
+                        if qd.write_queue_nums == cfg.write_queue_nums and qd.read_queue_nums == cfg.read_queue_nums}
+                if names <= seen:
+                    return
+            if time.monotonic() >= deadline:
+                raise RequestTimeoutError(
+                    f"topic {topic} not visible in the nameserver route on {sorted(names)} within timeout_s={timeout_s}"
+                )
+            time.sleep(delay)  # polling the nameserver with a deadline; the route has no push channel
+            delay = min(delay * 2, 0.2)
+
+    def update_subscription_group(self, group: str, *, broker_id: int = MASTER_ID,
+                                  which_broker_when_consume_slowly: int = 1, retry_max_times: int = 16,
+                                  retry_queue_nums: int = 1, consume_enable: bool = True,
+                                  consume_broadcast_enable: bool = True, cluster: str | None = None) -> list[str]:
+        """Create or update a subscription group on every master (of ``cluster``); returns the groups updated."""
+        validate_group(group)
+        body = rq.dumps({
+            "groupName": group, "brokerId": broker_id, "whichBrokerWhenConsumeSlowly": which_broker_when_consume_slowly,
+            "retryMaxTimes": retry_max_times, "retryQueueNums": retry_queue_nums, "consumeEnable": consume_enable,
+            "consumeBroadcastEnable": consume_broadcast_enable,
+        })
+        masters = self._target_masters(cluster, None)
+        for name, addr in masters.items():
+            self._broker_call(addr, f"update group {group} on {name}",
+                              lambda a: rq.json_of(self.client.http.post(f"http://{a}/subscription-group",
+                                                                         content=body), a))
+        return sorted(masters)
+
+    # --- status ---
+
+    def _broker_call(self, addr: str, what: str, call: Callable[[str], T]) -> T:
+        try:
+            return call(addr)
+        except httpx.HTTPError as e:
+            raise rq.map_transport_error(e, addr, what) from None
+
+    def _members(self, broker_name: str) -> dict[int, str]:
+        bd = self.cluster_info().broker_addr_table.get(broker_name)
+        if bd is None or not bd.broker_addrs:
+            raise BrokerNotFoundError(f"The broker[{broker_name}] not exist")
+        return dict(bd.broker_addrs)
+
+    def ha_status(self, broker_name: str) -> dict[int, dict[str, Any]]:
+        """``GET /ha`` of each member of ``broker_name`` by broker id; unreachable members show ``{"error"}``."""
+        out: dict[int, dict[str, Any]] = {}
+        for bid, addr in sorted(self._members(broker_name).items()):
+            try:
+                out[bid] = self._broker_call(addr, f"ha status of {broker_name}[{bid}]",
+                                             lambda a: rq.json_of(self.client.http.get(f"http://{a}/ha"), a))
+            except ClientError as e:
+                out[bid] = {"error": str(e), "addr": addr}
+        return out
+
+    def broker_runtime(self, addr: str) -> dict[str, Any]:
+        """``GET /runtime`` of one broker."""
+        return self._broker_call(addr, f"runtime of {addr}",
+                                 lambda a: rq.json_of(self.client.http.get(f"http://{a}/runtime"), a))
+
+    def _queue_offset(self, members: Mapping[int, str], url_of: Callable[[str], str], default: int | None) -> int:
+        last: ClientError | None = None
+        for _, addr in sorted(members.items()):
+            try:
+                return rq.parse_offset(self.client.http.get(url_of(addr)), addr)
+            except QueryNotFoundError:
+                if default is not None:
+                    return default
+                raise
+            except httpx.HTTPError as e:
+                last = rq.map_transport_error(e, addr, f"offset query at {addr}")
+        assert last is not None
+        raise last
+
+    def consumer_progress(self, group: str, topic: str) -> list[QueueProgress]:
+        """Per readable queue of ``topic``: broker max offset, the group's offset, and the lag."""
+        validate_group(group)
+        route = self.topic_route(topic)
+        out = []
+        for qd in route.queue_datas:
+            bd = route.broker_data(qd.broker_name)
+            if bd is None or not Perm.readable(qd.perm):
+                continue
+            for qid in range(qd.read_queue_nums):
+                mq = MessageQueue(topic, qd.broker_name, qid)
+                broker_off = self._queue_offset(bd.broker_addrs, partial(rq.offset_url, kind="max", mq=mq), None)
+                consumer_off = self._queue_offset(
+                    bd.broker_addrs, partial(rq.offset_url, kind="consumer", mq=mq, group=group), -1)
+                out.append(QueueProgress(mq, broker_off, consumer_off, broker_off - max(consumer_off, 0)))
+        return out
+
+    # --- messages ---
+
+    def _records(self, addr: str, url: str, broker_name: str) -> list[MessageExt]:
+        resp = self.client.http.get(url)
+        rq.raise_for_status(resp, addr)
+        return codec.decode_records(resp.content, broker_name=broker_name)
+
+    def query_message(self, msg_id: str, *, topic: str | None = None) -> MessageExt:
+        """Find a message by offset msgId (asks the store host's group), or by unique key (needs ``topic``).
+
+        Raises:
+            QueryNotFoundError: no broker has it.
+            InvalidParameterError: ``msg_id`` is not an offset msgId of a known broker and no ``topic`` is given.
+        """
+        info = self.cluster_info()
+        try:
+            store, phy = codec.decode_offset_msg_id(msg_id)
+        except ClientError:
+            store, phy = "", -1
+        if phy >= 0:
+            groups = sorted(info.broker_addr_table.items())
+            # The store host's own group first; a dead master is gone from the table, so then every group
+            # (slaves hold the master's offsets), accepting only a record whose msgId matches.
+            groups.sort(key=lambda item: store not in item[1].broker_addrs.values())
+            for name, bd in groups:
+                for _, addr in sorted(bd.broker_addrs.items()):
+                    try:
+                        msgs = self._records(addr, f"http://{addr}/message?offsetMsgId={rq.q(msg_id)}", name)
+                    except (httpx.HTTPError, QueryNotFoundError, InvalidParameterError):
+                        continue
+                    if msgs and msgs[0].offset_msg_id == msg_id.upper():
+                        return msgs[0]
+        if topic is None:
+            raise InvalidParameterError(
+                f"msgId {msg_id} is not the offset msgId of a known broker; pass topic= to search it as a unique key"
+            )
+        found = self._query_all(topic, lambda a: f"http://{a}/message/uniq?topic={rq.q(topic)}&msgId={rq.q(msg_id)}")
+        if not found:
+            raise QueryNotFoundError(f"no message with id {msg_id} in topic {topic}")
+        return found[0]
+
+    def query_messages_by_key(self, topic: str, key: str, *, max_num: int = 32) -> list[MessageExt]:
+        """Messages of ``topic`` indexed under ``key`` on every broker group (master, else a slave)."""
+        validate_topic(topic)
+        return self._query_all(
+            topic, lambda a: f"http://{a}/message/key?topic={rq.q(topic)}&key={rq.q(key)}&maxNum={max_num}"
+        )
+
+    def _query_all(self, topic: str, url_of: Callable[[str], str]) -> list[MessageExt]:
+        route = self.topic_route(topic)
+        out: list[MessageExt] = []
+        for bd in route.broker_datas:
+            for _, addr in sorted(bd.broker_addrs.items()):
+                try:
+                    out.extend(self._records(addr, url_of(addr), bd.broker_name))
+                    break
+                except QueryNotFoundError:
+                    break
+                except httpx.HTTPError as e:
+                    log.info("query at %s failed (%s); trying the next member", addr, e)
+        return out
+

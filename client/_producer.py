@@ -1,0 +1,568 @@
+"""``Producer`` and ``AsyncProducer``: two thin I/O shells over :mod:`client._producer_core`.
+
+Sends go to masters only. A send picks a queue with :class:`~client._routing.QueueSelector` (avoiding the broker
+of the previous failed attempt, and isolated brokers when latency fault tolerance is on), retries retryable
+failures within ``send_timeout_s`` (SEMANTICS.md 4.6), and returns a :class:`SendResult` also for codes 10/11/12
+(stored, not fully durable). Concurrent sends to one topic are batched automatically (see ``_producer_core``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import httpx
+
+from client import _requests as rq
+from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
+from client._producer_core import (
+    RETRY_RESPONSE_CODES,
+    Accumulator,
+    Pending,
+    ProducerConfig,
+    check_batch,
+    encode_one,
+    explicit_queue,
+    send_failed,
+    validate_message,
+)
+from client._requests import SendResult
+from client._routing import LatencyFaultTolerance, QueueSelector, TopicPublishInfo
+from client.errors import (
+    BrokerError,
+    BrokerNotFoundError,
+    ClientClosedError,
+    ClientError,
+    RequestTimeoutError,
+    SendFailedError,
+)
+from client.protocol import codec
+from client.protocol.message import Message, MessageQueue
+
+__all__ = ["AsyncProducer", "Producer"]
+
+log = logging.getLogger(__name__)
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _abandon(batch: list[Pending]) -> None:
+    """Members left without an outcome (the leader was interrupted) get an error instead of None."""
+    for p in batch:
+        if p.result is None and p.error is None:
+            p.error = SendFailedError("send abandoned: the thread or task sending its batch was interrupted")
+
+
+class _ProducerBase:
+    """State shared by both producers: config, selection, fault table, unique ids, accumulator."""
+
+    def __init__(self, group: str, namesrv_addr: str, *, client_config: ClientConfig | None,
+                 start_index: int | None, **kwargs: Any) -> None:
+        self.config = ProducerConfig(group, **kwargs)
+        self.namesrv_addr = namesrv_addr
+        self._client_config = client_config
+        self._selector = QueueSelector(start_index=start_index)
+        self._fault = LatencyFaultTolerance(enabled=self.config.latency_fault_enable,
+                                            config=self.config.fault_tolerance)
+        self._uniq = codec.UniqKeyGenerator()
+        self._acc = Accumulator(self.config)
+        self._state = ClientState.UNOPENED
+
+    @property
+    def state(self) -> ClientState:
+        """UNOPENED until the first use (or ``start``), then OPENED, then CLOSED."""
+        return self._state
+
+    @property
+    def group(self) -> str:
+        return self.config.group
+
+    def _prepare(self, msg: Message) -> tuple[bytes, str]:
+        msg = validate_message(msg, self.config.max_message_size)
+        uniq = self._uniq.next()
+        return encode_one(msg, uniq, int(time.time() * 1000), self.config.max_message_size), uniq
+
+    def _prepare_batch(self, msgs: Sequence[Message]) -> tuple[str, bytes, list[str]]:
+        topic = check_batch(msgs, self.config.max_message_size)
+        keys = [self._uniq.next() for _ in msgs]
+        body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
+                                  max_message_size=self.config.max_message_size)
+        return topic, body, keys
+
+    def _choose(self, info: TopicPublishInfo, fixed: MessageQueue | None, last_broker: str | None) -> MessageQueue:
+        if fixed is not None:
+            return fixed
+        return self._selector.select(info.message_queues, last_broker, fault=self._fault, now_ms=_now_ms())
+
+    def _attempts_total(self, fixed: MessageQueue | None) -> int:
+        return 1 if fixed is not None else 1 + self.config.retry_times_when_send_failed
+
+    def _url(self, info: TopicPublishInfo, mq: MessageQueue, addr: str) -> str:
+        default_nums = len([q for q in info.message_queues if q.broker_name == mq.broker_name]) \
+            if info.from_default_topic else None
+        return rq.send_url(addr, mq.topic, mq.queue_id, self.config.group, default_topic_queue_nums=default_nums)
+
+    def _on_error(self, mq: MessageQueue, started_ms: int, err: ClientError) -> bool:
+        """Record a failed attempt; True when another attempt may follow."""
+        self._fault.update_fault_item(mq.broker_name, _now_ms() - started_ms, isolation=True, now_ms=_now_ms())
+        if isinstance(err, BrokerError):
+            return err.code in RETRY_RESPONSE_CODES
+        return err.retriable
+
+    @staticmethod
+    def _deliver(batch: list[Pending], results: list[SendResult] | None, error: BaseException | None) -> None:
+        for i, p in enumerate(batch):
+            if error is not None:
+                p.error = error
+            else:
+                assert results is not None
+                p.result = results[i]
+
+
+class Producer(_ProducerBase):
+    """A synchronous producer; safe to share between threads (their concurrent sends are batched together).
+
+    Args:
+        group: producer group.
+        namesrv_addr: ``host:port`` of the nameservers, ``;``-separated.
+        send_timeout_s: total budget of one send across its attempts.
+        retry_times_when_send_failed: extra attempts after a failed one.
+        latency_fault_enable: isolate slow/failing brokers (off by default, as RocketMQ).
+        client_config: settings of the shared client instance (used when this producer creates it).
+        start_index: first round-robin index (random when None; tests pin it).
+        **kwargs: more :class:`~client._producer_core.ProducerConfig` fields (``batch_max_messages``...).
+    """
+
+    def __init__(self, group: str, namesrv_addr: str, *, send_timeout_s: float = 3.0,
+                 retry_times_when_send_failed: int = 2, latency_fault_enable: bool = False,
+                 client_config: ClientConfig | None = None, start_index: int | None = None, **kwargs: Any) -> None:
+        super().__init__(group, namesrv_addr, client_config=client_config, start_index=start_index,
+                         send_timeout_s=send_timeout_s, retry_times_when_send_failed=retry_times_when_send_failed,
+                         latency_fault_enable=latency_fault_enable, **kwargs)
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._client: ClientInstance | None = None
+
+    # --- lifecycle ---
+
+    def start(self) -> Producer:
+        """Attach to the shared client instance. Raises ClientError when already started or closed."""
+        with self._lock:
+            if self._state is ClientState.CLOSED:
+                raise ClientClosedError(f"producer {self.group} is closed; create a new one")
+            if self._state is ClientState.OPENED:
+                raise ClientError(f"producer {self.group} is already started")
+            self._client = ClientInstance.acquire(self.namesrv_addr, self._client_config)
+            self._client.register_producer(self.group)
+            self._state = ClientState.OPENED
+        return self
+
+    def _ensure_open(self) -> ClientInstance:
+        client = self._client
+        if self._state is ClientState.OPENED and client is not None:
+            return client
+        if self._state is ClientState.CLOSED:
+            raise ClientClosedError(f"producer {self.group} is closed")
+        with self._lock:
+            if self._state is ClientState.UNOPENED:
+                self._client = ClientInstance.acquire(self.namesrv_addr, self._client_config)
+                self._client.register_producer(self.group)
+                self._state = ClientState.OPENED
+        return self._ensure_open()
+
+    @property
+    def client(self) -> ClientInstance:
+        """The process-wide client instance this producer uses."""
+        return self._ensure_open()
+
+    def __enter__(self) -> Producer:
+        if self._state is ClientState.UNOPENED:
+            self.start()
+        elif self._state is ClientState.CLOSED:
+            raise ClientClosedError(f"producer {self.group} is closed; create a new one")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Fail waiting sends, wait for in-flight ones (at most ``close_timeout_s``), release the client."""
+        with self._lock:
+            if self._state is not ClientState.OPENED:
+                self._state = ClientState.CLOSED
+                return
+            self._state = ClientState.CLOSED
+            for p in self._acc.drain():
+                p.error = ClientClosedError(f"producer {self.group} closed before the message was sent")
+                p.waker.set()
+            self._room.notify_all()
+            deadline = time.monotonic() + self.config.close_timeout_s
+            while self._acc.in_flight() and time.monotonic() < deadline:
+                self._room.wait(deadline - time.monotonic())
+        client = self._client
+        if client is not None:
+            client.unregister_producer(self.group)
+            client.release()
+
+    # --- sending ---
+
+    def send(self, msg: Message, queue: MessageQueue | None = None, *,
+             message_queue: MessageQueue | None = None) -> SendResult:
+        """Send one message to a master; batched with concurrent sends of the same topic.
+
+        Args:
+            msg: the message.
+            queue: send to this queue only (one attempt, no retry), as RocketMQ's ``send(msg, mq)``.
+            message_queue: keyword spelling of ``queue``.
+
+        Returns:
+            The SendResult (status SEND_OK, or FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE).
+
+        Raises:
+            MessageIllegalError: the message is invalid (checked before any I/O).
+            SendFailedError: every attempt failed, or the send timeout ran out.
+            BrokerError: a broker refused the message with a code that is not retried.
+            ClientClosedError: the producer is closed.
+        """
+        client = self._ensure_open()
+        item, uniq = self._prepare(msg)
+        fixed = explicit_queue(queue or message_queue, msg.topic)
+        key: Hashable = fixed if fixed is not None else msg.topic
+        deadline = time.monotonic() + self.config.send_timeout_s
+        me = Pending(item, uniq, deadline, threading.Event())
+        with self._lock:
+            self._wait_room(len(item), deadline)
+            batch = self._acc.offer(key, me)
+        if batch is None:
+            if not me.waker.wait(max(0.0, deadline - time.monotonic()) + self.config.send_timeout_s):
+                raise RequestTimeoutError(f"send to {msg.topic} got no result within 2 x send_timeout_s")
+            if not me.lead:
+                if me.error is not None:
+                    raise me.error
+                return me.result
+            batch = me.batch
+            assert batch is not None
+        elif self.config.batch_linger_s > 0:
+            time.sleep(self.config.batch_linger_s)
+            with self._lock:
+                batch = self._acc.join_pending(key, batch)
+        self._lead(client, key, msg.topic, fixed, batch)
+        if me.error is not None:
+            raise me.error
+        return me.result
+
+    def _wait_room(self, size: int, deadline: float) -> None:
+        while not self._acc.has_room(size):
+            if self._state is not ClientState.OPENED:
+                raise ClientClosedError(f"producer {self.group} is closed")
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._room.wait(left):
+                raise RequestTimeoutError(
+                    f"send waited send_timeout_s={self.config.send_timeout_s} for room in the accumulator "
+                    f"(buffer_max_bytes={self.config.buffer_max_bytes})"
+                )
+
+    def _lead(self, client: ClientInstance, key: Hashable, topic: str, fixed: MessageQueue | None,
+              batch: list[Pending]) -> None:
+        """Send ``batch``, deliver each member's result, then hand the lead of the next batches on."""
+        try:
+            now = time.monotonic()
+            live = [p for p in batch if p.deadline > now]
+            for p in batch:
+                if p.deadline <= now:
+                    p.error = RequestTimeoutError(f"send to {topic} waited past send_timeout_s in the accumulator")
+            if live:
+                body = b"".join(p.item for p in live)
+                try:
+                    results = self._send_body(client, topic, body, [p.uniq_key for p in live], fixed,
+                                              min(p.deadline for p in live))
+                    self._deliver(live, results, None)
+                except BaseException as e:
+                    self._deliver(live, None, e)
+        finally:
+            _abandon(batch)
+            with self._lock:
+                nexts = self._acc.complete(key)
+                self._room.notify_all()
+            for p in batch[1:]:  # batch[0] is this thread, the leader
+                p.waker.set()
+            for nb in nexts:
+                nb[0].waker.set()
+
+    def _send_body(self, client: ClientInstance, topic: str, body: bytes, uniq_keys: list[str],
+                   fixed: MessageQueue | None, deadline: float) -> list[SendResult]:
+        info = client.try_to_find_topic_publish_info(topic)
+        attempts: list[tuple[str, ClientError]] = []
+        begin = time.monotonic()
+        last_broker: str | None = None
+        timed_out = False
+        for _ in range(self._attempts_total(fixed)):
+            mq = self._choose(info, fixed, last_broker)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            started = _now_ms()
+            try:
+                addr = client.find_broker_address_in_publish(mq.broker_name)
+                if addr is None:
+                    client.update_topic_route_from_nameserver(topic)
+                    addr = client.find_broker_address_in_publish(mq.broker_name)
+                if addr is None:
+                    raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
+                try:
+                    resp = client.http.post(self._url(info, mq, addr), content=body, timeout=left)
+                except httpx.HTTPError as e:
+                    raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
+                reply = rq.parse_send(resp, addr, len(uniq_keys))
+            except ClientError as err:
+                attempts.append((mq.broker_name, err))
+                last_broker = mq.broker_name
+                if not self._on_error(mq, started, err):
+                    raise
+                continue
+            self._fault.update_fault_item(mq.broker_name, _now_ms() - started, isolation=False, now_ms=_now_ms())
+            return rq.send_results(reply, mq, uniq_keys)
+        raise send_failed(topic, attempts, int((time.monotonic() - begin) * 1000), timed_out)
+
+    def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
+                   message_queue: MessageQueue | None = None) -> list[SendResult]:
+        """Send messages of one topic as one request to one queue (retried whole on another queue).
+
+        Returns:
+            One SendResult per message, in order, each with its own queue offset and offset msgId.
+        """
+        client = self._ensure_open()
+        topic, body, keys = self._prepare_batch(msgs)
+        fixed = explicit_queue(queue or message_queue, topic)
+        return self._send_body(client, topic, body, keys, fixed, time.monotonic() + self.config.send_timeout_s)
+
+    def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
+        """One attempt, no result: the broker's answer is read (keep-alive) but not reported."""
+        client = self._ensure_open()
+        item, uniq = self._prepare(msg)
+        fixed = explicit_queue(queue, msg.topic)
+        try:
+            self._send_body(client, msg.topic, item, [uniq], fixed or self._choose(
+                client.try_to_find_topic_publish_info(msg.topic), None, None),
+                time.monotonic() + self.config.send_timeout_s)
+        except (BrokerError, ClientError) as e:
+            if isinstance(e, ClientClosedError):
+                raise
+            log.debug("oneway send to %s failed: %s", msg.topic, e)
+
+
+class AsyncProducer(_ProducerBase):
+    """The asyncio twin of :class:`Producer` (same arguments; methods are coroutines; ``async with``)."""
+
+    def __init__(self, group: str, namesrv_addr: str, *, send_timeout_s: float = 3.0,
+                 retry_times_when_send_failed: int = 2, latency_fault_enable: bool = False,
+                 client_config: ClientConfig | None = None, start_index: int | None = None, **kwargs: Any) -> None:
+        super().__init__(group, namesrv_addr, client_config=client_config, start_index=start_index,
+                         send_timeout_s=send_timeout_s, retry_times_when_send_failed=retry_times_when_send_failed,
+                         latency_fault_enable=latency_fault_enable, **kwargs)
+        self._client: AsyncClientInstance | None = None
+        self._room_waiters: list[asyncio.Future[None]] = []
+        self._idle: asyncio.Event | None = None
+
+    async def start(self) -> AsyncProducer:
+        """Attach to the shared client instance of the running loop."""
+        if self._state is ClientState.CLOSED:
+            raise ClientClosedError(f"producer {self.group} is closed; create a new one")
+        if self._state is ClientState.OPENED:
+            raise ClientError(f"producer {self.group} is already started")
+        self._open()
+        return self
+
+    def _open(self) -> AsyncClientInstance:
+        self._client = AsyncClientInstance.acquire(self.namesrv_addr, self._client_config)
+        self._client.register_producer(self.group)
+        self._state = ClientState.OPENED
+        return self._client
+
+    def _ensure_open(self) -> AsyncClientInstance:
+        if self._state is ClientState.OPENED and self._client is not None:
+            return self._client
+        if self._state is ClientState.CLOSED:
+            raise ClientClosedError(f"producer {self.group} is closed")
+        return self._open()
+
+    @property
+    def client(self) -> AsyncClientInstance:
+        """The client instance shared on this event loop (the producer must have started)."""
+        if self._client is None:
+            raise ClientError(f"producer {self.group} is not started: use 'async with' or await start()")
+        return self._client
+
+    async def __aenter__(self) -> AsyncProducer:
+        if self._state is ClientState.UNOPENED:
+            await self.start()
+        elif self._state is ClientState.CLOSED:
+            raise ClientClosedError(f"producer {self.group} is closed; create a new one")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """See :meth:`Producer.close`."""
+        if self._state is not ClientState.OPENED:
+            self._state = ClientState.CLOSED
+            return
+        self._state = ClientState.CLOSED
+        for p in self._acc.drain():
+            if not p.waker.done():
+                p.waker.set_exception(ClientClosedError(f"producer {self.group} closed before the message was sent"))
+        self._wake_room()
+        if self._acc.in_flight():
+            self._idle = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.config.close_timeout_s)
+            except TimeoutError:
+                log.warning("producer %s closed with sends still in flight", self.group)
+        client = self._client
+        if client is not None:
+            client.unregister_producer(self.group)
+            await client.release()
+
+    def _wake_room(self) -> None:
+        waiters, self._room_waiters = self._room_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def send(self, msg: Message, queue: MessageQueue | None = None, *,
+                   message_queue: MessageQueue | None = None) -> SendResult:
+        """See :meth:`Producer.send`."""
+        client = self._ensure_open()
+        item, uniq = self._prepare(msg)
+        fixed = explicit_queue(queue or message_queue, msg.topic)
+        key: Hashable = fixed if fixed is not None else msg.topic
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.config.send_timeout_s
+        await self._wait_room(len(item), deadline, loop)
+        me = Pending(item, uniq, deadline, loop.create_future())
+        batch = self._acc.offer(key, me)
+        if batch is None:
+            # Every lead ends within its send deadline (requests are bounded by it), so this wait is bounded.
+            lead = await me.waker
+            if lead is None:
+                if me.error is not None:
+                    raise me.error
+                return me.result
+            batch = lead
+        elif self.config.batch_linger_s > 0:
+            await asyncio.sleep(self.config.batch_linger_s)
+            batch = self._acc.join_pending(key, batch)
+        await self._lead(client, key, msg.topic, fixed, batch)
+        if me.error is not None:
+            raise me.error
+        return me.result
+
+    async def _wait_room(self, size: int, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
+        while not self._acc.has_room(size):
+            left = deadline - time.monotonic()
+            fut: asyncio.Future[None] = loop.create_future()
+            self._room_waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, max(0.0, left))
+            except TimeoutError:
+                raise RequestTimeoutError(
+                    f"send waited send_timeout_s={self.config.send_timeout_s} for room in the accumulator "
+                    f"(buffer_max_bytes={self.config.buffer_max_bytes})"
+                ) from None
+            if self._state is not ClientState.OPENED:
+                raise ClientClosedError(f"producer {self.group} is closed")
+
+    async def _lead(self, client: AsyncClientInstance, key: Hashable, topic: str, fixed: MessageQueue | None,
+                    batch: list[Pending]) -> None:
+        try:
+            now = time.monotonic()
+            live = [p for p in batch if p.deadline > now]
+            for p in batch:
+                if p.deadline <= now:
+                    p.error = RequestTimeoutError(f"send to {topic} waited past send_timeout_s in the accumulator")
+            if live:
+                body = b"".join(p.item for p in live)
+                try:
+                    results = await self._send_body(client, topic, body, [p.uniq_key for p in live], fixed,
+                                                    min(p.deadline for p in live))
+                    self._deliver(live, results, None)
+                except Exception as e:
+                    self._deliver(live, None, e)
+        finally:
+            _abandon(batch)
+            nexts = self._acc.complete(key)
+            self._wake_room()
+            for p in batch[1:]:  # batch[0] is this coroutine, the leader
+                if not p.waker.done():
+                    p.waker.set_result(None)
+            for nb in nexts:
+                if not nb[0].waker.done():
+                    nb[0].waker.set_result(nb)
+            if self._idle is not None and not self._acc.in_flight():
+                self._idle.set()
+
+    async def _send_body(self, client: AsyncClientInstance, topic: str, body: bytes, uniq_keys: list[str],
+                         fixed: MessageQueue | None, deadline: float) -> list[SendResult]:
+        info = await client.try_to_find_topic_publish_info(topic)
+        attempts: list[tuple[str, ClientError]] = []
+        begin = time.monotonic()
+        last_broker: str | None = None
+        timed_out = False
+        for _ in range(self._attempts_total(fixed)):
+            mq = self._choose(info, fixed, last_broker)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            started = _now_ms()
+            try:
+                addr = client.find_broker_address_in_publish(mq.broker_name)
+                if addr is None:
+                    await client.update_topic_route_from_nameserver(topic)
+                    addr = client.find_broker_address_in_publish(mq.broker_name)
+                if addr is None:
+                    raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
+                try:
+                    resp = await client.http.post(self._url(info, mq, addr), content=body, timeout=left)
+                except httpx.HTTPError as e:
+                    raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
+                reply = rq.parse_send(resp, addr, len(uniq_keys))
+            except ClientError as err:
+                attempts.append((mq.broker_name, err))
+                last_broker = mq.broker_name
+                if not self._on_error(mq, started, err):
+                    raise
+                continue
+            self._fault.update_fault_item(mq.broker_name, _now_ms() - started, isolation=False, now_ms=_now_ms())
+            return rq.send_results(reply, mq, uniq_keys)
+        raise send_failed(topic, attempts, int((time.monotonic() - begin) * 1000), timed_out)
+
+    async def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
+                         message_queue: MessageQueue | None = None) -> list[SendResult]:
+        """See :meth:`Producer.send_batch`."""
+        client = self._ensure_open()
+        topic, body, keys = self._prepare_batch(msgs)
+        fixed = explicit_queue(queue or message_queue, topic)
+        return await self._send_body(client, topic, body, keys, fixed, time.monotonic() + self.config.send_timeout_s)
+
+    async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
+        """See :meth:`Producer.send_oneway`."""
+        client = self._ensure_open()
+        item, uniq = self._prepare(msg)
+        fixed = explicit_queue(queue, msg.topic)
+        try:
+            info = await client.try_to_find_topic_publish_info(msg.topic)
+            await self._send_body(client, msg.topic, item, [uniq], fixed or self._choose(info, None, None),
+                                  time.monotonic() + self.config.send_timeout_s)
+        except ClientError as e:
+            if isinstance(e, ClientClosedError):
+                raise
+            log.debug("oneway send to %s failed: %s", msg.topic, e)

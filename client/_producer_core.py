@@ -1,0 +1,238 @@
+"""What the sync and async producers share: config, validation, the batch accumulator and the retry rules.
+
+No I/O here. The accumulator implements automatic batching of concurrent sends as *group commit*:
+
+* a send whose key (topic, or queue for explicit-queue sends) has fewer than ``max_in_flight_per_queue``
+  requests in flight goes out at once, alone -- one caller never waits for a linger;
+* otherwise it joins the key's pending list and waits;
+* when a request completes, its sender takes the pending messages (up to ``batch_max_messages`` /
+  ``batch_max_bytes``) as the next batch and hands the lead to the first of them, which sends it and hands on
+  in turn. Batches thus grow with concurrency, and each caller gets its own SendResult from the batch's reply.
+
+The pending bytes of all keys are bounded by ``buffer_max_bytes``: a caller that does not fit waits for room,
+at most until its send timeout.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import attrs
+
+from client._routing import FaultToleranceConfig
+from client.errors import MessageIllegalError, SendFailedError
+from client.protocol import codec
+from client.protocol.codes import ResponseCode
+from client.protocol.message import Message, MessageQueue
+from client.protocol.properties import validate_group
+
+__all__ = ["RETRY_RESPONSE_CODES", "Accumulator", "Pending", "ProducerConfig", "encode_one", "validate_message"]
+
+#: Broker codes after which the send is retried on another queue (4.9.3's set plus HEAD's SYSTEM_BUSY).
+RETRY_RESPONSE_CODES = frozenset({
+    ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE,
+    ResponseCode.NO_PERMISSION, ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_BUYER_ID,
+    ResponseCode.NOT_IN_CURRENT_UNIT,
+})
+
+_RESERVED_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC"})
+
+
+def _positive(_: Any, attribute: Any, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+def _non_negative(_: Any, attribute: Any, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, got {value!r}")
+
+
+@attrs.frozen
+class ProducerConfig:
+    """A producer's settings (RocketMQ ``DefaultMQProducer`` names, units last)."""
+
+    group: str = attrs.field(validator=lambda _, __, v: validate_group(v))
+    """Producer group."""
+    send_timeout_s: float = attrs.field(default=3.0, validator=_positive)
+    """Total budget of one send across all its attempts."""
+    retry_times_when_send_failed: int = attrs.field(default=2, validator=_non_negative)
+    """Extra attempts (on other queues) after a failed one."""
+    latency_fault_enable: bool = False
+    """Isolate slow or failing brokers for a while (SEMANTICS.md 4.5)."""
+    fault_tolerance: FaultToleranceConfig = attrs.field(factory=FaultToleranceConfig)
+    """Isolation tables used when ``latency_fault_enable``."""
+    max_message_size: int = attrs.field(default=codec.DEFAULT_MAX_MESSAGE_SIZE, validator=_positive)
+    """Stored size limit of one message (``maxMessageSize``)."""
+    batch_linger_s: float = attrs.field(default=0.0, validator=_non_negative)
+    """Extra wait of a lone sender for company; 0 sends at once (batches form while requests are in flight)."""
+    batch_max_messages: int = attrs.field(default=256, validator=_positive)
+    """Messages in one automatic batch at most."""
+    batch_max_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
+    """Encoded bytes in one automatic batch at most (a bigger single message goes alone)."""
+    buffer_max_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)
+    """Encoded bytes waiting in the accumulator at most (back-pressure beyond it)."""
+    max_in_flight_per_queue: int = attrs.field(default=2, validator=_positive)
+    """Requests in flight per topic (or per explicit queue) before sends start to batch."""
+    close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    """Bound on waiting for in-flight sends at close."""
+
+
+def validate_message(msg: object, max_message_size: int) -> Message:
+    """Client-side checks before any I/O (RocketMQ ``Validators.checkMessage``).
+
+    Raises:
+        MessageIllegalError: not a Message, empty body, reserved topic, or too large.
+    """
+    if not isinstance(msg, Message):
+        raise MessageIllegalError(f"expected a client.Message, got {type(msg).__name__}")
+    if len(msg.body) == 0:
+        raise MessageIllegalError(f"message body to topic {msg.topic} is empty")
+    if len(msg.body) > max_message_size:
+        raise MessageIllegalError(
+            f"message body to topic {msg.topic} is {len(msg.body)} bytes, more than maxMessageSize {max_message_size}"
+        )
+    if msg.topic in _RESERVED_TOPICS:
+        raise MessageIllegalError(f"topic {msg.topic} is reserved by the system and cannot be sent to")
+    return msg
+
+
+def encode_one(msg: Message, uniq_key: str, born_ms: int, max_message_size: int) -> bytes:
+    """One send-batch item (items concatenate into a batch body)."""
+    return codec.encode_batch([msg], born_timestamp_ms=born_ms, uniq_keys=[uniq_key], max_message_size=max_message_size)
+
+
+class Pending:
+    """One message waiting in (or leading) an automatic batch."""
+
+    __slots__ = ("batch", "deadline", "error", "item", "lead", "result", "uniq_key", "waker")
+
+    def __init__(self, item: bytes, uniq_key: str, deadline: float, waker: Any) -> None:
+        self.item = item
+        self.uniq_key = uniq_key
+        self.deadline = deadline
+        self.waker = waker
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.lead = False
+        self.batch: list[Pending] | None = None
+
+
+class _KeyState:
+    __slots__ = ("in_flight", "pending")
+
+    def __init__(self) -> None:
+        self.pending: deque[Pending] = deque()
+        self.in_flight = 0
+
+
+class Accumulator:
+    """Group-commit state per key (see the module docstring). The caller serialises access."""
+
+    def __init__(self, config: ProducerConfig) -> None:
+        self._cfg = config
+        self._keys: dict[Hashable, _KeyState] = {}
+        self.pending_bytes = 0
+
+    def has_room(self, size: int) -> bool:
+        return self.pending_bytes == 0 or self.pending_bytes + size <= self._cfg.buffer_max_bytes
+
+    def offer(self, key: Hashable, p: Pending) -> list[Pending] | None:
+        """Add ``p``; returns the batch the caller must send now (``[p]``), or None when ``p`` waits."""
+        st = self._keys.get(key)
+        if st is None:
+            st = self._keys[key] = _KeyState()
+        if st.in_flight < self._cfg.max_in_flight_per_queue and not st.pending:
+            st.in_flight += 1
+            return [p]
+        st.pending.append(p)
+        self.pending_bytes += len(p.item)
+        return None
+
+    def join_pending(self, key: Hashable, batch: list[Pending]) -> list[Pending]:
+        """After a linger: the leader's batch plus whatever joined meanwhile, within the batch bounds."""
+        st = self._keys[key]
+        size = sum(len(p.item) for p in batch)
+        self._fill(st, batch, size)
+        return batch
+
+    def complete(self, key: Hashable) -> list[list[Pending]]:
+        """A request of ``key`` finished: the next batches to hand off (each led by its first member)."""
+        st = self._keys[key]
+        st.in_flight -= 1
+        batches: list[list[Pending]] = []
+        while st.pending and st.in_flight < self._cfg.max_in_flight_per_queue:
+            batch: list[Pending] = []
+            self._fill(st, batch, 0)
+            st.in_flight += 1
+            batch[0].lead = True
+            batch[0].batch = batch
+            batches.append(batch)
+        if not st.pending and st.in_flight == 0:
+            del self._keys[key]
+        return batches
+
+    def _fill(self, st: _KeyState, batch: list[Pending], size: int) -> None:
+        cfg = self._cfg
+        while st.pending and len(batch) < cfg.batch_max_messages:
+            nxt = st.pending[0]
+            if batch and size + len(nxt.item) > cfg.batch_max_bytes:
+                break
+            st.pending.popleft()
+            self.pending_bytes -= len(nxt.item)
+            size += len(nxt.item)
+            batch.append(nxt)
+
+    def in_flight(self) -> int:
+        return sum(st.in_flight for st in self._keys.values())
+
+    def drain(self) -> list[Pending]:
+        """Every waiting message (at close): the caller fails them."""
+        out: list[Pending] = []
+        for st in self._keys.values():
+            out.extend(st.pending)
+            st.pending.clear()
+        self.pending_bytes = 0
+        return out
+
+
+def check_batch(msgs: Sequence[Message], max_message_size: int) -> str:
+    """Validate a user batch; returns its topic.
+
+    Raises:
+        MessageIllegalError: empty, mixed topics, or an invalid message.
+    """
+    if not msgs:
+        raise MessageIllegalError("send_batch needs at least one message")
+    topic = validate_message(msgs[0], max_message_size).topic
+    for m in msgs:
+        validate_message(m, max_message_size)
+        if m.topic != topic:
+            raise MessageIllegalError(f"a batch holds one topic: got {topic} and {m.topic}")
+        if m.delay_level:
+            raise MessageIllegalError("delayed messages cannot be sent in a batch (RocketMQ rule)")
+    return topic
+
+
+def send_failed(topic: str, attempts: list[tuple[str, Any]], elapsed_ms: int, timed_out: bool) -> SendFailedError:
+    brokers = [b for b, _ in attempts]
+    last = f"; last error: {attempts[-1][1]}" if attempts else ""
+    if timed_out:
+        msg = (f"send to topic {topic} ran out of send_timeout_s after {len(attempts)} attempt(s), cost "
+               f"{elapsed_ms} ms, brokers sent: {brokers}{last}")
+    else:
+        msg = (f"Send [{len(attempts)}] times, still failed, cost [{elapsed_ms}]ms, Topic: {topic}, "
+               f"BrokersSent: {brokers}{last}")
+    return SendFailedError(msg, attempts=attempts)
+
+
+def explicit_queue(message_queue: MessageQueue | None, topic: str) -> MessageQueue | None:
+    if message_queue is None:
+        return None
+    if not isinstance(message_queue, MessageQueue):
+        raise MessageIllegalError(f"message_queue must be a MessageQueue, got {type(message_queue).__name__}")
+    if message_queue.topic != topic:
+        raise MessageIllegalError(f"message to topic {topic} cannot go to queue {message_queue}")
+    return message_queue

@@ -1,0 +1,235 @@
+"""Requests and answers of the SDK as pure functions: URLs in, parsed results or client errors out.
+
+The sync and async shells (``_instance``, ``_producer``, ``_consumer``, ``_admin``) only move bytes; everything
+they send is built here and everything they receive is read here, following docs/PROTOCOL.md. URLs are built as
+strings (httpx's ``params=`` costs ~50 µs a request on the data path).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import attrs
+import httpx
+
+from client.errors import (
+    BrokerConnectError,
+    BrokerError,
+    ClientError,
+    ProtocolViolationError,
+    RequestTimeoutError,
+)
+from client.protocol import codec, wire
+from client.protocol.codes import PullStatus, PullSysFlag, ResponseCode, SendStatus
+from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.route import TopicRouteData
+
+__all__ = ["PullResult", "SendResult"]
+
+
+@attrs.frozen
+class SendResult:
+    """What the broker answered for one message (RocketMQ ``SendResult``)."""
+
+    send_status: SendStatus
+    """``SEND_OK`` or one of the stored-but-not-fully-durable statuses (codes 10, 11, 12)."""
+    msg_id: str
+    """The client unique id (``UNIQ_KEY``)."""
+    message_queue: MessageQueue
+    """The queue the message was stored in."""
+    queue_offset: int
+    """Its logical offset in that queue."""
+    offset_msg_id: str
+    """Broker msgId: store host + commit-log offset."""
+
+
+@attrs.frozen
+class PullResult:
+    """One pull's answer (RocketMQ ``PullResult`` plus the id of the member that served it)."""
+
+    pull_status: PullStatus
+    """FOUND, NO_NEW_MSG, NO_MATCHED_MSG or OFFSET_ILLEGAL."""
+    next_begin_offset: int
+    """Offset to pull next."""
+    min_offset: int
+    """Queue's smallest offset on the serving broker."""
+    max_offset: int
+    """Queue's max offset (one past the last message) on the serving broker."""
+    msg_found_list: list[MessageExt]
+    """Messages found (empty unless FOUND)."""
+    suggest_which_broker_id: int
+    """Which member the broker suggests for the next pull of this queue."""
+    served_by_broker_id: int
+    """Which member served this pull (0 = master)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def q(value: str) -> str:
+    """Percent-encode a query value (topic names may hold ``%`` and ``|``)."""
+    return quote(value, safe="")
+
+
+def map_transport_error(exc: httpx.HTTPError, addr: str, what: str) -> ClientError:
+    """A client error for an httpx failure talking to ``addr`` (``what`` names the peer and request)."""
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return RequestTimeoutError(f"{what}: {exc}", broker_addr=addr)
+    return BrokerConnectError(f"{what}: {type(exc).__name__}: {exc}", broker_addr=addr)
+
+
+def raise_for_status(resp: httpx.Response, addr: str) -> None:
+    """Raise the client error a non-200 answer carries."""
+    if resp.status_code != 200:
+        raise wire.decode_error(resp.status_code, resp.content, addr=addr)
+
+
+def json_of(resp: httpx.Response, addr: str) -> dict[str, Any]:
+    """The JSON object of a 200 answer (errors raised as client errors)."""
+    raise_for_status(resp, addr)
+    try:
+        obj = json.loads(resp.content)
+    except ValueError as e:
+        raise ProtocolViolationError(f"{addr} answered invalid JSON: {e}", broker_addr=addr) from None
+    if not isinstance(obj, dict):
+        raise ProtocolViolationError(f"{addr} answered JSON that is not an object", broker_addr=addr)
+    return obj
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+# --- nameserver -------------------------------------------------------------------------------------------
+
+
+def route_url(namesrv: str, topic: str) -> str:
+    return f"http://{namesrv}/route?topic={q(topic)}"
+
+
+def parse_route(resp: httpx.Response, addr: str) -> TopicRouteData | None:
+    """The route, or None when the nameserver says TOPIC_NOT_EXIST."""
+    if resp.status_code != 200:
+        err = wire.decode_error(resp.status_code, resp.content, addr=addr)
+        if err.code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        raise err
+    try:
+        return TopicRouteData.from_json(json_of(resp, addr))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolViolationError(f"nameserver {addr} answered a malformed route: {e}", broker_addr=addr) from None
+
+
+def heartbeat_body(client_id: str, producer_groups: Iterable[str], consumer_groups: dict[str, set[str]]) -> bytes:
+    return dumps({
+        "clientId": client_id,
+        "producerGroups": sorted(producer_groups),
+        "consumerGroups": [
+            {"group": g, "messageModel": "CLUSTERING",
+             "subscriptions": [{"topic": t, "expression": "*"} for t in sorted(topics)]}
+            for g, topics in sorted(consumer_groups.items())
+        ],
+    })
+
+
+# --- send -------------------------------------------------------------------------------------------------
+
+
+def send_url(addr: str, topic: str, queue_id: int, group: str, *, default_topic_queue_nums: int | None = None) -> str:
+    url = f"http://{addr}/send?topic={q(topic)}&queueId={queue_id}&group={q(group)}"
+    if default_topic_queue_nums is not None:
+        url += f"&defaultTopicQueueNums={default_topic_queue_nums}"
+    return url
+
+
+def parse_send(resp: httpx.Response, addr: str, expected: int) -> wire.SendReply:
+    """The send reply; broker errors raised as :class:`BrokerError` subclasses.
+
+    Raises:
+        ProtocolViolationError: the reply does not cover ``expected`` messages or has an unknown code.
+    """
+    raise_for_status(resp, addr)
+    reply = wire.decode_send_reply(resp.content)
+    if len(reply.commit_log_offsets) != expected:
+        raise ProtocolViolationError(
+            f"{addr} stored {len(reply.commit_log_offsets)} messages of a batch of {expected}", broker_addr=addr
+        )
+    if reply.code not in (0, 10, 11, 12):
+        raise BrokerError.for_code(reply.code, f"send answered code {reply.code}", broker_addr=addr)
+    return reply
+
+
+def send_results(reply: wire.SendReply, mq: MessageQueue, uniq_keys: Sequence[str]) -> list[SendResult]:
+    """One SendResult per message of a stored batch, each with its own offsets."""
+    status = SendStatus.from_code(reply.code)
+    queue = mq if mq.queue_id == reply.queue_id else MessageQueue(mq.topic, mq.broker_name, reply.queue_id)
+    host = reply.store_host
+    base = reply.queue_offset
+    return [
+        SendResult(status, uniq_keys[i], queue, base + i, codec.create_offset_msg_id(host, phy))
+        for i, phy in enumerate(reply.commit_log_offsets)
+    ]
+
+
+# --- pull -------------------------------------------------------------------------------------------------
+
+
+def pull_url(
+    addr: str, group: str, mq: MessageQueue, offset: int, max_nums: int, *, commit_offset: int | None,
+    suspend_timeout_ms: int | None, sub_expression: str,
+) -> str:
+    sys_flag = int(PullSysFlag.SUBSCRIPTION)
+    extra = ""
+    if commit_offset is not None and commit_offset >= 0:
+        sys_flag |= PullSysFlag.COMMIT_OFFSET
+        extra += f"&commitOffset={commit_offset}"
+    if suspend_timeout_ms:
+        sys_flag |= PullSysFlag.SUSPEND
+        extra += f"&suspendTimeoutMs={suspend_timeout_ms}"
+    return (
+        f"http://{addr}/pull?group={q(group)}&topic={q(mq.topic)}&queueId={mq.queue_id}&offset={offset}"
+        f"&maxNums={max_nums}&sysFlag={sys_flag}&subExpression={q(sub_expression)}{extra}"
+    )
+
+
+def parse_pull(resp: httpx.Response, addr: str, mq: MessageQueue) -> PullResult:
+    """Decode a pull answer: the binary head, then the records (bodies copied once)."""
+    raise_for_status(resp, addr)
+    data = resp.content
+    head = wire.decode_pull_header(data)
+    status = PullStatus.from_code(head.code)
+    if status is None:
+        raise BrokerError.for_code(head.code, f"pull of {mq} answered code {head.code}", broker_addr=addr)
+    msgs = codec.decode_records(data, broker_name=mq.broker_name, offset=wire.PULL_HEAD.size) if head.count else []
+    if len(msgs) != head.count:
+        raise ProtocolViolationError(f"pull of {mq}: head says {head.count} records, body holds {len(msgs)}",
+                                     broker_addr=addr)
+    return PullResult(status, head.next_begin_offset, head.min_offset, head.max_offset, msgs,
+                      head.suggest_which_broker_id, head.served_by_broker_id)
+
+
+# --- offsets ----------------------------------------------------------------------------------------------
+
+
+def offset_url(addr: str, kind: str, mq: MessageQueue, *, group: str | None = None, timestamp_ms: int | None = None) -> str:
+    url = f"http://{addr}/offset/{kind}?topic={q(mq.topic)}&queueId={mq.queue_id}"
+    if group is not None:
+        url += f"&group={q(group)}"
+    if timestamp_ms is not None:
+        url += f"&timestamp={timestamp_ms}"
+    return url
+
+
+def parse_offset(resp: httpx.Response, addr: str) -> int:
+    obj = json_of(resp, addr)
+    try:
+        return int(obj["offset"])
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolViolationError(f"{addr} answered an offset without 'offset': {obj!r:.200}",
+                                     broker_addr=addr) from None
+
+
+def commit_offset_body(group: str, mq: MessageQueue, offset: int) -> bytes:
+    return dumps({"group": group, "offsets": [{"topic": mq.topic, "queueId": mq.queue_id, "offset": offset}]})

@@ -1,0 +1,513 @@
+"""A minimal HTTP/1.1 transport for httpx: keep-alive, Content-Length bodies, bounded timeouts, small pools.
+
+httpx's default transport (httpcore) costs several hundred microseconds of CPU per request; the data path needs
+thousands of requests per second per client, so the SDK plugs this one in. It speaks exactly what SplitMQ's
+servers speak and no more:
+
+* requests: ``METHOD path HTTP/1.1`` with httpx's headers and a Content-Length body (never chunked);
+* responses: a status line, headers and a Content-Length body (a body without a length is read until the
+  server closes; chunked transfer is refused as a protocol error);
+* one request at a time per connection (no pipelining), idle connections kept per ``host:port`` (LIFO, at most
+  ``max_idle_per_host``), at most ``max_connections_per_host`` open; a caller waits for a free slot at most the
+  request's ``pool`` timeout;
+* an idle connection the server closed is noticed before reuse (it reads as readable); a request on a reused
+  connection that dies before any response byte is retried once on a new connection.
+
+Failures map onto httpx's exceptions (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout``,
+``PoolTimeout``, ``RemoteProtocolError``, ``ReadError``), so the layers above see the same errors as with httpcore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import select
+import socket
+import threading
+from collections import deque
+
+import httpx
+
+__all__ = ["AsyncTransport", "SyncTransport"]
+
+_CRLF2 = b"\r\n\r\n"
+_MAX_HEAD_BYTES = 64 * 1024
+_RECV_SIZE = 256 * 1024
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+class _Incomplete(Exception):
+    """The connection ended before a full response (``got_bytes`` says whether any byte arrived)."""
+
+    def __init__(self, got_bytes: bool) -> None:
+        super().__init__("server disconnected without sending a complete response")
+        self.got_bytes = got_bytes
+
+
+class _ResponseParser:
+    """Incremental parser of one HTTP/1.1 response; ``feed`` until it returns True."""
+
+    __slots__ = ("body_len", "buf", "head_end", "headers", "keep_alive", "no_body", "status", "until_close")
+
+    def __init__(self, *, no_body: bool = False) -> None:
+        self.buf = bytearray()
+        self.head_end = -1
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body_len = -1
+        self.keep_alive = True
+        self.no_body = no_body
+        self.until_close = False
+
+    def feed(self, data: bytes) -> bool:
+        self.buf += data
+        if self.head_end < 0:
+            end = self.buf.find(_CRLF2)
+            if end < 0:
+                if len(self.buf) > _MAX_HEAD_BYTES:
+                    raise httpx.RemoteProtocolError(f"response head longer than {_MAX_HEAD_BYTES} bytes")
+                return False
+            self._parse_head(end)
+        if self.until_close:
+            return False
+        return len(self.buf) - self.head_end >= self.body_len
+
+    def _parse_head(self, end: int) -> None:
+        lines = bytes(self.buf[:end]).split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:80]!r}")
+        try:
+            self.status = int(parts[1])
+        except ValueError:
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:80]!r}") from None
+        length = -1
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise httpx.RemoteProtocolError(f"malformed header line {line[:80]!r}")
+            value = value.strip()
+            lname = name.strip().lower()
+            if lname == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise httpx.RemoteProtocolError(f"bad Content-Length {value[:40]!r}") from None
+            elif lname == b"transfer-encoding" and value.lower() != b"identity":
+                raise httpx.RemoteProtocolError(f"unsupported Transfer-Encoding {value[:40]!r}")
+            elif lname == b"connection" and value.lower() == b"close":
+                self.keep_alive = False
+            self.headers.append((name.strip(), value))
+        if parts[0] == b"HTTP/1.0":
+            self.keep_alive = False
+        self.head_end = end + 4
+        if self.no_body or self.status in _NO_BODY_STATUS or 100 <= self.status < 200:
+            self.body_len = 0
+        elif length >= 0:
+            self.body_len = length
+        else:
+            self.until_close = True
+            self.keep_alive = False
+
+    def finish_at_eof(self) -> bool:
+        """The server closed: complete only for a read-until-close body."""
+        if self.until_close and self.head_end >= 0:
+            self.body_len = len(self.buf) - self.head_end
+            self.until_close = False
+            return True
+        return False
+
+    def body(self) -> bytes:
+        if len(self.buf) - self.head_end > self.body_len:
+            raise httpx.RemoteProtocolError("server sent more bytes than its Content-Length")
+        return bytes(self.buf[self.head_end : self.head_end + self.body_len])
+
+    def response(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            self.status, headers=self.headers, content=self.body(), request=request,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+
+def _encode_head(request: httpx.Request, body_len: int) -> bytes:
+    url = request.url
+    target = url.raw_path
+    lines = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+    has_length = False
+    for name, value in request.headers.raw:
+        if name.lower() == b"content-length":
+            has_length = True
+        elif name.lower() == b"transfer-encoding":
+            continue
+        lines += (name, b": ", value, b"\r\n")
+    if not has_length and (body_len or request.method in ("POST", "PUT", "PATCH")):
+        lines += (b"Content-Length: ", str(body_len).encode(), b"\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+def _timeouts(request: httpx.Request) -> tuple[float | None, float | None, float | None, float | None]:
+    t = request.extensions.get("timeout") or {}
+    return t.get("connect"), t.get("read"), t.get("write"), t.get("pool")
+
+
+def _origin(request: httpx.Request) -> tuple[str, int]:
+    url = request.url
+    if url.scheme != "http":
+        raise httpx.UnsupportedProtocol(f"the SplitMQ transport speaks plain http, not {url.scheme!r}")
+    return url.host, url.port or 80
+
+
+# --- sync ------------------------------------------------------------------------------------------------
+
+
+class _SyncConnection:
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def is_stale(self) -> bool:
+        """An idle connection that is readable was closed by the server (or sent junk): drop it."""
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def roundtrip(self, head: bytes, body: bytes, request: httpx.Request) -> _ResponseParser:
+        _, read_t, write_t, _ = _timeouts(request)
+        sock = self.sock
+        try:
+            sock.settimeout(write_t)
+            if len(body) > 65536:
+                sock.sendall(head)
+                sock.sendall(body)
+            else:
+                sock.sendall(head + body if body else head)
+        except TimeoutError:
+            raise httpx.WriteTimeout("timed out sending the request") from None
+        except OSError:
+            raise _Incomplete(got_bytes=False) from None
+        parser = _ResponseParser(no_body=request.method == "HEAD")
+        sock.settimeout(read_t)
+        got = False
+        while True:
+            try:
+                data = sock.recv(_RECV_SIZE)
+            except TimeoutError:
+                raise httpx.ReadTimeout(f"no response within the read timeout ({read_t} s)") from None
+            except OSError:
+                raise _Incomplete(got_bytes=got) from None
+            if not data:
+                if parser.finish_at_eof():
+                    return parser
+                raise _Incomplete(got_bytes=got)
+            got = True
+            if parser.feed(data):
+                return parser
+
+
+class _SyncHostPool:
+    def __init__(self, max_connections: int, max_idle: int) -> None:
+        self.idle: deque[_SyncConnection] = deque()
+        self.open_count = 0
+        self.max_connections = max_connections
+        self.max_idle = max_idle
+        self.cond = threading.Condition()
+
+
+class SyncTransport(httpx.BaseTransport):
+    """httpx transport over blocking sockets (see the module docstring).
+
+    Args:
+        max_connections_per_host: open connections to one ``host:port`` at most.
+        max_idle_per_host: idle connections kept per ``host:port``.
+    """
+
+    def __init__(self, *, max_connections_per_host: int = 64, max_idle_per_host: int = 16) -> None:
+        self._pools: dict[tuple[str, int], _SyncHostPool] = {}
+        self._lock = threading.Lock()
+        self._max_conn = max_connections_per_host
+        self._max_idle = max_idle_per_host
+        self._closed = False
+
+    def _pool(self, origin: tuple[str, int]) -> _SyncHostPool:
+        pool = self._pools.get(origin)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.setdefault(origin, _SyncHostPool(self._max_conn, self._max_idle))
+        return pool
+
+    def _acquire(self, pool: _SyncHostPool, origin: tuple[str, int], request: httpx.Request) -> tuple[_SyncConnection, bool]:
+        connect_t, _, _, pool_t = _timeouts(request)
+        with pool.cond:
+            while True:
+                if self._closed:
+                    raise httpx.ConnectError("transport is closed")
+                while pool.idle:
+                    conn = pool.idle.pop()
+                    if not conn.is_stale():
+                        return conn, True
+                    pool.open_count -= 1
+                    conn.close()
+                if pool.open_count < pool.max_connections:
+                    pool.open_count += 1
+                    break
+                if not pool.cond.wait(pool_t):
+                    raise httpx.PoolTimeout(
+                        f"no free connection to {origin[0]}:{origin[1]} within the pool timeout ({pool_t} s; "
+                        f"max_connections_per_host={pool.max_connections})"
+                    )
+        try:
+            sock = socket.create_connection(origin, timeout=connect_t)
+        except TimeoutError:
+            self._release_slot(pool)
+            raise httpx.ConnectTimeout(f"connect to {origin[0]}:{origin[1]} timed out ({connect_t} s)") from None
+        except OSError as e:
+            self._release_slot(pool)
+            raise httpx.ConnectError(f"connect to {origin[0]}:{origin[1]} failed: {e}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _SyncConnection(sock), False
+
+    def _release_slot(self, pool: _SyncHostPool) -> None:
+        with pool.cond:
+            pool.open_count -= 1
+            pool.cond.notify()
+
+    def _put_back(self, pool: _SyncHostPool, conn: _SyncConnection, reusable: bool) -> None:
+        with pool.cond:
+            if reusable and not self._closed and len(pool.idle) < pool.max_idle:
+                pool.idle.append(conn)
+            else:
+                pool.open_count -= 1
+                conn.close()
+            pool.cond.notify()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        origin = _origin(request)
+        body = request.read()
+        head = _encode_head(request, len(body))
+        pool = self._pool(origin)
+        for attempt in range(2):
+            conn, reused = self._acquire(pool, origin, request)
+            try:
+                parser = conn.roundtrip(head, body, request)
+            except _Incomplete as e:
+                self._put_back(pool, conn, False)
+                if reused and not e.got_bytes and attempt == 0:
+                    continue  # the server closed an idle keep-alive connection under us
+                raise httpx.RemoteProtocolError(
+                    f"{origin[0]}:{origin[1]} closed the connection without a complete response"
+                ) from None
+            except BaseException:
+                self._put_back(pool, conn, False)
+                raise
+            self._put_back(pool, conn, parser.keep_alive)
+            return parser.response(request)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            with pool.cond:
+                while pool.idle:
+                    pool.idle.pop().close()
+                    pool.open_count -= 1
+                pool.cond.notify_all()
+
+
+# --- async -----------------------------------------------------------------------------------------------
+
+
+class _AsyncConnection(asyncio.Protocol):
+    """One connection as an asyncio Protocol: cheaper than StreamReader/StreamWriter on the hot path."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser: _ResponseParser | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.got_bytes = False
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        parser, waiter = self.parser, self.waiter
+        if parser is None or waiter is None or waiter.done():
+            self.closed = True  # bytes nobody asked for: the connection can't be trusted any more
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self.got_bytes = True
+        try:
+            if parser.feed(data):
+                waiter.set_result(None)
+        except httpx.RemoteProtocolError as e:
+            waiter.set_exception(e)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter, parser = self.waiter, self.parser
+        if waiter is not None and not waiter.done():
+            if parser is not None and parser.finish_at_eof():
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(_Incomplete(self.got_bytes))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def roundtrip(self, head: bytes, body: bytes, request: httpx.Request) -> _ResponseParser:
+        _, read_t, _, _ = _timeouts(request)
+        assert self.transport is not None
+        self.parser = parser = _ResponseParser(no_body=request.method == "HEAD")
+        self.got_bytes = False
+        self.waiter = waiter = self.loop.create_future()
+        self.transport.write(head + body if len(body) <= 65536 else head)
+        if len(body) > 65536:
+            self.transport.write(body)
+        timer = None
+        if read_t is not None:
+            timer = self.loop.call_later(read_t, _expire, waiter, read_t)
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self.waiter = None
+            self.parser = None
+        return parser
+
+
+def _expire(waiter: asyncio.Future[None], read_t: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(httpx.ReadTimeout(f"no response within the read timeout ({read_t} s)"))
+
+
+class _AsyncHostPool:
+    def __init__(self, max_connections: int, max_idle: int) -> None:
+        self.idle: deque[_AsyncConnection] = deque()
+        self.open_count = 0
+        self.max_connections = max_connections
+        self.max_idle = max_idle
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+
+class AsyncTransport(httpx.AsyncBaseTransport):
+    """httpx async transport over asyncio Protocols (see the module docstring). Use it from one event loop."""
+
+    def __init__(self, *, max_connections_per_host: int = 64, max_idle_per_host: int = 16) -> None:
+        self._pools: dict[tuple[str, int], _AsyncHostPool] = {}
+        self._max_conn = max_connections_per_host
+        self._max_idle = max_idle_per_host
+        self._closed = False
+
+    async def _acquire(self, origin: tuple[str, int], request: httpx.Request) -> tuple[_AsyncConnection, _AsyncHostPool, bool]:
+        connect_t, _, _, pool_t = _timeouts(request)
+        pool = self._pools.get(origin)
+        if pool is None:
+            pool = self._pools[origin] = _AsyncHostPool(self._max_conn, self._max_idle)
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closed:
+                raise httpx.ConnectError("transport is closed")
+            while pool.idle:
+                conn = pool.idle.pop()
+                if not conn.closed:
+                    return conn, pool, True
+                pool.open_count -= 1
+            if pool.open_count < pool.max_connections:
+                pool.open_count += 1
+                break
+            fut: asyncio.Future[None] = loop.create_future()
+            pool.waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, pool_t)
+            except TimeoutError:
+                raise httpx.PoolTimeout(
+                    f"no free connection to {origin[0]}:{origin[1]} within the pool timeout ({pool_t} s; "
+                    f"max_connections_per_host={pool.max_connections})"
+                ) from None
+            finally:
+                with contextlib.suppress(ValueError):
+                    pool.waiters.remove(fut)
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _AsyncConnection(loop), origin[0], origin[1]), connect_t
+            )
+        except TimeoutError:
+            self._release_slot(pool)
+            raise httpx.ConnectTimeout(f"connect to {origin[0]}:{origin[1]} timed out ({connect_t} s)") from None
+        except OSError as e:
+            self._release_slot(pool)
+            raise httpx.ConnectError(f"connect to {origin[0]}:{origin[1]} failed: {e}") from None
+        except BaseException:
+            self._release_slot(pool)
+            raise
+        return conn, pool, False
+
+    @staticmethod
+    def _wake_one(pool: _AsyncHostPool) -> None:
+        while pool.waiters:
+            fut = pool.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def _release_slot(self, pool: _AsyncHostPool) -> None:
+        pool.open_count -= 1
+        self._wake_one(pool)
+
+    def _put_back(self, pool: _AsyncHostPool, conn: _AsyncConnection, reusable: bool) -> None:
+        if reusable and not conn.closed and not self._closed and len(pool.idle) < pool.max_idle:
+            pool.idle.append(conn)
+        else:
+            pool.open_count -= 1
+            conn.close()
+        self._wake_one(pool)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        origin = _origin(request)
+        body = await request.aread()
+        head = _encode_head(request, len(body))
+        for attempt in range(2):
+            conn, pool, reused = await self._acquire(origin, request)
+            try:
+                parser = await conn.roundtrip(head, body, request)
+            except _Incomplete as e:
+                self._put_back(pool, conn, False)
+                if reused and not e.got_bytes and attempt == 0:
+                    continue
+                raise httpx.RemoteProtocolError(
+                    f"{origin[0]}:{origin[1]} closed the connection without a complete response"
+                ) from None
+            except BaseException:
+                self._put_back(pool, conn, False)
+                raise
+            self._put_back(pool, conn, parser.keep_alive)
+            return parser.response(request)
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for pool in self._pools.values():
+            while pool.idle:
+                pool.idle.pop().close()
+                pool.open_count -= 1
+            while pool.waiters:
+                fut = pool.waiters.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+

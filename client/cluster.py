@@ -1,0 +1,449 @@
+"""``LocalCluster``: nameservers and broker groups as local processes, for tests, demos and benchmarks.
+
+Spawns ``python -m nameserver`` and ``python -m broker`` with :data:`sys.executable` (no server code is imported
+here), learns each server's real ports from its ready line, and cleans every process up on ``stop()``, at exit
+of the ``with`` block, and at interpreter exit::
+
+    with LocalCluster(tmp_path, broker_groups=2, slaves_per_group=1, mode="sync") as cluster:
+        producer = Producer("g", cluster.namesrv_addr)
+        cluster.kill_master("broker-a")
+        cluster.broker("broker-a", 0).start()          # same store, same ports
+        cluster.wait_slave_caught_up("broker-a", timeout_s=10)
+
+Layout under ``root_dir``: ``<name>-<id>/broker.properties`` and ``<name>-<id>/store`` per broker,
+``logs/<server>.log`` with each server's stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, Literal
+
+__all__ = ["BrokerHandle", "ClusterError", "LocalCluster", "NameserverHandle"]
+
+log = logging.getLogger(__name__)
+
+_NAMESRV_READY = re.compile(r"nameserver ready listen=(\S+)")
+_BROKER_READY = re.compile(r"broker ready name=(\S+) id=(\d+) role=(\S+) listen=(\S+) ha=(\S+)")
+_LIVE: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
+
+
+class ClusterError(RuntimeError):
+    """A server of the local cluster failed to start, or a wait ran out."""
+
+
+def _http_json(addr: str, path: str, timeout_s: float = 2.0) -> Any:
+    with urllib.request.urlopen(f"http://{addr}{path}", timeout=timeout_s) as resp:
+        return json.loads(resp.read())
+
+
+class _Process:
+    """One server process: stdout drained into its log file by a thread that also watches for the ready line."""
+
+    def __init__(self, label: str, log_path: Path, ready_re: re.Pattern[str]) -> None:
+        self.label = label
+        self.log_path = log_path
+        self.ready_re = ready_re
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.match: re.Match[str] | None = None
+        self._ready = threading.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self, args: list[str], cwd: Path) -> None:
+        self._ready.clear()
+        self.match = None
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - owned by the drain thread
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, *args], stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, cwd=cwd,
+            env=env, start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        threading.Thread(target=self._drain, args=(self.proc.stdout, logf), daemon=True,
+                         name=f"drain-{self.label}").start()
+
+    def _drain(self, out: IO[bytes], logf: IO[bytes]) -> None:
+        try:
+            for raw in iter(out.readline, b""):
+                logf.write(raw)
+                logf.flush()
+                if not self._ready.is_set():
+                    m = self.ready_re.search(raw.decode("utf-8", "replace"))
+                    if m:
+                        self.match = m
+                        self._ready.set()
+        finally:
+            logf.close()
+            out.close()
+
+    def wait_ready(self, timeout_s: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.05):
+            if self.proc is None or self.proc.poll() is not None:
+                code = self.proc.returncode if self.proc else None
+                raise ClusterError(f"{self.label} exited with code {code} before its ready line; "
+                                   f"log {self.log_path}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ClusterError(f"{self.label} printed no ready line within {timeout_s} s; "
+                                   f"log {self.log_path}:\n{self.tail()}")
+        assert self.match is not None
+        return self.match
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text("utf-8", "replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        if self.running():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self, timeout_s: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)  # a paused process can't handle SIGTERM
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s ignored SIGTERM for %.1f s; killing it", self.label, timeout_s)
+            self.kill()
+
+
+class NameserverHandle:
+    """A nameserver process of the cluster."""
+
+    def __init__(self, index: int, root: Path, start_timeout_s: float) -> None:
+        self.index = index
+        self.addr = ""
+        self._root = root
+        self._timeout = start_timeout_s
+        self._proc = _Process(f"nameserver-{index}", root / "logs" / f"nameserver-{index}.log", _NAMESRV_READY)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def spawn(self) -> None:
+        listen = self.addr or "127.0.0.1:0"  # a restart keeps the port clients know
+        self._proc.spawn(["-m", "nameserver", "--listen", listen], self._root)
+
+    def wait_ready(self) -> None:
+        self.addr = self._proc.wait_ready(self._timeout).group(1)
+
+    def start(self) -> None:
+        """(Re)start on the same port."""
+        self.spawn()
+        self.wait_ready()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._proc.stop(timeout_s)
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+    def running(self) -> bool:
+        return self._proc.running()
+
+
+class BrokerHandle:
+    """One broker process (``broker(name, broker_id)``): ports and store survive restarts."""
+
+    def __init__(self, cluster: LocalCluster, name: str, broker_id: int, role: str) -> None:
+        self.name = name
+        self.broker_id = broker_id
+        self.role = role
+        self.dir = cluster.root_dir / f"{name}-{broker_id}"
+        self.store_dir = self.dir / "store"
+        self.config_path = self.dir / "broker.properties"
+        self.addr = ""
+        self.ha_addr = ""
+        self._cluster = cluster
+        self._proc = _Process(f"{name}-{broker_id}", cluster.root_dir / "logs" / f"{name}-{broker_id}.log",
+                              _BROKER_READY)
+
+    def __repr__(self) -> str:
+        return f"BrokerHandle({self.name}[{self.broker_id}] {self.role} {self.addr} pid={self.pid})"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self._proc.log_path
+
+    def running(self) -> bool:
+        return self._proc.running()
+
+    def write_config(self, master_ha_addr: str | None) -> None:
+        c = self._cluster
+        props: dict[str, str] = {
+            "brokerClusterName": c.cluster_name,
+            "brokerName": self.name,
+            "brokerId": str(self.broker_id),
+            "brokerRole": self.role,
+            "flushDiskType": "ASYNC_FLUSH",
+            "namesrvAddr": c.namesrv_addr,
+            "brokerIP1": "127.0.0.1",
+            "listenPort": "0",
+            "haListenPort": "0",
+            "storePathRootDir": str(self.store_dir),
+        }
+        if c.commitlog_file_size_bytes:
+            props["mappedFileSizeCommitLog"] = str(c.commitlog_file_size_bytes)
+        if master_ha_addr:
+            props["haMasterAddress"] = master_ha_addr
+        props.update(c.broker_config)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+
+    def spawn(self) -> None:
+        args = ["-m", "broker", "-c", str(self.config_path)]
+        if self.addr:  # a restart: the same ports, so the route and the slaves' haMasterAddress stay right
+            args += ["--set", f"listenPort={self.addr.rsplit(':', 1)[1]}",
+                     "--set", f"haListenPort={self.ha_addr.rsplit(':', 1)[1]}"]
+        self._proc.spawn(args, self.dir)
+
+    def wait_ready(self) -> None:
+        m = self._proc.wait_ready(self._cluster.start_timeout_s)
+        self.addr, self.ha_addr = m.group(4), m.group(5)
+
+    def start(self) -> None:
+        """(Re)start on the same store and ports; returns once the broker serves."""
+        if self.running():
+            raise ClusterError(f"{self.name}[{self.broker_id}] is already running (pid {self.pid})")
+        self.spawn()
+        self.wait_ready()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        self._proc.kill()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM (graceful), then SIGKILL after ``timeout_s``."""
+        self._proc.stop(timeout_s)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process stays, its sockets stay open, nothing answers."""
+        self._proc.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        self._proc.signal(signal.SIGCONT)
+
+    def runtime(self) -> dict[str, Any]:
+        """``GET /runtime`` of this broker."""
+        obj = _http_json(self.addr, "/runtime")
+        assert isinstance(obj, dict)
+        return obj
+
+
+class LocalCluster:
+    """A local SplitMQ cluster of processes (CONTRACT.md section 2).
+
+    Args:
+        root_dir: where stores, configs and logs go.
+        broker_groups: broker groups ``broker-a``, ``broker-b``, ...
+        slaves_per_group: slaves per group (ids 1..n).
+        mode: ``"async"`` (ASYNC_MASTER) or ``"sync"`` (SYNC_MASTER).
+        nameservers: nameserver processes.
+        broker_config: extra ``.properties`` keys for every broker (win over the defaults).
+        commitlog_file_size_bytes: small ``mappedFileSizeCommitLog`` for tests (None keeps the broker default).
+        start_timeout_s: bound on each server's startup.
+        cluster_name: ``brokerClusterName``.
+    """
+
+    def __init__(
+        self,
+        root_dir: str | os.PathLike[str],
+        *,
+        broker_groups: int = 1,
+        slaves_per_group: int = 1,
+        mode: Literal["async", "sync"] = "async",
+        nameservers: int = 1,
+        broker_config: Mapping[str, str] | None = None,
+        commitlog_file_size_bytes: int | None = None,
+        start_timeout_s: float = 30.0,
+        cluster_name: str = "DefaultCluster",
+    ) -> None:
+        if mode not in ("async", "sync"):
+            raise ValueError(f"mode must be 'async' or 'sync', got {mode!r}")
+        if not 1 <= broker_groups <= 26 or slaves_per_group < 0 or nameservers < 1:
+            raise ValueError("need 1..26 broker groups, >= 0 slaves per group and >= 1 nameserver")
+        self.root_dir = Path(root_dir)
+        self.mode = mode
+        self.cluster_name = cluster_name
+        self.broker_config = {str(k): str(v) for k, v in (broker_config or {}).items()}
+        self.commitlog_file_size_bytes = commitlog_file_size_bytes
+        self.start_timeout_s = start_timeout_s
+        self.nameserver_handles = [NameserverHandle(i, self.root_dir, start_timeout_s) for i in range(nameservers)]
+        master_role = "SYNC_MASTER" if mode == "sync" else "ASYNC_MASTER"
+        self.group_names = [f"broker-{chr(ord('a') + i)}" for i in range(broker_groups)]
+        self._brokers: dict[tuple[str, int], BrokerHandle] = {}
+        for name in self.group_names:
+            self._brokers[(name, 0)] = BrokerHandle(self, name, 0, master_role)
+            for sid in range(1, slaves_per_group + 1):
+                self._brokers[(name, sid)] = BrokerHandle(self, name, sid, "SLAVE")
+        self._started = False
+
+    # --- lifecycle ---
+
+    def start(self) -> LocalCluster:
+        """Start nameservers, then masters, then slaves; return once every broker is in the nameserver."""
+        if self._started:
+            raise ClusterError("cluster already started")
+        self._started = True
+        _LIVE.add(self)
+        self.root_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for ns in self.nameserver_handles:
+                ns.spawn()
+            for ns in self.nameserver_handles:
+                ns.wait_ready()
+            masters = [b for b in self._brokers.values() if b.broker_id == 0]
+            slaves = [b for b in self._brokers.values() if b.broker_id != 0]
+            for b in masters:
+                b.write_config(None)
+                b.spawn()
+            for b in masters:
+                b.wait_ready()
+            for b in slaves:
+                b.write_config(self._brokers[(b.name, 0)].ha_addr)
+                b.spawn()
+            for b in slaves:
+                b.wait_ready()
+            self.wait_registered(timeout_s=self.start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop every process (brokers SIGTERM then SIGKILL after ``timeout_s``). Idempotent."""
+        for b in self._brokers.values():
+            b._proc.signal(signal.SIGCONT)
+            if b.running():
+                assert b._proc.proc is not None
+                b._proc.proc.terminate()
+        for b in self._brokers.values():
+            b.stop(timeout_s)
+        for ns in self.nameserver_handles:
+            ns.stop(timeout_s)
+        _LIVE.discard(self)
+
+    def __enter__(self) -> LocalCluster:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- accessors ---
+
+    @property
+    def namesrv_addr(self) -> str:
+        """Nameserver addresses, ``;``-joined."""
+        return ";".join(ns.addr for ns in self.nameserver_handles)
+
+    def broker(self, name: str, broker_id: int) -> BrokerHandle:
+        """The handle of ``name``'s member ``broker_id``."""
+        try:
+            return self._brokers[(name, broker_id)]
+        except KeyError:
+            raise KeyError(f"no broker {name}[{broker_id}] in this cluster; have {sorted(self._brokers)}") from None
+
+    @property
+    def brokers(self) -> list[BrokerHandle]:
+        return list(self._brokers.values())
+
+    def kill_master(self, name: str) -> BrokerHandle:
+        """SIGKILL the master of group ``name``; returns its handle (``.start()`` brings it back)."""
+        b = self.broker(name, 0)
+        b.kill()
+        return b
+
+    # --- waits ---
+
+    def wait_registered(self, timeout_s: float = 30.0) -> None:
+        """Until every running broker appears in every running nameserver's ``GET /cluster``."""
+        deadline = time.monotonic() + timeout_s
+        want = {b.addr for b in self._brokers.values() if b.running()}
+        missing: set[str] = want
+        while True:
+            missing = set()
+            for ns in self.nameserver_handles:
+                if not ns.running():
+                    continue
+                try:
+                    info = _http_json(ns.addr, "/cluster")
+                    seen = {a for bd in info.get("brokerAddrTable", {}).values()
+                            for a in bd.get("brokerAddrs", {}).values()}
+                except (OSError, ValueError):
+                    seen = set()
+                missing |= want - seen
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"brokers {sorted(missing)} not registered with the nameservers within {timeout_s} s")
+            time.sleep(0.05)  # polling the nameserver with a deadline
+
+    def wait_slave_caught_up(self, name: str, timeout_s: float = 30.0) -> None:
+        """Until every running slave of ``name`` has the master's commit-log max offset.
+
+        Raises:
+            ClusterError: not caught up within ``timeout_s`` (the message gives both offsets).
+        """
+        master = self.broker(name, 0)
+        slaves = [b for (n, bid), b in self._brokers.items() if n == name and bid != 0 and b.running()]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                want = int(master.runtime()["commitLogMaxOffset"])
+                have = {s.broker_id: int(s.runtime()["commitLogMaxOffset"]) for s in slaves}
+            except (OSError, ValueError, KeyError):
+                want, have = -1, {}
+            if want >= 0 and all(v >= want for v in have.values()) and len(have) == len(slaves):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"slaves of {name} not caught up within {timeout_s} s: master commitLogMaxOffset "
+                                   f"{want}, slaves {have}")
+            time.sleep(0.05)  # polling the brokers with a deadline
+
+
+@atexit.register
+def _stop_all() -> None:
+    for cluster in list(_LIVE):
+        try:
+            cluster.stop(timeout_s=5.0)
+        except Exception as e:  # at exit, keep stopping the others
+            log.warning("stopping a local cluster at exit failed: %s", e)

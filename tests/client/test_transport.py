@@ -1,0 +1,222 @@
+"""The custom httpx transports against a tiny in-process HTTP/1.1 server that misbehaves on request."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from client._transport import AsyncTransport, SyncTransport
+
+
+class TinyServer:
+    """Threaded HTTP/1.1 server on 127.0.0.1:0. Paths: /echo, /close (Connection: close), /hangup (closes
+    after answering, without saying so), /block (answers only when ``release`` is set), /drop (closes mid-body)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        self.release = threading.Event()
+        self._stop = False
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    try:
+                        data = conn.recv(65536)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.split(b"\r\n")
+                path = lines[0].split(b" ")[1].decode()
+                length = 0
+                for line in lines[1:]:
+                    k, _, v = line.partition(b":")
+                    if k.strip().lower() == b"content-length":
+                        length = int(v)
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                body, buf = buf[:length], buf[length:]
+                if not self._answer(conn, path, body):
+                    return
+
+    def _answer(self, conn: socket.socket, path: str, body: bytes) -> bool:
+        if path.startswith("/block"):
+            self.release.wait(10)
+        if path.startswith("/drop"):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
+            return False
+        extra = b"Connection: close\r\n" if path.startswith("/close") else b""
+        payload = body if path.startswith("/echo") else path.encode()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (len(payload), extra) + payload)
+        return not (path.startswith("/close") or path.startswith("/hangup"))
+
+    def close(self) -> None:
+        self._stop = True
+        self.release.set()
+        self.sock.close()
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def server() -> Iterator[TinyServer]:
+    s = TinyServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def refused_addr() -> Iterator[str]:
+    """A bound, non-listening socket: connecting to it is refused, and nobody else can take the port."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    yield f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+
+
+def sync_client() -> httpx.Client:
+    return httpx.Client(transport=SyncTransport(max_connections_per_host=4), timeout=2.0)
+
+
+def test_keep_alive_reuses_one_connection(server: TinyServer) -> None:
+    with sync_client() as c:
+        for i in range(20):
+            r = c.post(f"http://{server.addr}/echo", content=b"x" * i)
+            assert r.status_code == 200 and r.content == b"x" * i
+    assert server.connections == 1
+
+
+def test_large_bodies(server: TinyServer) -> None:
+    body = bytes(range(256)) * 8192  # 2 MiB
+    with sync_client() as c:
+        assert c.post(f"http://{server.addr}/echo", content=body).content == body
+
+
+def test_connection_close_header_then_new_connection(server: TinyServer) -> None:
+    with sync_client() as c:
+        assert c.get(f"http://{server.addr}/close").content == b"/close"
+        assert c.get(f"http://{server.addr}/x").content == b"/x"
+    assert server.connections == 2
+
+
+def test_server_hangs_up_idle_connection(server: TinyServer) -> None:
+    with sync_client() as c:
+        assert c.get(f"http://{server.addr}/hangup").content == b"/hangup"
+        deadline = time.monotonic() + 5
+        while server.connections < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for _ in range(3):  # the stale connection is detected or the request retried on a new one
+            assert c.get(f"http://{server.addr}/y").content == b"/y"
+
+
+def test_read_timeout_is_bounded(server: TinyServer) -> None:
+    with sync_client() as c:
+        t = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            c.get(f"http://{server.addr}/block", timeout=0.3)
+        assert time.monotonic() - t < 2.0
+        server.release.set()
+        assert c.get(f"http://{server.addr}/after").content == b"/after"
+
+
+def test_connection_refused(refused_addr: str) -> None:
+    with sync_client() as c, pytest.raises(httpx.ConnectError):
+        c.get(f"http://{refused_addr}/x")
+
+
+def test_truncated_response(server: TinyServer) -> None:
+    with sync_client() as c, pytest.raises(httpx.RemoteProtocolError):
+        c.get(f"http://{server.addr}/drop")
+
+
+def test_concurrent_threads_bounded_pool(server: TinyServer) -> None:
+    errors: list[BaseException] = []
+    with sync_client() as c:
+        def work() -> None:
+            try:
+                for i in range(20):
+                    assert c.post(f"http://{server.addr}/echo", content=str(i).encode()).content == str(i).encode()
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errors
+    assert server.connections <= 4
+
+
+def test_closed_transport_refuses() -> None:
+    t = SyncTransport()
+    t.close()
+    with httpx.Client(transport=t) as c, pytest.raises(httpx.ConnectError):
+        c.get("http://127.0.0.1:1/x")
+
+
+def test_https_refused() -> None:
+    with httpx.Client(transport=SyncTransport()) as c, pytest.raises(httpx.UnsupportedProtocol):
+        c.get("https://127.0.0.1:1/x")
+
+
+# --- async -------------------------------------------------------------------------------------------------
+
+
+def test_async_keep_alive_and_concurrency(server: TinyServer) -> None:
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=AsyncTransport(max_connections_per_host=4), timeout=2.0) as c:
+            for i in range(10):
+                assert (await c.post(f"http://{server.addr}/echo", content=b"a" * i)).content == b"a" * i
+            rs = await asyncio.gather(*(c.post(f"http://{server.addr}/echo", content=b"%d" % i) for i in range(40)))
+            assert [r.content for r in rs] == [b"%d" % i for i in range(40)]
+
+    asyncio.run(main())
+    assert server.connections <= 4
+
+
+def test_async_failures(server: TinyServer, refused_addr: str) -> None:
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=AsyncTransport(), timeout=2.0) as c:
+            with pytest.raises(httpx.ConnectError):
+                await c.get(f"http://{refused_addr}/x")
+            t = time.monotonic()
+            with pytest.raises(httpx.ReadTimeout):
+                await c.get(f"http://{server.addr}/block", timeout=0.3)
+            assert time.monotonic() - t < 2.0
+            server.release.set()
+            with pytest.raises(httpx.RemoteProtocolError):
+                await c.get(f"http://{server.addr}/drop")
+            assert (await c.get(f"http://{server.addr}/close")).content == b"/close"
+            assert (await c.get(f"http://{server.addr}/hangup")).content == b"/hangup"
+            for _ in range(3):
+                assert (await c.get(f"http://{server.addr}/z")).content == b"/z"
+
+    asyncio.run(main())
