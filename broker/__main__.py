@@ -1,0 +1,233 @@
+"""``python -m broker -c FILE.properties [--set key=value ...]`` (console script ``splitmq-broker``).
+
+Startup: load the configuration (bad value -> exit 2), configure logging (every line names the broker, its id
+and role), bind the HTTP socket (port 0 lets the OS choose), open the store (a corrupt store -> one line on
+stderr, exit 3), start the controller (HA listener, background tasks), serve HTTP with uvicorn in the same
+event loop, and print exactly one line once serving:
+``broker ready name=NAME id=N role=ROLE listen=HOST:PORT ha=HOST:PORT``.
+SIGTERM / SIGINT -> graceful shutdown (unregister, persist metadata, store shutdown) and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import uvicorn
+
+from broker.config import BrokerConfig, ConfigError, load_config, parse_set_options
+from broker.controller import BrokerController
+from broker.store.api import StoreCorruptError, StoreError
+from client.protocol.codec import pack_host
+
+__all__ = ["main"]
+
+log = logging.getLogger("broker")
+
+EXIT_CONFIG = 2
+EXIT_STORE = 3
+EXIT_START = 1
+#: Bounds of startup (HTTP server listening) and of the HTTP server's graceful stop.
+STARTUP_TIMEOUT_S = 30.0
+HTTP_STOP_TIMEOUT_S = 5.0
+
+
+class _IdentityFilter(logging.Filter):
+    """Adds ``broker`` (``name/id/ROLE``) to every record, so every line says which broker wrote it."""
+
+    def __init__(self, identity: str) -> None:
+        super().__init__()
+        self.identity = identity
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.broker = self.identity
+        return True
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        obj: dict[str, Any] = {
+            "ts": round(record.created, 3), "level": record.levelname, "broker": getattr(record, "broker", ""),
+            "logger": record.name, "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            obj["exc"] = self.formatException(record.exc_info)
+        return json.dumps(obj)
+
+
+def configure_logging(config: BrokerConfig, level: str, fmt: str) -> None:
+    """Log to stderr, one line per record, each naming the broker (the only place logging is configured)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_IdentityFilter(f"{config.broker_name}/{config.broker_id}/{config.broker_role.value}"))
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(broker)s] %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("uvicorn").setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("uvicorn.access").disabled = True
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="splitmq-broker", description="SplitMQ broker")
+    p.add_argument("-c", "--configFile", dest="config_file", help="broker .properties file")
+    p.add_argument("-n", "--namesrvAddr", dest="namesrv_addr", help="nameservers, ';'-separated (overrides the file)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one property (repeatable)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-format", default="text", choices=["text", "json"])
+    return p.parse_args(argv)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: the OS chooses).
+
+    Raises:
+        OSError: the address cannot be bound (the message names it).
+    """
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot bind the broker's listen address {host}:{port}: {e.strerror}") from e
+    sock.setblocking(False)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the broker owns SIGTERM/SIGINT and shuts down in order."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def open_store(config: BrokerConfig, store_host: bytes) -> Any:
+    """Create, load and start the file store.
+
+    Raises:
+        StoreCorruptError / StoreError: recovery failed.
+    """
+    from broker.store.file_store import FileMessageStore  # type: ignore[import-not-found,unused-ignore]
+
+    store = FileMessageStore(config.to_store_config(store_host))
+    store.load()
+    store.start()
+    return store
+
+
+async def _wait_started(server: uvicorn.Server, serve_task: asyncio.Task[None]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not server.started:
+        if serve_task.done():
+            serve_task.result()
+            raise RuntimeError("the HTTP server stopped during startup")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the HTTP server did not start within {STARTUP_TIMEOUT_S} s")
+        await asyncio.sleep(0.005)  # uvicorn has no start event; bounded by STARTUP_TIMEOUT_S
+
+
+async def run_broker(config: BrokerConfig) -> int:
+    """Run one broker until SIGTERM/SIGINT; returns the process exit code."""
+    sock = bind_socket(config.bind_host, config.listen_port)
+    port = sock.getsockname()[1]
+    addr = f"{config.advertised_ip}:{port}"
+    store_host = pack_host(config.advertised_ip, port)
+    try:
+        store = open_store(config, store_host)
+    except StoreCorruptError as e:
+        print(f"broker {config.broker_name}: store at {config.store_root} is corrupt: {e}", file=sys.stderr,
+              flush=True)
+        sock.close()
+        return EXIT_STORE
+    except ImportError as e:
+        print(f"broker {config.broker_name}: the file store is not available: {e}", file=sys.stderr, flush=True)
+        sock.close()
+        return EXIT_START
+    except StoreError as e:
+        print(f"broker {config.broker_name}: cannot open the store at {config.store_root}: {e}", file=sys.stderr,
+              flush=True)
+        sock.close()
+        return EXIT_STORE
+    ctrl = BrokerController(config, store, addr=addr, store_host=store_host)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await ctrl.start()
+    except OSError as e:
+        print(f"broker {config.broker_name}: {e}", file=sys.stderr, flush=True)
+        await ctrl.stop()
+        sock.close()
+        return EXIT_START
+    # log_config=None: uvicorn's lines go through the root handler, so they carry the broker's identity too
+    uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http="httptools", lifespan="off", access_log=False,
+                               log_level="warning", log_config=None,
+                               timeout_graceful_shutdown=int(HTTP_STOP_TIMEOUT_S))
+    server = _Server(uv_config)
+    serve_task = loop.create_task(server.serve(sockets=[sock]), name="http")
+    await _wait_started(server, serve_task)
+    print(f"broker ready name={config.broker_name} id={config.broker_id} role={config.broker_role.value} "
+          f"listen={addr} ha={ctrl.ha_addr}", flush=True)
+    stop_wait = loop.create_task(stop.wait())
+    await asyncio.wait((stop_wait, serve_task), return_when=asyncio.FIRST_COMPLETED)
+    log.info("shutting down")
+    ctrl.hold.close()  # parked pulls answer now instead of holding the HTTP shutdown
+    server.should_exit = True
+    done, _ = await asyncio.wait((serve_task,), timeout=HTTP_STOP_TIMEOUT_S + 2)
+    if not done:
+        server.force_exit = True
+        serve_task.cancel()
+    stop_wait.cancel()
+    await ctrl.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m broker`` and ``splitmq-broker``; returns the exit code."""
+    args = _parse_args(argv)
+    try:
+        overrides = parse_set_options(args.sets)
+        if args.namesrv_addr:
+            overrides["namesrvAddr"] = args.namesrv_addr
+        loaded = load_config(args.config_file, overrides)
+    except ConfigError as e:
+        print(f"broker: bad configuration: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    config = loaded.config
+    configure_logging(config, args.log_level, args.log_format)
+    if loaded.unknown_keys:
+        log.warning("unknown configuration keys ignored: %s", ", ".join(loaded.unknown_keys))
+    try:
+        import uvloop
+
+        loop_factory: Any = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(run_broker(config))
+    except OSError as e:
+        print(f"broker {config.broker_name}: {e}", file=sys.stderr, flush=True)
+        return EXIT_START
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,437 @@
+"""Broker configuration: RocketMQ's camelCase ``.properties`` keys -> a frozen, validated :class:`BrokerConfig`.
+
+Loading (SEMANTICS.md 1.2, with the decisions at its top): read the file, apply ``--set key=value`` overrides,
+convert each known key strictly (a bad value is a :class:`ConfigError` naming the key and the value, where
+RocketMQ silently keeps the default), then derive: masters get ``brokerId=0``; a slave needs ``brokerId > 0``;
+``haListenPort`` is the configured one when > 0, else ``listenPort + 1`` (0 when ``listenPort`` is 0, so the OS
+chooses both). Unknown keys are reported back to the caller, who logs one warning naming them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from broker.properties_file import PropertiesSyntaxError, parse_properties
+from broker.store.config import DEFAULT_DELAY_LEVELS, StoreConfig, parse_delay_levels
+from client.protocol.codes import BrokerRole, FlushDiskType, Perm
+
+__all__ = ["BrokerConfig", "ConfigError", "LoadedConfig", "load_config", "parse_set_options"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and the value."""
+
+
+def _default_broker_name() -> str:
+    return socket.gethostname() or "DEFAULT_BROKER"
+
+
+@attrs.frozen(kw_only=True)
+class BrokerConfig:
+    """One broker's configuration. Field names are RocketMQ's keys in snake_case, units last."""
+
+    broker_cluster_name: str = "DefaultCluster"
+    """``brokerClusterName``."""
+    broker_name: str = attrs.field(factory=_default_broker_name)
+    """``brokerName``: the broker group; master and slaves share it."""
+    broker_id: int = 0
+    """``brokerId``: 0 = master, > 0 = slave."""
+    broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
+    """``brokerRole``."""
+    flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
+    """``flushDiskType``."""
+    namesrv_addr: tuple[str, ...] = ()
+    """``namesrvAddr`` split on ``;``."""
+    broker_ip1: str = "127.0.0.1"
+    """``brokerIP1``: host of the registered client address."""
+    broker_ip2: str = ""
+    """``brokerIP2``: host of the registered HA address ('' = brokerIP1)."""
+    bind_address: str = ""
+    """``bindAddress`` (SplitMQ): interface the HTTP and HA sockets bind ('' = brokerIP1)."""
+    listen_port: int = 10911
+    """``listenPort``; 0 lets the OS choose."""
+    ha_listen_port: int = 10912
+    """``haListenPort`` after derivation; 0 lets the OS choose."""
+    ha_master_address: str | None = None
+    """``haMasterAddress``: a slave's fixed master HA address (never updated from the nameserver)."""
+    store_path_root_dir: str = "~/store"
+    """``storePathRootDir`` (``~`` expanded)."""
+    mapped_file_size_commit_log: int = 1 << 30
+    mapped_file_size_consume_queue: int = 6_000_000
+    slave_read_enable: bool = False
+    access_message_in_memory_max_ratio: int = 40
+    sync_flush_timeout_ms: int = 5000
+    """``syncFlushTimeout``: bound of a SYNC_FLUSH wait and of a SYNC_MASTER wait for a slave ack."""
+    ha_send_heartbeat_interval_ms: int = 5000
+    ha_housekeeping_interval_ms: int = 20_000
+    ha_transfer_batch_size: int = 32_768
+    ha_max_gap_not_in_sync: int = 268_435_456
+    """``haMaxGapNotInSync`` (4.x: ``haSlaveFallbehindMax``), bytes."""
+    register_name_server_period_ms: int = 30_000
+    register_name_server_period_min_ms: int = 10_000
+    """``registerNameServerPeriodMinMs`` (SplitMQ, for tests): lower clamp of the registration period."""
+    register_broker_timeout_ms: int = 6000
+    default_topic_queue_nums: int = 8
+    auto_create_topic_enable: bool = True
+    auto_create_subscription_group: bool = True
+    max_message_size: int = 4 * 1024 * 1024
+    max_request_body_bytes: int = 16 * 1024 * 1024
+    """``maxRequestBodyBytes`` (SplitMQ): larger HTTP bodies are refused with code 13 / HTTP 413."""
+    broker_permission: int = int(Perm.READ | Perm.WRITE)
+    flush_interval_commit_log_ms: int = 500
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval_ms: int = 10_000
+    flush_interval_consume_queue_ms: int = 1000
+    flush_consumer_offset_interval_ms: int = 5000
+    flush_delay_offset_interval_ms: int = 10_000
+    message_delay_level: str = DEFAULT_DELAY_LEVELS
+    message_index_enable: bool = True
+    max_transfer_bytes_on_message_in_memory: int = 256 * 1024
+    max_transfer_count_on_message_in_memory: int = 32
+    max_transfer_bytes_on_message_in_disk: int = 64 * 1024
+    max_transfer_count_on_message_in_disk: int = 8
+    long_polling_enable: bool = True
+    short_polling_time_ms: int = 1000
+    max_suspend_timeout_ms: int = 30_000
+    """``maxSuspendTimeoutMs`` (SplitMQ): upper bound of a parked pull, whatever the request asks."""
+    max_parked_pulls: int = 10_000
+    """``maxParkedPulls`` (SplitMQ): more parked pulls than this are answered at once."""
+    offset_check_in_slave: bool = False
+    slave_metadata_sync_interval_ms: int = 10_000
+    truncate_corrupt_commit_log: bool = False
+    """``truncateCorruptCommitLog`` (SplitMQ): recovery truncates at a corrupt record instead of refusing."""
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str]) -> BrokerConfig:
+        """Build from ``{camelCaseKey: value}`` (unknown keys ignored; use :func:`load_config` to learn them).
+
+        Raises:
+            ConfigError: a bad value or a broken role rule, naming the key.
+        """
+        return config_from_properties(props, env={}).config
+
+    @property
+    def is_slave(self) -> bool:
+        return self.broker_role is BrokerRole.SLAVE
+
+    @property
+    def advertised_ip(self) -> str:
+        return self.broker_ip1
+
+    @property
+    def ha_ip(self) -> str:
+        return self.broker_ip2 or self.broker_ip1
+
+    @property
+    def bind_host(self) -> str:
+        return self.bind_address or self.broker_ip1
+
+    @property
+    def register_period_ms(self) -> int:
+        """RocketMQ's clamp ``max(10000, min(period, 60000))`` (the lower bound is configurable for tests)."""
+        return max(self.register_name_server_period_min_ms, min(self.register_name_server_period_ms, 60_000))
+
+    @property
+    def store_root(self) -> Path:
+        return Path(os.path.expanduser(self.store_path_root_dir))
+
+    @property
+    def config_dir(self) -> Path:
+        return self.store_root / "config"
+
+    def to_store_config(self, store_host: bytes) -> StoreConfig:
+        """The store's configuration; the broker drives dispatch from its event loop.
+
+        Args:
+            store_host: packed ``ip + port`` of the bound client address (:func:`client.protocol.codec.pack_host`).
+        """
+        return StoreConfig(
+            store_path_root_dir=str(self.store_root),
+            mapped_file_size_commitlog=self.mapped_file_size_commit_log,
+            mapped_file_size_consume_queue=self.mapped_file_size_consume_queue,
+            flush_disk_type=self.flush_disk_type,
+            broker_role=self.broker_role,
+            sync_flush_timeout_ms=self.sync_flush_timeout_ms,
+            flush_interval_commitlog_ms=self.flush_interval_commit_log_ms,
+            flush_commitlog_least_pages=self.flush_commit_log_least_pages,
+            flush_commitlog_thorough_interval_ms=self.flush_commit_log_thorough_interval_ms,
+            flush_interval_consume_queue_ms=self.flush_interval_consume_queue_ms,
+            max_message_size=self.max_message_size,
+            access_message_in_memory_max_ratio=self.access_message_in_memory_max_ratio,
+            max_transfer_bytes_on_message_in_memory=self.max_transfer_bytes_on_message_in_memory,
+            max_transfer_count_on_message_in_memory=self.max_transfer_count_on_message_in_memory,
+            max_transfer_bytes_on_message_in_disk=self.max_transfer_bytes_on_message_in_disk,
+            max_transfer_count_on_message_in_disk=self.max_transfer_count_on_message_in_disk,
+            message_index_enable=self.message_index_enable,
+            message_delay_level=self.message_delay_level,
+            offset_check_in_slave=self.offset_check_in_slave,
+            truncate_corrupt=self.truncate_corrupt_commit_log,
+            dispatch_in_thread=False,
+            store_host=store_host,
+        )
+
+    def check_derived(self) -> None:
+        """Build the store and HA configurations once, so their own validation fails at load time.
+
+        Raises:
+            ConfigError: one of them refuses a value (its message names the field).
+        """
+        try:
+            self.to_store_config(b"\x7f\x00\x00\x01\x00\x00\x00\x00")
+            self.to_ha_config()
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"invalid configuration: {e}") from None
+
+    def to_ha_config(self) -> Any:
+        """The HA service's configuration (:class:`broker.ha.HAConfig`; imported here so config loads alone)."""
+        from broker.ha import HAConfig
+
+        return HAConfig(
+            ha_send_heartbeat_interval_ms=self.ha_send_heartbeat_interval_ms,
+            ha_housekeeping_interval_ms=self.ha_housekeeping_interval_ms,
+            ha_transfer_batch_size=self.ha_transfer_batch_size,
+            ha_max_gap_not_in_sync=self.ha_max_gap_not_in_sync,
+        )
+
+
+# --- conversion ------------------------------------------------------------------------------------------
+
+Converter = Callable[[str, str], Any]
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Converter:
+    def conv(key: str, raw: str) -> int:
+        try:
+            v = int(raw, 10)
+        except ValueError:
+            raise ConfigError(f"{key}={raw!r} is not an integer") from None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ConfigError(f"{key}={v} is outside [{lo}, {'...' if hi is None else hi}]")
+        return v
+
+    return conv
+
+
+def _bool(key: str, raw: str) -> bool:
+    low = raw.lower()
+    if low not in ("true", "false"):
+        raise ConfigError(f"{key}={raw!r} is not true or false")
+    return low == "true"
+
+
+def _str(key: str, raw: str) -> str:
+    if not raw:
+        raise ConfigError(f"{key} is empty")
+    return raw
+
+
+def _opt_str(key: str, raw: str) -> str | None:
+    return raw or None
+
+
+def _ip(key: str, raw: str) -> str:
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not an IP address") from None
+
+
+def _opt_ip(key: str, raw: str) -> str:
+    return _ip(key, raw) if raw else ""
+
+
+def _enum(cls: type[BrokerRole] | type[FlushDiskType]) -> Converter:
+    def conv(key: str, raw: str) -> Any:
+        try:
+            return cls(raw)
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise ConfigError(f"{key}={raw!r} is not one of {allowed}") from None
+
+    return conv
+
+
+def _host_port(key: str, item: str) -> str:
+    host, sep, port = item.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: {item!r} is not host:port (expected e.g. 127.0.0.1:9876;192.168.0.1:9876)")
+    return item
+
+
+def _namesrv(key: str, raw: str) -> tuple[str, ...]:
+    return tuple(_host_port(key, part.strip()) for part in raw.split(";") if part.strip())
+
+
+def _ha_master(key: str, raw: str) -> str | None:
+    return _host_port(key, raw) if raw else None
+
+
+def _delay_levels(key: str, raw: str) -> str:
+    try:
+        parse_delay_levels(raw)
+    except ValueError as e:
+        raise ConfigError(f"{key}={raw!r}: {e}") from None
+    return raw
+
+
+_P = _int(1)
+_NN = _int(0)
+_PORT = _int(0, 65535)
+
+#: camelCase key -> (field, converter). Aliases map to the same field.
+KEYS: dict[str, tuple[str, Converter]] = {
+    "brokerClusterName": ("broker_cluster_name", _str),
+    "brokerName": ("broker_name", _str),
+    "brokerId": ("broker_id", _int()),
+    "brokerRole": ("broker_role", _enum(BrokerRole)),
+    "flushDiskType": ("flush_disk_type", _enum(FlushDiskType)),
+    "namesrvAddr": ("namesrv_addr", _namesrv),
+    "brokerIP1": ("broker_ip1", _ip),
+    "brokerIP2": ("broker_ip2", _opt_ip),
+    "bindAddress": ("bind_address", _opt_ip),
+    "listenPort": ("listen_port", _PORT),
+    "haListenPort": ("ha_listen_port", _int(None, 65535)),
+    "haMasterAddress": ("ha_master_address", _ha_master),
+    "storePathRootDir": ("store_path_root_dir", _str),
+    "mappedFileSizeCommitLog": ("mapped_file_size_commit_log", _int(4096)),
+    "mappedFileSizeConsumeQueue": ("mapped_file_size_consume_queue", _int(20)),
+    "slaveReadEnable": ("slave_read_enable", _bool),
+    "accessMessageInMemoryMaxRatio": ("access_message_in_memory_max_ratio", _int(0, 100)),
+    "syncFlushTimeout": ("sync_flush_timeout_ms", _P),
+    "haSendHeartbeatInterval": ("ha_send_heartbeat_interval_ms", _P),
+    "haHousekeepingInterval": ("ha_housekeeping_interval_ms", _P),
+    "haTransferBatchSize": ("ha_transfer_batch_size", _P),
+    "haMaxGapNotInSync": ("ha_max_gap_not_in_sync", _P),
+    "haSlaveFallbehindMax": ("ha_max_gap_not_in_sync", _P),
+    "registerNameServerPeriod": ("register_name_server_period_ms", _P),
+    "registerNameServerPeriodMinMs": ("register_name_server_period_min_ms", _P),
+    "registerBrokerTimeoutMills": ("register_broker_timeout_ms", _P),
+    "defaultTopicQueueNums": ("default_topic_queue_nums", _int(1, 1024)),
+    "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
+    "autoCreateSubscriptionGroup": ("auto_create_subscription_group", _bool),
+    "maxMessageSize": ("max_message_size", _int(256)),
+    "maxRequestBodyBytes": ("max_request_body_bytes", _int(1024)),
+    "brokerPermission": ("broker_permission", _int(0, 15)),
+    "flushIntervalCommitLog": ("flush_interval_commit_log_ms", _P),
+    "flushCommitLogLeastPages": ("flush_commit_log_least_pages", _NN),
+    "flushCommitLogThoroughInterval": ("flush_commit_log_thorough_interval_ms", _NN),
+    "flushIntervalConsumeQueue": ("flush_interval_consume_queue_ms", _P),
+    "flushConsumerOffsetInterval": ("flush_consumer_offset_interval_ms", _P),
+    "flushDelayOffsetInterval": ("flush_delay_offset_interval_ms", _P),
+    "messageDelayLevel": ("message_delay_level", _delay_levels),
+    "messageIndexEnable": ("message_index_enable", _bool),
+    "maxTransferBytesOnMessageInMemory": ("max_transfer_bytes_on_message_in_memory", _P),
+    "maxTransferCountOnMessageInMemory": ("max_transfer_count_on_message_in_memory", _P),
+    "maxTransferBytesOnMessageInDisk": ("max_transfer_bytes_on_message_in_disk", _P),
+    "maxTransferCountOnMessageInDisk": ("max_transfer_count_on_message_in_disk", _P),
+    "longPollingEnable": ("long_polling_enable", _bool),
+    "shortPollingTimeMills": ("short_polling_time_ms", _P),
+    "maxSuspendTimeoutMs": ("max_suspend_timeout_ms", _P),
+    "maxParkedPulls": ("max_parked_pulls", _P),
+    "offsetCheckInSlave": ("offset_check_in_slave", _bool),
+    "slaveMetadataSyncInterval": ("slave_metadata_sync_interval_ms", _P),
+    "truncateCorruptCommitLog": ("truncate_corrupt_commit_log", _bool),
+}
+
+
+@attrs.frozen
+class LoadedConfig:
+    """A loaded configuration and the keys it did not recognise (to be logged once)."""
+
+    config: BrokerConfig
+    unknown_keys: tuple[str, ...]
+
+
+def _derive(values: dict[str, Any], given: set[str]) -> None:
+    role = values.get("broker_role", BrokerRole.ASYNC_MASTER)
+    if role is BrokerRole.SLAVE:
+        if values.get("broker_id", 0) <= 0:
+            raise ConfigError(f"Slave's brokerId must be > 0 (brokerId={values.get('broker_id', 0)})")
+    else:
+        values["broker_id"] = 0  # RocketMQ forces masters to id 0 whatever the file says
+    listen = values.get("listen_port", 10911)
+    ha = values.get("ha_listen_port", 0) if "ha_listen_port" in given else 0
+    if ha <= 0:
+        ha = listen + 1 if listen > 0 else 0
+    if ha > 65535:
+        raise ConfigError(f"haListenPort derived as listenPort+1 = {ha} is not a port; set haListenPort")
+    values["ha_listen_port"] = ha
+    if "store_path_root_dir" in values:
+        values["store_path_root_dir"] = os.path.expanduser(values["store_path_root_dir"])
+
+
+def config_from_properties(
+    props: Mapping[str, str], *, env: Mapping[str, str] | None = None
+) -> LoadedConfig:
+    """Build the configuration from a property mapping.
+
+    Args:
+        props: ``{camelCaseKey: value}`` (file content with overrides applied).
+        env: environment for ``NAMESRV_ADDR`` when ``namesrvAddr`` is not given (default ``os.environ``).
+
+    Raises:
+        ConfigError: a value does not convert or a role rule is broken; the message names the key.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, raw in props.items():
+        spec = KEYS.get(key)
+        if spec is None:
+            unknown.append(key)
+            continue
+        field, conv = spec
+        values[field] = conv(key, raw.strip())
+    if "namesrv_addr" not in values and env.get("NAMESRV_ADDR"):
+        values["namesrv_addr"] = _namesrv("NAMESRV_ADDR", env["NAMESRV_ADDR"])
+    _derive(values, set(values))
+    config = BrokerConfig(**values)
+    config.check_derived()
+    return LoadedConfig(config, tuple(sorted(unknown)))
+
+
+def parse_set_options(items: Sequence[str]) -> dict[str, str]:
+    """``["key=value", ...]`` (``--set`` options) -> mapping.
+
+    Raises:
+        ConfigError: an item without ``=`` or with an empty key.
+    """
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    overrides: Mapping[str, str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> LoadedConfig:
+    """Read a ``.properties`` file (or none), apply overrides, and build the configuration.
+
+    Raises:
+        ConfigError: unreadable file, syntax error, bad value (the message names the key and value).
+    """
+    props: dict[str, str] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read config file {os.fspath(path)}: {e}") from None
+        try:
+            props = parse_properties(text)
+        except PropertiesSyntaxError as e:
+            raise ConfigError(f"config file {os.fspath(path)}: {e}") from None
+    props.update(overrides or {})
+    return config_from_properties(props, env=env)

@@ -1,0 +1,63 @@
+"""``GET /consumer/ids?group=G``: the live client ids of a consumer group, for rebalancing.
+
+:class:`broker.clients.ClientTable` records heartbeats and drops silent clients every
+``CLIENT_EXPIRE_CHECK_S`` (10 s). Rebalancing needs the set as of now, so this filters by last-seen time when
+answering: a client silent for longer than ``expire_ms`` (120 s, RocketMQ's channel expiry) is left out even
+if the periodic sweep has not dropped it yet. Every instance of a group asks every broker and sorts the ids the
+same way, so they all compute the same assignment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from broker.clients import ClientInfo
+from broker.pull_processor import checked_name
+from client.protocol.asgi import Request, Response, json_response
+
+if TYPE_CHECKING:
+    from broker.controller import BrokerController
+
+__all__ = ["CLIENT_EXPIRE_MS", "ConsumerIdsProcessor", "live_client_ids"]
+
+log = logging.getLogger(__name__)
+
+#: A client not heard from for this long is not part of its group (RocketMQ's 120 s channel expiry).
+CLIENT_EXPIRE_MS = 120_000
+
+
+def live_client_ids(clients: Mapping[str, ClientInfo], now_ms: int, expire_ms: int = CLIENT_EXPIRE_MS) -> list[str]:
+    """The ids of ``clients`` heard from within ``expire_ms`` of ``now_ms``, sorted (the rebalance order).
+
+    A client seen exactly ``expire_ms`` ago is still live, matching :meth:`ClientTable.expire`.
+    """
+    deadline = now_ms - expire_ms
+    return sorted(cid for cid, info in clients.items() if info.last_seen_ms >= deadline)
+
+
+class ConsumerIdsProcessor:
+    """Serves ``GET /consumer/ids``.
+
+    Args:
+        ctrl: the broker (its ``clients`` table).
+        clock_ms: the clock the client table stamps heartbeats with.
+        expire_ms: silence after which a client is left out.
+    """
+
+    def __init__(self, ctrl: BrokerController, *, clock_ms: Callable[[], int],
+                 expire_ms: int = CLIENT_EXPIRE_MS) -> None:
+        if expire_ms <= 0:
+            raise ValueError(f"expire_ms must be > 0, got {expire_ms}")
+        self._ctrl = ctrl
+        self._clock_ms = clock_ms
+        self._expire_ms = expire_ms
+
+    def routes(self) -> dict[tuple[str, str], Any]:
+        return {("GET", "/consumer/ids"): self.handle}
+
+    async def handle(self, request: Request) -> Response:
+        group = checked_name("group", request.arg("group"))
+        clients = self._ctrl.clients.consumers.get(group, {})
+        return json_response({"clientIds": live_client_ids(clients, self._clock_ms(), self._expire_ms)})

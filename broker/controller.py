@@ -1,0 +1,388 @@
+"""The broker process around the store: metadata, processors, HA, registration and background tasks, all in one
+asyncio event loop (RocketMQ's ``BrokerController``).
+
+Dispatch: the store is opened with ``dispatch_in_thread=False``; its append listener sets an asyncio.Event and
+one task runs ``store.dispatch_available`` in chunks, yielding to the loop between chunks. The store's dispatch
+listener wakes parked long-polling pulls of the queue that grew.
+
+Background tasks: dispatch, consumer-offset persistence (``flushConsumerOffsetInterval``), delay-offset
+persistence, client expiry, registration (``registerNameServerPeriod``, clamped), and on a slave the metadata
+sync (``slaveMetadataSyncInterval``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import httpx
+
+from broker.admin_processor import AdminProcessor
+from broker.clients import ClientTable
+from broker.config import BrokerConfig
+from broker.consumer_manager import ConsumerIdsProcessor
+from broker.ha_glue import HAClientLike, HAServiceLike, create_ha
+from broker.long_polling import PullHoldService
+from broker.metadata import (
+    ConsumerOffsetManager,
+    DelayOffsetManager,
+    SubscriptionGroupManager,
+    TopicConfigManager,
+)
+from broker.metadata.topics import SCHEDULE_TOPIC
+from broker.metrics import BrokerMetrics, RateMeter
+from broker.pull_processor import PullProcessor
+from broker.registration import BrokerIdentity, RegisterResult, Registrar, build_register_body
+from broker.schedule import ScheduleMessageService
+from broker.send_processor import SendProcessor
+from broker.sendback import SendBackProcessor
+from broker.slave_sync import SlaveSynchronizer
+from broker.store.api import AppendResult, MessageStore
+from broker.store.config import parse_delay_levels
+from client.protocol.asgi import Router
+from client.protocol.route import TopicConfig
+
+__all__ = ["DISPATCH_CHUNK_BYTES", "BrokerController"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes of commit log dispatched before yielding to the loop (keeps request latency bounded under load).
+DISPATCH_CHUNK_BYTES = 1 << 20
+CLIENT_EXPIRE_CHECK_S = 10.0
+#: Bound of the whole graceful stop's network part (unregister, HA stop).
+STOP_NETWORK_TIMEOUT_S = 5.0
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class BrokerController:
+    """One broker.
+
+    Args:
+        config: the broker's configuration.
+        store: the message store, loaded and started by the caller (``dispatch_in_thread=False``).
+        addr: the registered client address ``brokerIP1:<bound listen port>``.
+        store_host: packed ``addr`` (what the store writes into records; echoed in send replies).
+        ha_service / ha_client: injected HA objects (tests); created from :mod:`broker.ha` when None.
+        clock_ms: wall clock in ms (metadata versions, client expiry).
+        http_client: client for nameservers and the master (created and closed here when None).
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        *,
+        addr: str,
+        store_host: bytes,
+        ha_service: HAServiceLike | None = None,
+        ha_client: HAClientLike | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.addr = addr
+        self.store_host = store_host
+        self.ha_addr = ""
+        self._clock_ms = clock_ms or _wall_clock_ms
+        cfg_dir = config.config_dir
+        self.topics = TopicConfigManager(
+            cfg_dir, auto_create_topic_enable=config.auto_create_topic_enable,
+            default_topic_queue_nums=config.default_topic_queue_nums,
+            delay_level_count=len(config.message_delay_level.split()), clock_ms=self._clock_ms,
+        )
+        self.offsets = ConsumerOffsetManager(cfg_dir, clock_ms=self._clock_ms)
+        self.groups = SubscriptionGroupManager(cfg_dir, auto_create=config.auto_create_subscription_group,
+                                               clock_ms=self._clock_ms)
+        self.delay_offsets = DelayOffsetManager(cfg_dir)
+        self.clients = ClientTable(clock_ms=self._clock_ms)
+        self.hold = PullHoldService(config.max_parked_pulls)
+        self.metrics = BrokerMetrics(config.broker_cluster_name, config.broker_name, self.role_name)
+        self.put_rate = RateMeter(clock_ms=self._clock_ms)
+        if ha_service is None:
+            ha_service, created_client = create_ha(store, config.to_ha_config, is_slave=config.is_slave,
+                                                   master_ha_addr=config.ha_master_address)
+            ha_client = ha_client or created_client
+        self.ha_service: HAServiceLike = ha_service
+        self.ha_client: HAClientLike | None = ha_client
+        self.master_addr: str | None = None
+        """A slave's master client address, from the last registration answer (None pauses metadata sync)."""
+        self._own_http = http_client is None
+        self.http = http_client or httpx.AsyncClient(timeout=config.register_broker_timeout_ms / 1000.0)
+        self.registrar: Registrar | None = None
+        self.slave_sync: SlaveSynchronizer | None = None
+        self._send = SendProcessor(self)
+        self._pull = PullProcessor(self)
+        self._admin = AdminProcessor(self)
+        self.schedule = ScheduleMessageService(
+            store, self.delay_offsets, delay_levels_ms=parse_delay_levels(config.message_delay_level),
+            clock_ms=self._clock_ms, journal_path=cfg_dir / "delayDelivery.json", on_put=self._on_schedule_put,
+        )
+        routes = {("POST", "/send"): self._send.handle, ("GET", "/pull"): self._pull.handle, **self._admin.routes(),
+                  **SendBackProcessor(self).routes(),
+                  **ConsumerIdsProcessor(self, clock_ms=self._clock_ms).routes()}
+        self.router = Router(routes, max_body_bytes=config.max_request_body_bytes,
+                             identity=lambda: (self.addr, self.role_name))
+        self._dispatch_event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._register_task: asyncio.Task[Any] | None = None
+        self._register_wanted = False
+        self._started = False
+        self._stopped = False
+
+    # --- identity ---------------------------------------------------------------------------------------
+
+    @property
+    def role_name(self) -> str:
+        return self.config.broker_role.value
+
+    def master_link_up(self) -> bool:
+        """On a slave: whether the HA link to the master is connected (decision 6)."""
+        return self.ha_client is not None and bool(self.ha_client.is_connected)
+
+    # --- lifecycle --------------------------------------------------------------------------------------
+
+    def load_metadata(self) -> None:
+        """Read the JSON metadata files (each falls back to its ``.bak``)."""
+        for manager in (self.topics, self.offsets, self.groups, self.delay_offsets):
+            manager.load()
+
+    async def start(self) -> None:
+        """Load metadata, hook the store, start HA and the background tasks (registration runs in the
+        background: an unreachable nameserver never delays serving).
+
+        Raises:
+            RuntimeError: started twice.
+            OSError: the HA port cannot be bound.
+        """
+        if self._started:
+            raise RuntimeError("BrokerController already started")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self.load_metadata()
+        self._dispatch_event = asyncio.Event()
+        self.store.add_append_listener(self._on_append)
+        self.store.add_dispatch_listener(self._on_dispatch)
+        self._dispatch_event.set()  # catch up with whatever recovery left undispatched
+        self._spawn(self._dispatch_loop(), "dispatch")
+        cfg = self.config
+        if not cfg.is_slave:
+            await self.schedule.start()  # only a master redelivers delayed messages (SEMANTICS.md 8.2)
+        ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
+        self.ha_addr = f"{cfg.ha_ip}:{ha_port}"
+        if self.ha_client is not None:
+            await self.ha_client.start()
+        identity = BrokerIdentity(cfg.broker_cluster_name, cfg.broker_name, cfg.broker_id, self.addr, self.ha_addr)
+        self.registrar = Registrar(cfg.namesrv_addr, identity, self._register_body,
+                                   timeout_s=cfg.register_broker_timeout_ms / 1000.0,
+                                   on_result=self._on_register_result, client=self.http)
+        self._spawn(self._periodic(cfg.flush_consumer_offset_interval_ms / 1000.0, self.offsets.persist_if_dirty),
+                    "persist-offsets")
+        self._spawn(self._periodic(cfg.flush_delay_offset_interval_ms / 1000.0, self._persist_delay), "persist-delay")
+        self._spawn(self._periodic(CLIENT_EXPIRE_CHECK_S, self.clients.expire), "expire-clients")
+        if cfg.namesrv_addr:
+            self.request_registration()
+            self._spawn(self.registrar.run_periodic(cfg.register_period_ms / 1000.0), "register")
+        if cfg.is_slave:
+            self.slave_sync = SlaveSynchronizer(
+                master_addr=lambda: self.master_addr, own_addr=self.addr, topics=self.topics, offsets=self.offsets,
+                groups=self.groups, delay_offsets=self.delay_offsets, client=self.http,
+            )
+            self._spawn(self.slave_sync.run_periodic(cfg.slave_metadata_sync_interval_ms / 1000.0), "slave-sync")
+        log.info("broker %s id=%d role=%s serving at %s, HA at %s", cfg.broker_name, cfg.broker_id,
+                 self.role_name, self.addr, self.ha_addr)
+
+    async def stop(self) -> None:
+        """Graceful stop: wake parked pulls, stop tasks, unregister, stop HA, persist metadata, shut the store
+        down. Idempotent; the network part is bounded by ``STOP_NETWORK_TIMEOUT_S``."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.hold.close()
+        tasks = [*self._tasks, *([self._register_task] if self._register_task else [])]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.schedule.stop()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop_network(), STOP_NETWORK_TIMEOUT_S)
+        self._persist_all()
+        if self._own_http:
+            await self.http.aclose()
+        self.store.shutdown()
+        log.info("broker %s id=%d stopped", self.config.broker_name, self.config.broker_id)
+
+    async def _stop_network(self) -> None:
+        if self.registrar is not None and self.config.namesrv_addr:
+            await self.registrar.unregister_all()
+        if self.ha_client is not None:
+            await self.ha_client.stop()
+        await self.ha_service.stop()
+
+    def _persist_all(self) -> None:
+        for name, persist in (("consumer offsets", self.offsets.persist), ("topics", self.topics.persist),
+                              ("subscription groups", self.groups.persist),
+                              ("delay offsets", self.delay_offsets.persist)):
+            try:
+                persist()
+            except OSError as e:
+                log.error("cannot persist %s at shutdown: %s", name, e)
+
+    def _persist_delay(self) -> None:
+        if self.delay_offsets.dirty:
+            self.delay_offsets.persist()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(coro, name=f"broker-{name}"))
+
+    async def _periodic(self, period_s: float, fn: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                fn()
+            except Exception:  # one failed round (disk full...) must not end the schedule
+                log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
+
+    # --- dispatch ---------------------------------------------------------------------------------------
+
+    def _in_loop(self, fn: Callable[[], None]) -> None:
+        if threading.get_ident() == self._loop_thread:
+            fn()
+        elif self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn)
+
+    def _on_append(self, max_offset: int) -> None:
+        event = self._dispatch_event
+        if event is not None:
+            self._in_loop(event.set)
+
+    def _on_dispatch(self, topic: str, queue_id: int, max_queue_offset: int) -> None:
+        if topic == SCHEDULE_TOPIC:
+            self.schedule.notify_dispatched(queue_id, max_queue_offset)
+        self._in_loop(lambda: self.hold.notify(topic, queue_id, max_queue_offset))
+
+    def _on_schedule_put(self, topic: str, result: AppendResult) -> None:
+        self.metrics.stored(topic, result.msg_count, result.wrote_bytes)
+        self.notify_appended()
+
+    async def _dispatch_loop(self) -> None:
+        event = self._dispatch_event
+        assert event is not None
+        while True:
+            await event.wait()
+            event.clear()
+            try:
+                while self.store.dispatch_available(DISPATCH_CHUNK_BYTES) > 0:
+                    await asyncio.sleep(0)  # let requests in between chunks
+            except Exception:
+                log.exception("dispatch failed; retrying in 1 s")
+                await asyncio.sleep(1.0)  # back-off before the retry, not a synchronisation
+                event.set()
+
+    def notify_appended(self) -> None:
+        """Called by the send path after a successful append (wakes the HA transfer loops)."""
+        self.put_rate.add(1)
+        self.ha_service.notify_new_data()
+
+    # --- registration -----------------------------------------------------------------------------------
+
+    def _register_body(self) -> dict[str, Any]:
+        table: dict[str, TopicConfig] = self.topics.table()
+        return build_register_body(self.registrar.identity if self.registrar else self._identity(), table,
+                                   self.topics.data_version, self.config.broker_permission)
+
+    def _identity(self) -> BrokerIdentity:
+        cfg = self.config
+        return BrokerIdentity(cfg.broker_cluster_name, cfg.broker_name, cfg.broker_id, self.addr, self.ha_addr)
+
+    def _on_register_result(self, result: RegisterResult) -> None:
+        if not self.config.is_slave:
+            return
+        if result.master_addr != self.master_addr:
+            log.info("master of %s is now %s (HA %s)", self.config.broker_name, result.master_addr,
+                     result.ha_server_addr)
+        self.master_addr = result.master_addr
+        if self.ha_client is not None and not self.config.ha_master_address and result.ha_server_addr:
+            self.ha_client.update_master_address(result.ha_server_addr)
+
+    def request_registration(self) -> None:
+        """Register soon, in the background. A request during a round schedules one more round after it, so
+        the change that asked is always in a registration that starts later."""
+        if self.registrar is None or not self.config.namesrv_addr or self._stopped:
+            return
+        self._register_wanted = True
+        if self._register_task is not None and not self._register_task.done():
+            return
+        self._register_task = asyncio.get_running_loop().create_task(self._register_pending())
+
+    async def _register_pending(self) -> None:
+        while self._register_wanted and not self._stopped:
+            self._register_wanted = False
+            await self._register_quietly()
+
+    async def _register_quietly(self) -> None:
+        try:
+            if self.registrar is not None:
+                await self.registrar.register_all()
+        except Exception:
+            log.exception("registration failed")
+
+    async def register_now(self) -> None:
+        """Register and wait for the round (bounded by ``registerBrokerTimeoutMills``); used after a topic
+        change so the route is visible when the admin call returns."""
+        if self.registrar is not None and self.config.namesrv_addr and not self._stopped:
+            await self._register_quietly()
+
+    # --- status -----------------------------------------------------------------------------------------
+
+    def refresh_gauges(self) -> None:
+        self.metrics.parked_pulls.set(self.hold.parked_count)
+        self.metrics.commitlog_max_offset.set(self.store.max_physical_offset)
+        self.metrics.dispatch_behind_bytes.set(self.store.dispatch_behind_bytes)
+
+    def runtime_info(self) -> dict[str, Any]:
+        cfg = self.config
+        store = self.store
+        return {
+            "clusterName": cfg.broker_cluster_name,
+            "brokerName": cfg.broker_name,
+            "brokerId": cfg.broker_id,
+            "role": self.role_name,
+            "addr": self.addr,
+            "haAddr": self.ha_addr,
+            "flushDiskType": cfg.flush_disk_type.value,
+            "slaveReadEnable": cfg.slave_read_enable,
+            "brokerPermission": cfg.broker_permission,
+            "commitLogMaxOffset": store.max_physical_offset,
+            "commitLogMinOffset": store.min_physical_offset,
+            "flushedOffset": store.flushed_physical_offset,
+            "dispatchBehindBytes": store.dispatch_behind_bytes,
+            "putTps": self.put_rate.per_second(),
+            "parkedPulls": self.hold.parked_count,
+            "topicCount": len(self.topics),
+            "masterAddr": self.master_addr,
+            "masterLinkUp": self.master_link_up() if cfg.is_slave else None,
+            "namesrvAddr": ";".join(cfg.namesrv_addr),
+            "registrationRounds": self.registrar.rounds if self.registrar else 0,
+            "slaveSyncRounds": self.slave_sync.rounds if self.slave_sync else 0,
+        }
+
+    def ha_status(self) -> dict[str, Any]:
+        """``GET /ha``: identity, the HA service's status and, on a slave, the HA client's under ``client``."""
+        cfg = self.config
+        status: dict[str, Any] = {"brokerName": cfg.broker_name, "brokerId": cfg.broker_id, "role": self.role_name,
+                                  "haAddr": self.ha_addr}
+        status.update(self.ha_service.status())
+        status["client"] = self.ha_client.status() if self.ha_client is not None else None
+        return status

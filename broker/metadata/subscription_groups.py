@@ -1,0 +1,164 @@
+"""Subscription groups (``config/subscriptionGroup.json``):
+``{"dataVersion": ..., "subscriptionGroupTable": {name: config}}``.
+
+A group's ``brokerId`` and ``whichBrokerWhenConsumeSlowly`` steer read/write splitting (SEMANTICS.md 3.2).
+Groups are created on first use when ``autoCreateSubscriptionGroup`` is on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from broker.metadata.json_file import JsonFile
+from client.protocol.route import DataVersion
+
+__all__ = ["SubscriptionGroupConfig", "SubscriptionGroupManager", "decode_group_table"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class SubscriptionGroupConfig:
+    """One consumer group's settings on this broker (RocketMQ's defaults)."""
+
+    group_name: str
+    consume_enable: bool = True
+    """False: pulls get NO_PERMISSION."""
+    consume_from_min_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_queue_nums: int = 1
+    """Queues of the group's ``%RETRY%`` topic."""
+    retry_max_times: int = 16
+    broker_id: int = 0
+    """Broker a non-lagging consumer should read from."""
+    which_broker_when_consume_slowly: int = 1
+    """Broker a lagging consumer should read from (``suggestPullingFromSlave``)."""
+    notify_consumer_ids_changed_enable: bool = True
+
+    _FIELDS = (
+        ("groupName", "group_name", str), ("consumeEnable", "consume_enable", bool),
+        ("consumeFromMinEnable", "consume_from_min_enable", bool),
+        ("consumeBroadcastEnable", "consume_broadcast_enable", bool),
+        ("retryQueueNums", "retry_queue_nums", int), ("retryMaxTimes", "retry_max_times", int),
+        ("brokerId", "broker_id", int), ("whichBrokerWhenConsumeSlowly", "which_broker_when_consume_slowly", int),
+        ("notifyConsumerIdsChangedEnable", "notify_consumer_ids_changed_enable", bool),
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: getattr(self, field) for key, field, _ in self._FIELDS}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SubscriptionGroupConfig:
+        """Build from camelCase JSON; missing keys take defaults.
+
+        Raises:
+            ValueError: a value has the wrong type (the message names the key).
+        """
+        kwargs: dict[str, Any] = {}
+        for key, field, typ in cls._FIELDS:
+            if key not in d or d[key] is None:
+                continue
+            v = d[key]
+            if typ is bool and not isinstance(v, bool):
+                raise ValueError(f"{key}={v!r} is not a boolean")
+            if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ValueError(f"{key}={v!r} is not an integer")
+            if typ is str and not isinstance(v, str):
+                raise ValueError(f"{key}={v!r} is not a string")
+            kwargs[field] = v
+        if "group_name" not in kwargs:
+            raise ValueError("groupName is missing")
+        return cls(**kwargs)
+
+
+class SubscriptionGroupManager:
+    """The broker's subscription groups.
+
+    Args:
+        config_dir: ``storePathRootDir/config``.
+        auto_create: ``autoCreateSubscriptionGroup``.
+        clock_ms: wall clock in ms (DataVersion timestamps).
+    """
+
+    def __init__(self, config_dir: Path, *, auto_create: bool = True, clock_ms: Callable[[], int]) -> None:
+        self._file = JsonFile(config_dir / "subscriptionGroup.json")
+        self._auto_create = auto_create
+        self._clock_ms = clock_ms
+        self._table: dict[str, SubscriptionGroupConfig] = {}
+        self.data_version = DataVersion()
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def load(self) -> None:
+        obj = self._file.load()
+        if obj is not None:
+            self._table, self.data_version = decode_group_table(obj)
+
+    def persist(self) -> None:
+        self._file.save(self.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataVersion": self.data_version.to_json(),
+                "subscriptionGroupTable": {n: g.to_json() for n, g in sorted(self._table.items())}}
+
+    def get(self, group: str) -> SubscriptionGroupConfig | None:
+        return self._table.get(group)
+
+    def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
+        """The group's config; created with defaults when absent and auto-creation is on, else None."""
+        g = self._table.get(group)
+        if g is None and self._auto_create:
+            g = SubscriptionGroupConfig(group_name=group)
+            self._table[group] = g
+            self._changed()
+            log.info("auto-created subscription group %s", group)
+        return g
+
+    def update(self, config: SubscriptionGroupConfig) -> None:
+        if self._table.get(config.group_name) != config:
+            self._table[config.group_name] = config
+            self._changed()
+
+    def __iter__(self) -> Iterator[SubscriptionGroupConfig]:
+        return iter(list(self._table.values()))
+
+    def table(self) -> dict[str, SubscriptionGroupConfig]:
+        return dict(self._table)
+
+    def replace_all(self, table: Mapping[str, SubscriptionGroupConfig], version: DataVersion) -> None:
+        """Slave sync: adopt the master's table and version (4.9.3: clear, then put all)."""
+        self._table = dict(table)
+        self.data_version = version
+        self.persist()
+
+    def _changed(self) -> None:
+        self.data_version = self.data_version.next(self._clock_ms())
+        self.persist()
+
+
+def decode_group_table(obj: Mapping[str, Any]) -> tuple[dict[str, SubscriptionGroupConfig], DataVersion]:
+    """``subscriptionGroup.json`` / ``GET /subscription-groups`` JSON -> (table, version).
+
+    Raises:
+        ValueError: malformed entry (named in the message).
+    """
+    raw = obj.get("subscriptionGroupTable")
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise ValueError("subscriptionGroupTable is not an object")
+    table: dict[str, SubscriptionGroupConfig] = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"subscriptionGroupTable[{name!r}] is not an object")
+        try:
+            table[str(name)] = SubscriptionGroupConfig.from_json(entry)
+        except ValueError as e:
+            raise ValueError(f"subscriptionGroupTable[{name!r}]: {e}") from None
+    return table, DataVersion.from_json(obj.get("dataVersion"))

@@ -1,0 +1,231 @@
+"""``POST /send``: validate, append the batch to the store, then wait as the flush / replication mode requires.
+
+Checks, in order: the broker is not a SLAVE (SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION),
+the topic name is legal and not a system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL),
+every message fits ``maxMessageSize``, the topic exists (auto-created from ``TBW102`` when enabled, else
+TOPIC_NOT_EXIST), it is writeable (NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)``
+(INVALID_PARAMETER). After a successful append (SEMANTICS.md 2.9, decision 5): SYNC_FLUSH waits for the flush
+(``FLUSH_DISK_TIMEOUT``), SYNC_MASTER waits for one slave ack (``SLAVE_NOT_AVAILABLE`` at once when no slave is
+in sync, ``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``); the replica status wins when both fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from broker.metadata.topics import NOT_ALLOWED_SEND_TOPICS
+from broker.store.api import AppendResult, PutMessageStatus
+from client.errors import (
+    BrokerError,
+    BrokerSystemError,
+    InvalidParameterError,
+    MessageIllegalError,
+    NoPermissionError,
+    ServiceNotAvailableError,
+    SystemBusyError,
+    TopicNotExistError,
+)
+from client.protocol.asgi import ArgumentError, Request, Response
+from client.protocol.codec import BatchItem, decode_batch, pack_host, record_size
+from client.protocol.codes import BrokerRole, FlushDiskType, Perm, ResponseCode
+from client.protocol.properties import WAIT, decode_properties, validate_group, validate_topic
+from client.protocol.route import TopicConfig
+from client.protocol.wire import encode_send_reply
+
+if TYPE_CHECKING:
+    from broker.controller import BrokerController
+
+__all__ = ["RETRY_GROUP_TOPIC_PREFIX", "SendProcessor", "await_durability"]
+
+log = logging.getLogger(__name__)
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+_WAIT_FALSE = f"{WAIT}\x01false".encode()
+#: Extra bound on top of the store's / HA's own timeouts, in case one of them never completes its future.
+_WAIT_SLACK_S = 5.0
+_LOOPBACK_HOST = pack_host("127.0.0.1", 0)
+
+_FAILURES: dict[PutMessageStatus, type[BrokerError]] = {
+    PutMessageStatus.MESSAGE_ILLEGAL: MessageIllegalError,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: MessageIllegalError,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: ServiceNotAvailableError,
+    PutMessageStatus.OS_PAGE_CACHE_BUSY: SystemBusyError,
+}
+
+
+def _born_host(client: tuple[str, int] | None) -> bytes:
+    if not client:
+        return _LOOPBACK_HOST
+    try:
+        return pack_host(client[0], int(client[1]))
+    except (ValueError, TypeError):
+        return _LOOPBACK_HOST
+
+
+def _wait_store_msg_ok(items: Sequence[BatchItem]) -> bool:
+    """False only when every message says ``WAIT=false`` (then the producer does not wait for durability)."""
+    for item in items:
+        props = item.properties
+        if _WAIT_FALSE not in bytes(props) or decode_properties(props).get(WAIT) != "false":
+            return True
+    return False
+
+
+class SendProcessor:
+    """Serves ``POST /send`` for one broker."""
+
+    def __init__(self, ctrl: BrokerController) -> None:
+        self._ctrl = ctrl
+
+    async def handle(self, request: Request) -> Response:
+        ctrl = self._ctrl
+        cfg = ctrl.config
+        topic = request.arg("topic")
+        queue_id = request.int_arg("queueId", lo=-(2**31), hi=2**31 - 1)
+        group = request.query.get("group")
+        if group:
+            try:
+                validate_group(group)
+            except MessageIllegalError as e:
+                raise ArgumentError(f"query argument 'group': {e.message}") from None
+        reconsume_times = request.int_arg("reconsumeTimes", 0, lo=0, hi=2**31 - 1)
+        client_queue_nums = request.int_arg("defaultTopicQueueNums", 4, lo=1, hi=1024)
+        if cfg.broker_role is BrokerRole.SLAVE:
+            raise ServiceNotAvailableError(
+                f"broker {cfg.broker_name} (id {cfg.broker_id}, {ctrl.addr}) is a SLAVE and does not accept "
+                f"messages; send to the master of {cfg.broker_name}"
+            )
+        if not Perm.writeable(cfg.broker_permission):
+            raise NoPermissionError(f"the broker[{cfg.broker_name} {ctrl.addr}] sending message is forbidden "
+                                    f"(brokerPermission={cfg.broker_permission})")
+        validate_topic(topic)
+        if topic in NOT_ALLOWED_SEND_TOPICS:
+            raise NoPermissionError(f"sending message to topic[{topic}] is forbidden")
+        items = decode_batch(request.body)
+        self._check_sizes(topic, items)
+        tc = self._topic_for_send(topic, client_queue_nums)
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            topic, tc, queue_id, items = self._maybe_dead_letter(topic, tc, queue_id, items, reconsume_times)
+        if not Perm.writeable(tc.perm):
+            raise NoPermissionError(f"the topic[{topic}] sending message is forbidden on broker "
+                                    f"{cfg.broker_name} (perm={tc.perm})")
+        if not 0 <= queue_id < tc.write_queue_nums:
+            raise InvalidParameterError(
+                f"queueId {queue_id} of topic {topic} is outside [0, {tc.write_queue_nums}) writeQueueNums on "
+                f"broker {cfg.broker_name} ({ctrl.addr})"
+            )
+        result = ctrl.store.append_batch(topic, queue_id, items, born_host=_born_host(request.client),
+                                         reconsume_times=reconsume_times)
+        if result.status is not PutMessageStatus.PUT_OK:
+            self._raise_failure(topic, queue_id, result)
+        ctrl.metrics.stored(topic, result.msg_count, result.wrote_bytes)
+        ctrl.notify_appended()
+        code = await await_durability(ctrl, result) if _wait_store_msg_ok(items) else ResponseCode.SUCCESS
+        ctrl.metrics.send_requests.labels(str(int(code))).inc()
+        return Response(encode_send_reply(int(code), queue_id, result.queue_offset, ctrl.store_host,
+                                          result.physical_offsets))
+
+    def _check_sizes(self, topic: str, items: Sequence[BatchItem]) -> None:
+        limit = self._ctrl.config.max_message_size
+        topic_len = len(topic.encode())
+        for i, item in enumerate(items):
+            size = record_size(len(item.body), topic_len, len(item.properties))
+            if size > limit:
+                raise MessageIllegalError(
+                    f"message {i} to topic {topic} is {size} bytes stored, more than maxMessageSize {limit}"
+                )
+
+    def _maybe_dead_letter(self, topic: str, tc: TopicConfig, queue_id: int, items: list[BatchItem],
+                           reconsume_times: int) -> tuple[str, TopicConfig, int, list[BatchItem]]:
+        """A batch sent straight to ``%RETRY%<group>`` past its retry limit goes to ``%DLQ%<group>`` (8.3)."""
+        from broker.sendback import DLQ_QUEUE_NUMS, reroute_retry_batch  # sendback imports this module
+
+        ctrl = self._ctrl
+        group = ctrl.groups.find_or_create(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
+        max_times = group.retry_max_times if group is not None else 16
+        rerouted = reroute_retry_batch(topic, reconsume_times, items, max_times)
+        if rerouted is None:
+            return topic, tc, queue_id, items
+        dlq, dlq_queue, dlq_items = rerouted
+        dlq_tc = ctrl.topics.get(dlq)
+        if dlq_tc is None:
+            dlq_tc = ctrl.topics.create_retry_topic(dlq, DLQ_QUEUE_NUMS)
+            ctrl.request_registration()
+        return dlq, dlq_tc, dlq_queue, dlq_items
+
+    def _topic_for_send(self, topic: str, client_queue_nums: int) -> TopicConfig:
+        ctrl = self._ctrl
+        cfg = ctrl.config
+        tc = ctrl.topics.get(topic)
+        if tc is not None:
+            return tc
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            group = ctrl.groups.find_or_create(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
+            if group is not None:
+                tc = ctrl.topics.create_retry_topic(topic, group.retry_queue_nums)
+        elif cfg.auto_create_topic_enable:
+            tc = ctrl.topics.create_in_send(topic, client_queue_nums, cfg.default_topic_queue_nums)
+        if tc is None:
+            raise TopicNotExistError(
+                f"topic[{topic}] not exist on broker {cfg.broker_name} ({ctrl.addr}), apply first please! "
+                f"(autoCreateTopicEnable={str(cfg.auto_create_topic_enable).lower()})"
+            )
+        ctrl.request_registration()
+        return tc
+
+    def _raise_failure(self, topic: str, queue_id: int, result: AppendResult) -> None:
+        ctrl = self._ctrl
+        where = f"topic {topic} queue {queue_id} on broker {ctrl.config.broker_name} ({ctrl.addr}, {ctrl.role_name})"
+        remark = f"{result.status.value}: {result.remark or 'store refused the message'} [{where}]"
+        cls = _FAILURES.get(result.status, BrokerSystemError)
+        ctrl.metrics.send_requests.labels(str(cls.code)).inc()
+        raise cls(remark)
+
+
+async def await_durability(ctrl: BrokerController, result: AppendResult) -> ResponseCode:
+    """Wait as the broker's flush / replication mode asks for ``result`` and return the send code.
+
+    SYNC_FLUSH waits for the flush (FLUSH_DISK_TIMEOUT); SYNC_MASTER waits for one slave ack (SLAVE_NOT_AVAILABLE
+    at once when no slave is in sync, FLUSH_SLAVE_TIMEOUT after ``syncFlushTimeout``); the replica status wins
+    when both fail (SEMANTICS.md 2.9.3). Shared by ``/send`` and ``/consumer/sendback``.
+    """
+    cfg = ctrl.config
+    timeout_s = cfg.sync_flush_timeout_ms / 1000.0
+    end = result.end_offset
+    waits: list[asyncio.Future[bool]] = []
+    flush_fut: asyncio.Future[bool] | None = None
+    ack_fut: asyncio.Future[bool] | None = None
+    replica_code = ResponseCode.SUCCESS
+    if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+        flush_fut = asyncio.wrap_future(ctrl.store.flush_future(end))
+        waits.append(flush_fut)
+    if cfg.broker_role is BrokerRole.SYNC_MASTER:
+        if ctrl.ha_service.is_slave_ok(end):
+            ack_fut = ctrl.ha_service.wait_for_ack(end, timeout_s)
+            waits.append(ack_fut)
+        else:
+            replica_code = ResponseCode.SLAVE_NOT_AVAILABLE
+    if waits:
+        await asyncio.wait(waits, timeout=timeout_s + _WAIT_SLACK_S)
+    code = ResponseCode.SUCCESS
+    if flush_fut is not None and not _true(flush_fut):
+        code = ResponseCode.FLUSH_DISK_TIMEOUT
+    if ack_fut is not None and not _true(ack_fut):
+        replica_code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+    if replica_code is not ResponseCode.SUCCESS:
+        code = replica_code
+    if code is not ResponseCode.SUCCESS:
+        log.warning("put ending at offset %d answered %s", end, code.name)
+    return code
+
+
+def _true(fut: asyncio.Future[bool]) -> bool:
+    if not fut.done():
+        fut.cancel()
+        return False
+    if fut.cancelled() or fut.exception() is not None:
+        return False
+    return bool(fut.result())
