@@ -1,0 +1,495 @@
+"""The commit log: fixed-size mapped files holding records back to back (layout: :mod:`client.protocol.codec`).
+
+A record never spans two files. When a write does not fit the rest of a file (it must leave 8 bytes), the file
+is closed with the blank marker ``[int32 remaining][int32 BLANK_MAGIC]`` and the whole write goes to the next
+file. The next file is created (and its space reserved) *before* the marker is written, so a full disk leaves
+the log exactly as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import zlib
+from collections.abc import Sequence
+from typing import cast
+
+from broker.store.api import StoreCorruptError, StoreError
+from broker.store.io import FileIO
+from broker.store.mapped_file import MappedFile, file_name, list_offset_files
+from client.errors import ProtocolViolationError
+from client.protocol.codec import (
+    BLANK_MAGIC,
+    CHECK_HEAD_V4,
+    MAGIC_V1,
+    RECORD_PREFIX,
+    BatchItem,
+    record_layout,
+    write_batch_records,
+)
+
+__all__ = ["BAD", "BLANK", "END", "ZERO", "CommitLog", "Run", "scan_records"]
+
+log = logging.getLogger(__name__)
+
+#: Scan outcomes.
+BLANK, ZERO, BAD, END = "blank", "zero", "bad", "end"
+_BLANK_MARKER = RECORD_PREFIX
+_U16_AT = __import__("struct").Struct(">H").unpack_from
+_I64_AT = __import__("struct").Struct(">q").unpack_from
+_MAGIC_BYTES = (MAGIC_V1 & 0xFFFFFFFF).to_bytes(4, "big")
+#: Bound on waiting for the background allocation of the next file (it pre-faults up to 1 GiB).
+_PREPARE_WAIT_S = 30.0
+
+#: ``(topic bytes, queue id, first queue offset, items, bytes)``: records of one queue written back to back.
+Run = tuple[bytes, int, int, Sequence[BatchItem], int]
+
+
+def _check_generic(buf: memoryview, pos: int, size: int, file_start: int, check_crc: bool) -> bool:
+    try:
+        _, _, body_len_pos, topic_len_pos, _ = record_layout(buf, pos, size)
+    except ProtocolViolationError:
+        return False
+    if _I64_AT(buf, pos + 28)[0] != file_start + pos:
+        return False
+    crc = int.from_bytes(buf[pos + 8 : pos + 12], "big", signed=True)
+    return not check_crc or zlib.crc32(buf[body_len_pos + 4 : topic_len_pos]) & 0x7FFFFFFF == crc
+
+
+def scan_records(
+    buf: memoryview, file_start: int, pos: int, limit: int, check_crc: bool
+) -> tuple[int, str]:
+    """Validate records in ``buf[pos:limit]`` (one whole file, ``limit`` its size).
+
+    Returns ``(position, outcome)``: ``BLANK`` (blank marker at position: the file is done), ``ZERO`` (zeros at
+    position: end of data), ``BAD`` (an invalid record at position) or ``END`` (no room for another record).
+    """
+    prefix = RECORD_PREFIX.unpack_from
+    head = CHECK_HEAD_V4.unpack_from
+    u16 = _U16_AT
+    crc32 = zlib.crc32
+    while pos + 8 <= limit:
+        size, magic = prefix(buf, pos)
+        if magic == MAGIC_V1:
+            end = pos + size
+            if size < 91 or end > limit:
+                return pos, BAD
+            _, _, crc, phy, sys_flag, body_len = head(buf, pos)
+            if sys_flag & 0x30:
+                if not _check_generic(buf, pos, size, file_start, check_crc):
+                    return pos, BAD
+                pos = end
+                continue
+            tp = pos + 88 + body_len
+            if body_len < 0 or tp + 3 > end:
+                return pos, BAD
+            pp = tp + 1 + buf[tp]
+            if pp + 2 > end or pp + 2 + u16(buf, pp)[0] != end or phy != file_start + pos:
+                return pos, BAD
+            if check_crc and crc32(buf[pos + 88 : tp]) & 0x7FFFFFFF != crc:
+                return pos, BAD
+            pos = end
+        elif magic == BLANK_MAGIC:
+            return (pos, BLANK) if size == limit - pos else (pos, BAD)
+        elif magic == 0 and size == 0:
+            return pos, ZERO
+        else:
+            return pos, BAD
+    return pos, END
+
+
+class CommitLog:
+    """The files of ``<root>/commitlog``. One writer thread; the flush thread takes ``lock`` for file-list
+    changes and msync."""
+
+    def __init__(self, io: FileIO, directory: str, file_size: int, *, preallocate: bool = False) -> None:
+        self.io = io
+        self.directory = directory
+        self.file_size = file_size
+        self.files: list[MappedFile] = []
+        self.lock = threading.RLock()
+        self.flushed_where = 0
+        #: Offsets when there are no files (a fresh store starts at 0; a slave at its master's file).
+        self._base = 0
+        self._preallocate = preallocate
+        self._prepared: MappedFile | None = None
+        self._prep_thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Open every file; check sizes and that their start offsets follow each other.
+
+        Raises:
+            StoreCorruptError: a file has the wrong size or there is a gap between files.
+        """
+        self.io.makedirs(self.directory)
+        found = list_offset_files(self.directory)
+        for i, (start, path) in enumerate(found):
+            actual = os.path.getsize(path)
+            if actual > self.file_size or (actual < self.file_size and i != len(found) - 1):
+                raise StoreCorruptError(
+                    f"commit log file {path} is {actual} bytes; mappedFileSizeCommitLog is {self.file_size}"
+                )
+            if start % self.file_size or (self.files and self.files[-1].end != start):
+                raise StoreCorruptError(
+                    f"commit log file {path} starts at {start}, expected {self.files[-1].end if self.files else 0} "
+                    f"(a multiple of mappedFileSizeCommitLog {self.file_size})"
+                )
+            # A short last file was being created when the process died: finish its allocation.
+            mf = MappedFile.open(self.io, path, start, self.file_size, create=actual < self.file_size)
+            mf.wrote = mf.flushed = self.file_size
+            self.files.append(mf)
+        if self.files:
+            self._base = self.files[0].start
+        self.flushed_where = self.max_offset
+
+    def close(self) -> None:
+        self._discard_prepared()
+        with self.lock:
+            for mf in self.files:
+                mf.close()
+
+    # -- offsets ----------------------------------------------------------------------------------------
+    @property
+    def max_offset(self) -> int:
+        files = self.files
+        if not files:
+            return self._base
+        last = files[-1]
+        return last.start + last.wrote
+
+    @property
+    def min_offset(self) -> int:
+        files = self.files
+        return files[0].start if files else self._base
+
+    def file_for(self, offset: int) -> MappedFile | None:
+        files = self.files
+        if not files:
+            return None
+        idx = (offset - files[0].start) // self.file_size
+        if 0 <= idx < len(files):
+            return files[idx]
+        return None
+
+    def roll_next_file(self, offset: int) -> int:
+        return offset + self.file_size - offset % self.file_size
+
+    # -- writes -----------------------------------------------------------------------------------------
+    def _create(self, start: int) -> MappedFile:
+        """The file starting at ``start``: the one prepared in the background if ready, else a new one. Starts
+        preparing the file after it."""
+        mf = self._take_prepared(start)
+        if mf is None:
+            path = os.path.join(self.directory, file_name(start))
+            try:
+                mf = MappedFile.open(self.io, path, start, self.file_size, create=True)
+            except OSError as exc:
+                exc.creating_file = True  # type: ignore[attr-defined]
+                raise
+        if self._preallocate:
+            self._prep_thread = threading.Thread(target=self._prepare, args=(mf.end,), name="commitlog-allocate",
+                                                 daemon=True)
+            self._prep_thread.start()
+        return mf
+
+    def _prepare(self, start: int) -> None:
+        path = os.path.join(self.directory, file_name(start))
+        try:
+            # No MAP_POPULATE: mmap() runs with the GIL held, and pre-faulting a 1 GiB file there froze the
+            # broker's event loop for seconds. fallocate already reserved the space; pages fault in as written.
+            self._prepared = MappedFile.open(self.io, path, start, self.file_size, create=True)
+        except OSError as exc:
+            log.warning("preallocating commit log file %s failed (will retry on demand): %s", path, exc)
+
+    def _take_prepared(self, start: int) -> MappedFile | None:
+        thread = self._prep_thread
+        if thread is not None:
+            # It may be creating this very file: never open the same path twice.
+            thread.join(_PREPARE_WAIT_S)
+            if thread.is_alive():
+                raise OSError(f"preallocating the next commit log file took longer than {_PREPARE_WAIT_S} s")
+            self._prep_thread = None
+        mf, self._prepared = self._prepared, None
+        if mf is not None and mf.start != start:
+            mf.destroy()
+            mf = None
+        return mf
+
+    def _discard_prepared(self) -> None:
+        try:
+            mf = self._take_prepared(-1)
+        except OSError:
+            log.error("commit log preallocation thread is stuck; leaving its file")
+            return
+        assert mf is None
+
+    def mark_unflushed(self, offset: int) -> None:
+        """Forget that bytes from ``offset`` were flushed (recovery cannot know whether they reached disk)."""
+        with self.lock:
+            for mf in self.files:
+                if mf.end > offset:
+                    mf.flushed = max(0, offset - mf.start)
+            self.flushed_where = min(self.flushed_where, offset)
+
+    def _file_for_append(self, total: int) -> MappedFile:
+        """The file to append ``total`` bytes to; rolls to a new file (blank marker) when it does not fit.
+
+        Raises:
+            OSError: the next file cannot be created (nothing has been written).
+        """
+        files = self.files
+        if not files:
+            mf = self._create(self._base)
+            with self.lock:
+                files.append(mf)
+            return mf
+        mf = files[-1]
+        if mf.wrote + total + 8 <= mf.size:
+            return mf
+        new = self._create(mf.end)
+        if mf.wrote < mf.size:
+            try:
+                mf.write(mf.wrote, _BLANK_MARKER.pack(mf.size - mf.wrote, BLANK_MAGIC))
+            except OSError:
+                new.destroy()
+                raise
+            mf.wrote = mf.size
+        with self.lock:
+            files.append(new)
+        return new
+
+    def append(
+        self,
+        runs: Sequence[Run],
+        total: int,
+        *,
+        store_timestamp: int,
+        born_host: bytes,
+        store_host: bytes,
+        reconsume_times: int,
+    ) -> tuple[int, list[int]]:
+        """Write ``runs`` (``total`` bytes) contiguously; returns ``(first offset, offset of every record)``.
+
+        Raises:
+            OSError: disk full while creating the next file or writing (nothing is published then).
+        """
+        mf = self._file_for_append(total)
+        start = pos = mf.wrote
+        io = mf.io
+        if io.hooked:
+            io.before_write(mf.path, pos, total)
+        mm = mf.mm
+        offsets: list[int] = []
+        for topic, queue_id, first_queue_offset, items, nbytes in runs:
+            offs = write_batch_records(
+                cast(bytearray, mm), pos, mf.start, topic=topic, queue_id=queue_id, first_queue_offset=first_queue_offset,
+                items=items, born_host=born_host, store_timestamp=store_timestamp, store_host=store_host,
+                reconsume_times=reconsume_times,
+            )
+            if offsets:
+                offsets.extend(offs)
+            else:
+                offsets = offs
+            pos += nbytes
+        if io.hooked:
+            io.after_write(mf.path, mm, start, total)
+        mf.wrote = pos
+        return mf.start + start, offsets
+
+    def append_raw(self, offset: int, data: bytes | memoryview) -> None:
+        """Continue the log with replicated bytes (slave side of HA).
+
+        Raises:
+            ValueError: ``offset`` does not continue the log (or, for an empty log, is not a file start).
+            OSError: disk full.
+        """
+        if not self.files or (len(self.files) == 1 and self.files[0].wrote == 0):
+            if offset % self.file_size:
+                raise ValueError(
+                    f"an empty commit log can only start at a file boundary (multiple of {self.file_size}); "
+                    f"got offset {offset}"
+                )
+            if offset != self.max_offset:
+                self._discard_prepared()
+                with self.lock:
+                    for mf in self.files:
+                        mf.destroy()
+                    self.files.clear()
+                    self._base = self.flushed_where = offset
+        elif offset != self.max_offset:
+            raise ValueError(f"replicated data at offset {offset} does not continue the log at {self.max_offset}")
+        view = memoryview(data)
+        while view:
+            files = self.files
+            if not files or files[-1].wrote == files[-1].size:
+                mf = self._create(self.max_offset)
+                with self.lock:
+                    files.append(mf)
+            mf = files[-1]
+            n = min(len(view), mf.size - mf.wrote)
+            mf.write(mf.wrote, view[:n])
+            mf.wrote += n
+            view = view[n:]
+
+    # -- reads ------------------------------------------------------------------------------------------
+    def read(self, offset: int, size: int) -> bytes | None:
+        """``size`` bytes at ``offset`` if they were written, else None."""
+        mf = self.file_for(offset)
+        if mf is None:
+            return None
+        pos = offset - mf.start
+        if pos < 0 or pos + size > mf.wrote:
+            return None
+        return mf.mm[pos : pos + size]
+
+    def record_size_at(self, offset: int) -> int | None:
+        """TOTALSIZE of the record at ``offset``, None if no record starts there."""
+        mf = self.file_for(offset)
+        if mf is None:
+            return None
+        pos = offset - mf.start
+        if pos < 0 or pos + 8 > mf.wrote:
+            return None
+        size, magic = RECORD_PREFIX.unpack_from(mf.mm, pos)
+        if magic != MAGIC_V1 or size < 91 or pos + size > mf.wrote:
+            return None
+        return int(size)
+
+    def get_data(self, offset: int, max_bytes: int) -> memoryview | None:
+        """Written bytes from ``offset`` to the end of its file (at most ``max_bytes``), copied."""
+        mf = self.file_for(offset)
+        if mf is None:
+            return None
+        pos = offset - mf.start
+        end = min(mf.wrote, pos + max_bytes)
+        if pos < 0 or end <= pos:
+            return None
+        return memoryview(mf.mm[pos:end])
+
+    # -- flush ------------------------------------------------------------------------------------------
+    def flush(self, least_pages: int = 0) -> int:
+        """msync written bytes; with ``least_pages`` skip the last file when fewer dirty pages. Returns the
+        flushed offset."""
+        with self.lock:
+            files = self.files
+            if not files:
+                self.flushed_where = self._base
+                return self._base
+            last = files[-1]
+            for mf in files:
+                if mf.flushed >= mf.wrote:
+                    continue
+                if least_pages and mf is last and (mf.wrote >> 12) - (mf.flushed >> 12) < least_pages:
+                    break
+                mf.flush()
+            where = self.max_offset
+            for mf in files:
+                if mf.flushed < mf.wrote:
+                    where = mf.start + mf.flushed
+                    break
+            self.flushed_where = where
+            return where
+
+    # -- recovery and truncation ------------------------------------------------------------------------
+    def first_store_timestamp(self, mf: MappedFile) -> int | None:
+        """Store time of the first record of a file (None when it does not start with a record)."""
+        size, magic = RECORD_PREFIX.unpack_from(mf.mm, 0)
+        if magic != MAGIC_V1 or size < 91:
+            return None
+        sys_flag = int.from_bytes(mf.mm[36:40], "big")
+        pos = 48 + (20 if sys_flag & 0x10 else 8)
+        return int(_I64_AT(mf.mm, pos)[0])
+
+    def recover(self, start_index: int, *, check_crc: bool, truncate_corrupt: bool, durable_offset: int) -> int:
+        """Validate records from ``files[start_index]`` on; cut the log after the last valid record.
+
+        A bad record is a torn tail (truncated, with a warning) when it lies past ``durable_offset`` or when
+        no valid record follows it; otherwise the log is corrupt in the middle.
+
+        Raises:
+            StoreCorruptError: a corrupt record mid-log and not ``truncate_corrupt``.
+        """
+        files = self.files
+        for i in range(start_index, len(files)):
+            mf = files[i]
+            with memoryview(mf.mm) as view:
+                pos, outcome = scan_records(view, mf.start, 0, mf.size, check_crc)
+            if outcome == BLANK:
+                mf.wrote = mf.size
+                continue
+            end = mf.start + pos
+            # Past the durable offset anything may be torn (lost pages); before it, bad bytes followed by
+            # good records are corruption, not a crash artefact.
+            if end < durable_offset and self._followed_by_valid(i, pos, check_crc):
+                where = f"commit log file {mf.path} at physical offset {end} (file position {pos})"
+                if not truncate_corrupt:
+                    raise StoreCorruptError(
+                        f"corrupt record in the middle of the log: {where}; valid records follow. Restore the "
+                        f"file, or start with truncate_corrupt=True to drop everything from that offset"
+                    )
+                log.warning("truncate_corrupt: dropping the commit log from %s (valid records followed)", where)
+            elif outcome == BAD:
+                log.warning("torn tail in %s at physical offset %d: truncated", mf.path, end)
+            self._cut(i, pos)
+            return end
+        return self.max_offset
+
+    def _followed_by_valid(self, index: int, pos: int, check_crc: bool) -> bool:
+        """Whether a valid record or blank marker starts anywhere after ``pos`` in file ``index`` or later."""
+        for mf in self.files[index:]:
+            mm = mf.mm
+            at = mm.find(_MAGIC_BYTES, pos + 4 if mf is self.files[index] else 0)
+            while at >= 4:
+                start = at - 4
+                size = int.from_bytes(mm[start : start + 4], "big", signed=True)
+                if 91 <= size <= mf.size - start:
+                    with memoryview(mm) as view:
+                        if scan_records(view[: start + size], mf.start, start, start + size, check_crc)[0] > start:
+                            return True
+                at = mm.find(_MAGIC_BYTES, at + 1)
+        return False
+
+    def _cut(self, index: int, pos: int) -> None:
+        """Keep files up to ``index`` with ``pos`` bytes in the last; zero the rest, delete later files."""
+        self._discard_prepared()
+        with self.lock:
+            mf = self.files[index]
+            mf.zero(pos, mf.size)
+            mf.wrote = pos
+            mf.flushed = 0
+            mf.flush(pos if pos else None)
+            mf.flushed = pos
+            for later in self.files[index + 1 :]:
+                log.warning("deleting commit log file %s past the end of the log", later.path)
+                later.destroy()
+            del self.files[index + 1 :]
+            self.flushed_where = min(self.flushed_where, self.max_offset)
+
+    def truncate(self, offset: int) -> None:
+        """Drop everything from ``offset`` on (zeroed and flushed, later files deleted).
+
+        Raises:
+            ValueError: ``offset`` is below the log's minimum offset.
+            StoreError: the zeroing could not be written.
+        """
+        if offset >= self.max_offset:
+            return
+        if offset < self.min_offset:
+            raise ValueError(f"cannot truncate at {offset}: below the commit log's min offset {self.min_offset}")
+        self._discard_prepared()
+        with self.lock:
+            idx = (offset - self.files[0].start) // self.file_size
+            if idx >= len(self.files):
+                return
+            try:
+                if offset == self.files[idx].start and idx > 0:
+                    for mf in self.files[idx:]:
+                        mf.destroy()
+                    del self.files[idx:]
+                else:
+                    self._cut(idx, offset - self.files[idx].start)
+            except OSError as exc:
+                raise StoreError(f"truncating the commit log at {offset} failed: {exc}") from exc
+            self.flushed_where = min(self.flushed_where, offset)

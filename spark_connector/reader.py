@@ -1,0 +1,243 @@
+"""The pull loop of one Spark task: read a planned queue range ``[start, end)`` into Arrow batches.
+
+Member choice per pull follows the SDK (SEMANTICS.md 3.3): ``auto`` resolves the broker's last suggestion for
+the queue (the pooled client's hint table), ``master`` pins broker id 0 and ``slave`` pins id 1; either id goes
+through ``find_broker_address_in_subscribe`` (id, then id+1 for slaves, then the first member). On top of the
+SDK the connector adds two rules that keep a planned range exact:
+
+* a member that answers "nothing here" before ``end`` (a lagging slave) is never taken as the end of the range:
+  the rest of the range is pulled from the master;
+* a master that does not answer (connect error, timeout) is skipped for the rest of the task when
+  ``slaveFallback`` is on, so the group's slave serves instead.
+
+Records at or past ``end`` are dropped (a pull cannot stop at ``end``); the tag filter is rechecked on the
+client like the SDK does. Every wait and retry is bounded by ``pullRetries``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
+
+import pyarrow as pa
+
+from client._routing import find_broker_address_in_subscribe
+from client.errors import BrokerError, BrokerNotFoundError, ClientError, TransportError
+from client.protocol.codes import PullStatus
+from spark_connector.arrow import RawChunk, decode_to_batch
+from spark_connector.offsets import QueueKey
+from spark_connector.options import SourceOptions
+from spark_connector.planning import QueueRange
+from spark_connector.transport import DEFAULT_READER_GROUP, RawPull
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DataLossError", "PullClient", "RangeReader", "parse_tags_filter"]
+
+
+class DataLossError(RuntimeError):
+    """Offsets a planned range needs are gone (expired, or never reached the member that survived)."""
+
+
+class PullClient(Protocol):
+    """What the pull loop needs from a client (the pooled :class:`~spark_connector.transport.BrokerClient`)."""
+
+    def broker_addrs(self, topic: str, broker_name: str, *, refresh: bool = False) -> dict[int, str]: ...
+
+    def hint(self, key: QueueKey) -> int: ...
+
+    def set_hint(self, key: QueueKey, broker_id: int) -> None: ...
+
+    def pull(
+        self, addr: str, key: QueueKey, offset: int, *, max_nums: int, max_bytes: int, sub_expression: str,
+        group: str, timeout_s: float,
+    ) -> RawPull: ...
+
+
+def parse_tags_filter(sub_expression: str) -> frozenset[str] | None:
+    """The tag set of ``TagA || TagB`` (None for ``*``, which matches everything)."""
+    expr = sub_expression.strip()
+    if not expr or expr == "*":
+        return None
+    tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
+    return tags or None
+
+
+class RangeReader:
+    """Reads one :class:`QueueRange`; iterate :meth:`batches`.
+
+    Args:
+        client: where pulls go.
+        options: the source options (routing mode, retries, caps, filter).
+        rng: the planned range.
+        sleep: injected pause (tests pass a fake).
+    """
+
+    def __init__(
+        self,
+        client: PullClient,
+        options: SourceOptions,
+        rng: QueueRange,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.client = client
+        self.opts = options
+        self.rng = rng
+        self.key = rng.key
+        self.offset = rng.start
+        self.sleep = sleep
+        self.addrs: Mapping[int, str] = dict(rng.broker_addrs)
+        self.down: set[int] = set()
+        self.force_master = False
+        self.failures = 0
+        self.stalls = 0
+        self.tags_filter = parse_tags_filter(options.sub_expression)
+        self.group = options.group or DEFAULT_READER_GROUP
+        self.served: set[int] = set()
+
+    # --- member choice ------------------------------------------------------------------------------------
+
+    def _wanted_id(self) -> int:
+        if self.force_master or self.opts.pull_from == "master":
+            want = 0
+        elif self.opts.pull_from == "slave":
+            want = 1
+        else:
+            want = self.client.hint(self.key)
+        if want in self.down:
+            if want == 0 and not self.opts.slave_fallback:
+                return 0
+            alive = sorted(i for i in self.addrs if i not in self.down)
+            if alive:
+                return alive[0]
+        return want
+
+    def _resolve(self) -> tuple[int, str]:
+        want = self._wanted_id()
+        found = find_broker_address_in_subscribe(self.addrs, want, False)
+        if found is None:
+            self.addrs = self.client.broker_addrs(self.key.topic, self.key.broker_name, refresh=True)
+            found = find_broker_address_in_subscribe(self.addrs, want, False)
+        if found is None:
+            raise BrokerNotFoundError(f"The broker[{self.key.broker_name}] not exist (reading {self.rng})")
+        member = next((i for i, a in self.addrs.items() if a == found.broker_addr), want)
+        return member, found.broker_addr
+
+    # --- failures -----------------------------------------------------------------------------------------
+
+    def _on_failure(self, member: int, addr: str, err: ClientError) -> None:
+        self.failures += 1
+        if self.failures > self.opts.pull_retries:
+            raise err
+        log.warning("pull of %s at %d from broker id %d (%s) failed (%d/%d): %s", self.key, self.offset, member,
+                    addr, self.failures, self.opts.pull_retries, err)
+        self.down.add(member)
+        try:
+            fresh = self.client.broker_addrs(self.key.topic, self.key.broker_name, refresh=True)
+            if fresh:
+                self.addrs = fresh
+        except ClientError as e:  # the nameserver may be unreachable too; keep the snapshot
+            log.warning("route refresh for %s failed: %s", self.key, e)
+        if member == 0 and self.opts.slave_fallback and any(i != 0 for i in self.addrs):
+            return  # the next attempt goes to a slave at once
+        if len(self.down) >= len(self.addrs):
+            self.down.clear()
+        self.sleep(self.opts.retry_backoff_s)
+
+    def _data_loss(self, message: str, skip_to: int) -> None:
+        if self.opts.fail_on_data_loss:
+            raise DataLossError(f"{message}; set failOnDataLoss=false to skip lost offsets")
+        log.warning("%s; skipping to offset %d (failOnDataLoss=false)", message, skip_to)
+        self.offset = skip_to
+
+    def _no_progress(self, r: RawPull) -> None:
+        """The member had nothing at ``offset`` although the plan says messages exist there."""
+        if r.served_by_broker_id != 0 and not self.force_master and 0 not in self.down:
+            log.info("broker id %d of %s has nothing at %d (< planned end %d): reading the rest from the master",
+                     r.served_by_broker_id, self.key, self.offset, self.rng.end)
+            self.force_master = True
+            return
+        if self.offset < r.min_offset:
+            self._data_loss(f"{self.key}: offsets [{self.offset}, {r.min_offset}) expired (min offset "
+                            f"{r.min_offset})", min(r.min_offset, self.rng.end))
+            return
+        self.stalls += 1
+        if self.stalls > self.opts.pull_retries:
+            self._data_loss(
+                f"{self.key}: broker id {r.served_by_broker_id} has max offset {r.max_offset} but the planned "
+                f"range needs [{self.offset}, {self.rng.end}) ({r.status.value} after {self.stalls} attempts)",
+                self.rng.end,
+            )
+            return
+        self.sleep(self.opts.retry_backoff_s)
+
+    # --- the loop -----------------------------------------------------------------------------------------
+
+    def _pull_once(self, max_bytes: int) -> RawPull | None:
+        member, addr = self._resolve()
+        try:
+            r = self.client.pull(
+                addr, self.key, self.offset, max_nums=min(self.opts.pull_batch_size, self.rng.end - self.offset),
+                max_bytes=max_bytes, sub_expression=self.opts.sub_expression, group=self.group,
+                timeout_s=self.opts.pull_timeout_s,
+            )
+        except TransportError as e:
+            self._on_failure(member, addr, e)
+            return None
+        except BrokerError as e:
+            if not e.retriable:
+                raise
+            if member != 0 and not self.force_master and 0 not in self.down:
+                self.force_master = True  # a slave refusing (busy, not synced yet): the master serves the rest
+                return None
+            self._on_failure(member, addr, e)
+            return None
+        self.failures = 0
+        if self.opts.pull_from == "auto":
+            self.client.set_hint(self.key, r.suggest_which_broker_id)
+        return r
+
+    def _advance(self, r: RawPull) -> bool:
+        """Apply a pull answer to ``offset``; True when it brought records to keep."""
+        if r.status is PullStatus.FOUND and r.n_records > 0:
+            self.stalls = 0
+            self.served.add(r.served_by_broker_id)
+            self.offset = max(r.next_begin_offset, self.offset + 1)
+            return True
+        if r.status is PullStatus.NO_MATCHED_MSG and r.next_begin_offset > self.offset:
+            self.stalls = 0
+            self.offset = r.next_begin_offset
+            return False
+        self._no_progress(r)
+        return False
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Arrow batches of the range's messages (each within ``maxBatchRows`` / ~``maxBatchBytes``)."""
+        pending: list[RawChunk] = []
+        rows = nbytes = 0
+        cap_rows, cap_bytes = self.opts.max_batch_rows, self.opts.max_batch_bytes
+        while self.offset < self.rng.end:
+            r = self._pull_once(max(1, cap_bytes - nbytes))
+            if r is None or not self._advance(r):
+                continue
+            pending.append((r.records, r.served_by_broker_id))
+            rows += r.n_records
+            nbytes += len(r.records)
+            if rows >= cap_rows or nbytes >= cap_bytes:
+                yield from self._flush(pending)
+                pending, rows, nbytes = [], 0, 0
+        if pending:
+            yield from self._flush(pending)
+
+    def _flush(self, chunks: list[RawChunk]) -> Iterator[pa.RecordBatch]:
+        batch = decode_to_batch(
+            chunks, topic=self.key.topic, broker_name=self.key.broker_name,
+            include_properties=self.opts.include_properties, end_offset=self.rng.end,
+            tags_filter=self.tags_filter,
+        )
+        cap = self.opts.max_batch_rows
+        for start in range(0, batch.num_rows, cap):
+            yield batch.slice(start, cap)

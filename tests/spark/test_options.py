@@ -1,0 +1,98 @@
+"""Option parsing and validation (no Spark)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from spark_connector.offsets import EARLIEST, LATEST, QueueKey
+from spark_connector.options import OptionError, parse_sink_options, parse_source_options
+
+BASE = {"nameserver": "127.0.0.1:9876", "topic": "TopicA"}
+
+
+def test_defaults_for_batch_and_stream() -> None:
+    b = parse_source_options(BASE, streaming=False)
+    assert (b.starting_offsets, b.ending_offsets, b.pull_from, b.pull_batch_size) == (EARLIEST, LATEST, "auto", 32)
+    assert b.fail_on_data_loss and b.slave_fallback and not b.include_properties
+    assert (b.max_batch_rows, b.max_batch_bytes, b.pull_timeout_s, b.pull_retries) == (4096, 8 << 20, 10.0, 3)
+    s = parse_source_options(BASE, streaming=True)
+    assert s.starting_offsets == LATEST and s.streaming
+
+
+def test_keys_arrive_lower_cased_and_values_as_strings() -> None:
+    o = parse_source_options(
+        {"nameserver": "a:1,b:2", "topic": "T", "pullfrom": "SLAVE", "maxoffsetspertrigger": "100",
+         "failondataloss": "false", "includeproperties": "true", "client.auth.token": "x"},
+        streaming=True,
+    )
+    assert o.nameserver == "a:1;b:2"
+    assert o.pull_from == "slave" and o.max_offsets_per_trigger == 100
+    assert not o.fail_on_data_loss and o.include_properties
+    assert dict(o.client) == {"auth.token": "x"}
+
+
+def test_namesrvaddr_alias() -> None:
+    assert parse_source_options({"namesrvAddr": "h:9876", "topic": "T"}, streaming=False).nameserver == "h:9876"
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "names"),
+    [
+        ({"topic": "T"}, False, "nameserver"),
+        ({"nameserver": "h:1"}, False, "topic"),
+        ({**BASE, "nameserver": "nohost"}, False, "nameserver"),
+        ({**BASE, "topic": "bad topic!"}, False, "topic"),
+        ({**BASE, "endingOffsets": "latest"}, True, "endingOffsets"),
+        ({**BASE, "endingTimestamp": "5"}, True, "endingTimestamp"),
+        ({**BASE, "startingOffsets": "latest"}, False, "startingOffsets"),
+        ({**BASE, "startingOffsets": "nonsense"}, False, "startingOffsets"),
+        ({**BASE, "startingOffsets": "{bad json"}, False, "startingOffsets"),
+        ({**BASE, "startingOffsets": '{"T":{"b":{"x":1}}}'}, False, "startingOffsets"),
+        ({**BASE, "endingOffsets": '{"TopicA":{"b":{"0":-2}}}'}, False, "endingOffsets"),
+        ({**BASE, "minPartitions": "0"}, False, "minPartitions"),
+        ({**BASE, "maxRecordsPerPartition": "-3"}, False, "maxRecordsPerPartition"),
+        ({**BASE, "maxOffsetsPerTrigger": "abc"}, True, "maxOffsetsPerTrigger"),
+        ({**BASE, "maxOffsetsPerTrigger": "10"}, False, "maxOffsetsPerTrigger"),
+        ({**BASE, "pullFrom": "replica"}, False, "pullFrom"),
+        ({**BASE, "failOnDataLoss": "maybe"}, False, "failOnDataLoss"),
+        ({**BASE, "commitOffsetsToBroker": "true"}, True, "group"),
+        ({**BASE, "pullBatchSize": ""}, False, "pullBatchSize"),
+    ],
+)
+def test_bad_options_name_the_option(options: dict[str, str], streaming: bool, names: str) -> None:
+    with pytest.raises(OptionError, match=names):
+        parse_source_options(options, streaming=streaming)
+
+
+def test_schema_time_parse_accepts_either_mode() -> None:
+    o = parse_source_options({**BASE, "startingOffsets": "latest", "maxOffsetsPerTrigger": "5"}, streaming=None)
+    assert o.starting_offsets == LATEST and o.max_offsets_per_trigger == 5
+
+
+def test_json_offsets_are_parsed() -> None:
+    o = parse_source_options(
+        {**BASE, "startingOffsets": '{"TopicA":{"broker-a":{"0":5,"1":-2}}}',
+         "endingOffsets": '{"TopicA":{"broker-a":{"0":9,"1":-1}}}'},
+        streaming=False,
+    )
+    assert o.starting_offsets == {QueueKey("TopicA", "broker-a", 0): 5, QueueKey("TopicA", "broker-a", 1): -2}
+    assert o.ending_offsets == {QueueKey("TopicA", "broker-a", 0): 9, QueueKey("TopicA", "broker-a", 1): -1}
+
+
+def test_unknown_options_only_warn(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="spark_connector.options"):
+        o = parse_source_options({**BASE, "startingofset": "earliest"}, streaming=False)
+    assert o.topic == "TopicA"
+    assert "startingofset" in caplog.text
+
+
+def test_sink_options() -> None:
+    s = parse_sink_options({"nameserver": "h:1", "sendtimeoutms": "500", "retries": "0"}, app_name="my app")
+    assert s.topic is None and s.send_timeout_s == 0.5 and s.retries == 0
+    assert s.producer_group == "spark-producer-my_app"
+    with pytest.raises(OptionError, match="nameserver"):
+        parse_sink_options({"topic": "T"})
+    with pytest.raises(OptionError, match="producerGroup"):
+        parse_sink_options({"nameserver": "h:1", "producerGroup": "a b"})

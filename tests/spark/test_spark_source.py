@@ -1,0 +1,227 @@
+"""The connector inside Spark: option errors at load(), batch and streaming reads, writes, master loss.
+
+One Spark session (conftest) and one local cluster for the module: 2 broker groups with a slave each, 4 queues
+per group. The cluster runs with ``slaveReadEnable=true`` (so ``pullFrom=slave`` is served by slaves) and a fast
+slave metadata sync (so slaves learn new topics within a second).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client import Admin, Message, MessageQueue, Producer
+from client.cluster import LocalCluster
+from client.protocol.codes import PullStatus
+from spark_connector.offsets import QueueKey
+from spark_connector.transport import BrokerClient
+
+pytestmark = [pytest.mark.spark]
+
+GROUPS = ("broker-a", "broker-b")
+#: Messages per queue for the batch topic; broker-b:3 stays empty.
+PER_QUEUE = {("broker-a", 0): 7, ("broker-a", 1): 3, ("broker-a", 2): 12, ("broker-a", 3): 1,
+             ("broker-b", 0): 5, ("broker-b", 1): 9, ("broker-b", 2): 2, ("broker-b", 3): 0}
+
+
+def _body(broker: str, qid: int, i: int) -> bytes:
+    return f"{broker}/{qid}/{i}".encode()
+
+
+def _produce(ns: str, topic: str, per_queue: dict[tuple[str, int], int], *, first: int = 0) -> None:
+    with Producer("spark-test-producer", ns) as p:
+        for (broker, qid), n in per_queue.items():
+            if n:
+                msgs = [Message(topic, _body(broker, qid, first + i), tags=f"T{(first + i) % 3}",
+                                keys=f"k{first + i} x") for i in range(n)]
+                p.send_batch(msgs, MessageQueue(topic, broker, qid))
+
+
+def _wait_slaves_serve(cluster: LocalCluster, topic: str, timeout_s: float = 30.0) -> None:
+    """Until every group's slave has caught up and serves ``topic`` (it learns topics by metadata sync)."""
+    client = BrokerClient(cluster.namesrv_addr)
+    try:
+        for g in GROUPS:
+            cluster.wait_slave_caught_up(g, timeout_s)
+            addr = cluster.broker(g, 1).addr
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    r = client.pull(addr, QueueKey(topic, g, 0), 0, max_nums=1, max_bytes=1 << 20,
+                                    sub_expression="*", group="spark-test", timeout_s=5.0)
+                    if r.served_by_broker_id == 1 and r.status is not PullStatus.NO_MATCHED_MSG:
+                        break
+                except Exception:  # TOPIC_NOT_EXIST until the sync ran
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"slave of {g} does not serve {topic} after {timeout_s} s")
+                time.sleep(0.1)  # polling the slave with a deadline
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("spark-cluster")
+    with LocalCluster(root, broker_groups=2, slaves_per_group=1,
+                      broker_config={"slaveReadEnable": "true", "slaveMetadataSyncInterval": "300"}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def batch_topic(cluster: LocalCluster) -> str:
+    topic = "SparkBatch"
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=4)
+    _produce(cluster.namesrv_addr, topic, PER_QUEUE)
+    _wait_slaves_serve(cluster, topic)
+    return topic
+
+
+def _reader(spark: Any, cluster: LocalCluster, topic: str, **options: str) -> Any:
+    r = spark.read.format("rocketmq").option("nameserver", cluster.namesrv_addr).option("topic", topic)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def _expected(per_queue: dict[tuple[str, int], int]) -> set[tuple[str, int, int, bytes]]:
+    return {(b, q, i, _body(b, q, i)) for (b, q), n in per_queue.items() for i in range(n)}
+
+
+def test_bad_options_fail_at_load(spark: Any) -> None:
+    with pytest.raises(Exception, match="option topic is required"):
+        spark.read.format("rocketmq").option("nameserver", "127.0.0.1:9876").load()
+    with pytest.raises(Exception, match="fixed schema"):
+        (spark.read.format("rocketmq").schema("a int").option("nameserver", "127.0.0.1:9876")
+         .option("topic", "T").load().collect())
+
+
+@pytest.mark.integration
+def test_batch_read_returns_exactly_what_was_written(spark: Any, cluster: LocalCluster, batch_topic: str) -> None:
+    df = _reader(spark, cluster, batch_topic)
+    assert df.rdd.getNumPartitions() == sum(1 for n in PER_QUEUE.values() if n)
+    rows = df.collect()
+    got = {(r.brokerName, r.queueId, r.queueOffset, bytes(r.body)) for r in rows}
+    assert len(rows) == len(got) == sum(PER_QUEUE.values())
+    assert got == _expected(PER_QUEUE)
+    for r in rows:
+        i = int(bytes(r.body).decode().rsplit("/", 1)[1])
+        assert (r.keys, r.tags, r.topic) == (f"k{i} x", f"T{i % 3}", batch_topic)
+        assert len(r.msgId) == 32 and r.servedBy in (0, 1)
+
+
+@pytest.mark.integration
+def test_json_offsets_and_timestamps_select_the_right_rows(
+    spark: Any, cluster: LocalCluster, batch_topic: str
+) -> None:
+    start = json.dumps({batch_topic: {"broker-a": {"0": 2, "2": -1}, "broker-b": {"1": 4}}})
+    end = json.dumps({batch_topic: {"broker-a": {"0": 5, "1": -1}, "broker-b": {"1": 6, "0": 1}}})
+    rows = _reader(spark, cluster, batch_topic, startingOffsets=start, endingOffsets=end).collect()
+    got = {(r.brokerName, r.queueId, r.queueOffset) for r in rows}
+    want = {("broker-a", 0, o) for o in range(2, 5)} | {("broker-a", 1, o) for o in range(3)}
+    want |= {("broker-a", 3, 0)} | {("broker-b", 1, o) for o in (4, 5)} | {("broker-b", 0, 0)}
+    want |= {("broker-b", 2, o) for o in range(2)}
+    assert got == want and len(rows) == len(want)
+
+    everything = _reader(spark, cluster, batch_topic).select("brokerName", "queueId", "queueOffset",
+                                                             "storeTimestamp").collect()
+    stamps = sorted({int(r.storeTimestamp.replace(tzinfo=datetime.UTC).timestamp() * 1000)
+                     for r in everything})
+    lo, hi = stamps[len(stamps) // 3], stamps[-1]
+    rows = _reader(spark, cluster, batch_topic, startingTimestamp=str(lo), endingTimestamp=str(hi)).collect()
+    got = {(r.brokerName, r.queueId, r.queueOffset) for r in rows}
+    want = {(r.brokerName, r.queueId, r.queueOffset) for r in everything
+            if lo <= int(r.storeTimestamp.replace(tzinfo=datetime.UTC).timestamp() * 1000) < hi}
+    assert got == want
+
+
+@pytest.mark.integration
+def test_pull_from_slave_is_served_by_slaves(spark: Any, cluster: LocalCluster, batch_topic: str) -> None:
+    rows = _reader(spark, cluster, batch_topic, pullFrom="slave").select("servedBy", "body").collect()
+    assert len(rows) == sum(PER_QUEUE.values())
+    assert all(r.servedBy >= 1 for r in rows), {r.servedBy for r in rows}
+
+
+@pytest.mark.integration
+def test_streaming_available_now_limit_restart_and_new_data(
+    spark: Any, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    topic = "SparkStream"
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=4)
+    first = {("broker-a", 0): 20, ("broker-a", 1): 10, ("broker-b", 2): 10}
+    _produce(cluster.namesrv_addr, topic, first)
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+
+    def run() -> list[int]:
+        q = (spark.readStream.format("rocketmq").option("nameserver", cluster.namesrv_addr).option("topic", topic)
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "16").load()
+             .select("brokerName", "queueId", "queueOffset", "body")
+             .writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None, q.exception()
+        return [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+
+    sizes = run()
+    assert sum(sizes) == 40 and max(sizes) <= 16 and len(sizes) >= 3, sizes
+    second = {("broker-a", 0): 5, ("broker-b", 3): 4}
+    _produce(cluster.namesrv_addr, topic, second, first=100)
+    sizes = run()
+    assert sum(sizes) == 9, sizes
+    rows = spark.read.parquet(out).collect()
+    keys = [(r.brokerName, r.queueId, r.queueOffset) for r in rows]
+    assert len(keys) == len(set(keys)) == 49  # no duplicates
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for b, q, o in keys:
+        by_queue.setdefault((b, q), []).append(o)
+    assert {k: sorted(v) for k, v in by_queue.items()} == {  # no gaps
+        ("broker-a", 0): list(range(25)), ("broker-a", 1): list(range(10)),
+        ("broker-b", 2): list(range(10)), ("broker-b", 3): list(range(4))}
+
+
+@pytest.mark.integration
+def test_writer_round_trip_and_append_only(spark: Any, cluster: LocalCluster) -> None:
+    topic = "SparkSink"
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=4)
+    data = [(f"v{i}".encode(), f"tag{i % 2}", f"key{i}", i % 8) for i in range(200)]
+    df = spark.createDataFrame(data, "body binary, tags string, keys string, queueId int")
+    df.write.format("rocketmq").mode("append").option("nameserver", cluster.namesrv_addr).option(
+        "topic", topic).save()
+    rows = _reader(spark, cluster, topic).collect()
+    assert sorted(bytes(r.body) for r in rows) == sorted(d[0] for d in data)
+    by_body = {bytes(r.body): r for r in rows}
+    assert by_body[b"v7"].tags == "tag1" and by_body[b"v7"].keys == "key7"
+    queues = sorted({(r.brokerName, r.queueId) for r in rows})
+    assert len(queues) == 8  # queueId i % 8 spreads rows over the 8 writable queues
+    with pytest.raises(Exception, match="Append"):
+        df.write.format("rocketmq").option("nameserver", cluster.namesrv_addr).option("topic", topic).save()
+    with pytest.raises(Exception, match='mode\\("append"\\)'):
+        df.write.format("rocketmq").mode("overwrite").option("nameserver", cluster.namesrv_addr).option(
+            "topic", topic).save()
+
+
+@pytest.mark.integration
+def test_read_with_a_dead_master_returns_every_message(spark: Any, cluster: LocalCluster) -> None:
+    topic = "SparkHA"
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=4)
+    per_queue = {(g, q): 6 for g in GROUPS for q in range(4)}
+    _produce(cluster.namesrv_addr, topic, per_queue)
+    _wait_slaves_serve(cluster, topic)
+    master = cluster.kill_master("broker-a")
+    try:
+        rows = _reader(spark, cluster, topic, retryBackoffMs="100").collect()
+        got = {(r.brokerName, r.queueId, r.queueOffset, bytes(r.body)) for r in rows}
+        assert got == _expected(per_queue) and len(rows) == len(got)
+        assert {r.servedBy for r in rows if r.brokerName == "broker-a"} == {1}
+    finally:
+        master.start()
