@@ -29,8 +29,8 @@ __all__ = [
     "MessageStore",
     "PutMessageStatus",
     "QueryResult",
-    "StoreError",
     "StoreCorruptError",
+    "StoreError",
 ]
 
 

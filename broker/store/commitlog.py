@@ -197,9 +197,7 @@ class CommitLog:
     def _prepare(self, start: int) -> None:
         path = os.path.join(self.directory, file_name(start))
         try:
-            # No MAP_POPULATE: mmap() runs with the GIL held, and pre-faulting a 1 GiB file there froze the
-            # broker's event loop for seconds. fallocate already reserved the space; pages fault in as written.
-            self._prepared = MappedFile.open(self.io, path, start, self.file_size, create=True)
+            self._prepared = MappedFile.open(self.io, path, start, self.file_size, create=True, populate=True)
         except OSError as exc:
             log.warning("preallocating commit log file %s failed (will retry on demand): %s", path, exc)
 

@@ -73,7 +73,9 @@ from client.protocol.properties import (
 __all__ = [
     "BATCH_ITEM_HEAD",
     "BLANK_MAGIC",
+    "CHECK_HEAD_V4",
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "DISPATCH_HEAD_V4",
     "MAGIC_V1",
     "RECORD_HEAD",
     "BatchItem",
@@ -105,6 +107,11 @@ RECORD_HEAD = struct.Struct(">iiiiiqqiq4siq4siiqi")
 #: TOTALSIZE + MAGICCODE: enough to step over a record or recognise a blank marker.
 RECORD_PREFIX = struct.Struct(">ii")
 BLANK_MARKER = struct.Struct(">ii")
+#: The fields the dispatcher needs from an IPv4 record, in one unpack: TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET,
+#: PHYSICALOFFSET, SYSFLAG, STORETIMESTAMP, BODYLENGTH (valid only when SYSFLAG has neither IPv6 bit).
+DISPATCH_HEAD_V4 = struct.Struct(">ii4xi4xqqi16xq20xi")
+#: What recovery checks in an IPv4 record: TOTALSIZE, MAGICCODE, BODYCRC, PHYSICALOFFSET, SYSFLAG, BODYLENGTH.
+CHECK_HEAD_V4 = struct.Struct(">iii16xqi44xi")
 #: Batch item header up to and including BODYLENGTH (32 bytes).
 BATCH_ITEM_HEAD = struct.Struct(">iiiiiqi")
 _U8 = struct.Struct(">B")
@@ -543,6 +550,15 @@ def _record_layout(buf: bytes | memoryview, pos: int, size: int) -> tuple[int, i
     return sys_flag, store_ts_pos, body_len_pos, topic_len_pos, props_len_pos
 
 
+def record_layout(buf: bytes | memoryview, pos: int, size: int) -> tuple[int, int, int, int, int]:
+    """``(sys_flag, store_ts_pos, body_len_pos, topic_len_pos, props_len_pos)`` of any record (IPv4 or IPv6).
+
+    Raises:
+        ProtocolViolationError: the record's internal lengths do not add up to ``size``.
+    """
+    return _record_layout(buf, pos, size)
+
+
 def _find_property(props: bytes, key: bytes) -> str:
     """Value of ``key`` (given as ``b"NAME\\x01"``) in a raw property string, or ''."""
     start = props.find(key)
@@ -593,66 +609,79 @@ def decode_records(
     *,
     broker_name: str = "",
     verify_crc: bool = False,
+    offset: int = 0,
 ) -> list[MessageExt]:
     """Decode back-to-back stored records (a pull response body) into messages.
 
-    Bodies are copied once, out of ``data``; nothing else holds a reference to ``data``.
+    Bodies are copied once, out of ``data``; nothing else holds a reference to ``data``. ``offset`` is where the
+    first record starts (a pull response passes its whole body and the head size, saving a copy).
 
     Raises:
         ProtocolViolationError: a record is truncated, has a bad magic, or (with ``verify_crc``) a bad body CRC.
     """
-    view = memoryview(data)
-    n = len(view)
+    # The hot loop of every consumer: one unpack per record, slices straight out of ``bytes``, hosts and the
+    # msgId prefix cached per host, properties split inline.
+    is_bytes = isinstance(data, bytes)
+    buf: bytes | memoryview = data if is_bytes else memoryview(data)
+    n = len(buf)
     out: list[MessageExt] = []
-    pos = 0
+    append = out.append
+    pos = offset
     head = RECORD_HEAD.unpack_from
-    host_cache: dict[bytes, str] = {}
+    u16 = _U16.unpack_from
+    hosts: dict[tuple[bytes, int], tuple[str, str]] = {}
+    new = MessageExt
     while pos < n:
         if n - pos < RECORD_FIXED_SIZE:
             raise ProtocolViolationError(f"record at byte {pos} is truncated ({n - pos} bytes left)")
-        size, magic = RECORD_PREFIX.unpack_from(view, pos)
+        (size, magic, crc, queue_id, flag, queue_offset, phy, sys_flag, born_ts, born_ip, born_port, store_ts,
+         store_ip, store_port, reconsume, _, body_len) = head(buf, pos)
         if magic != MAGIC_V1:
             raise ProtocolViolationError(f"record at byte {pos} has bad magic {magic & 0xFFFFFFFF:#x}")
         if size < RECORD_FIXED_SIZE or pos + size > n:
             raise ProtocolViolationError(f"record at byte {pos} claims {size} bytes; {n - pos} left")
-        sys_flag = _I32.unpack_from(view, pos + 36)[0]
-        if sys_flag & (SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6):
-            out.append(_decode_record_generic(view, pos, size, broker_name))
+        if sys_flag & _HOST_V6_BITS:
+            append(_decode_record_generic(memoryview(buf), pos, size, broker_name))
             pos += size
             continue
-        (_, _, crc, queue_id, flag, queue_offset, phy, _, born_ts, born_ip, born_port, store_ts, store_ip,
-         store_port, reconsume, _, body_len) = head(view, pos)
-        body_start = pos + 88
-        topic_at = body_start + body_len
-        if body_len < 0 or topic_at + 3 > pos + size:
+        end = pos + size
+        topic_at = pos + 88 + body_len
+        if body_len < 0 or topic_at + 3 > end:
             raise ProtocolViolationError(f"record at byte {pos}: body length {body_len} exceeds size {size}")
-        body = bytes(view[body_start:topic_at])
+        body = buf[pos + 88 : topic_at] if is_bytes else bytes(buf[pos + 88 : topic_at])
         if verify_crc and body_crc(body) != crc:
             raise ProtocolViolationError(f"record at byte {pos} (offset {phy}): body CRC mismatch")
-        topic_len = view[topic_at]
-        props_at = topic_at + 1 + topic_len
-        topic = _topic_str(bytes(view[topic_at + 1 : props_at]))
-        props_len = _U16.unpack_from(view, props_at)[0]
-        if props_at + 2 + props_len != pos + size:
+        props_at = topic_at + 1 + buf[topic_at]
+        topic = _topic_str(bytes(buf[topic_at + 1 : props_at]))
+        props_len = u16(buf, props_at)[0]
+        if props_at + 2 + props_len != end:
             raise ProtocolViolationError(f"record at byte {pos}: field lengths do not add up to {size}")
-        props = decode_properties(view[props_at + 2 : props_at + 2 + props_len]) if props_len else {}
-        store_key = store_ip + store_port.to_bytes(4, "big", signed=True)
-        store_host = host_cache.get(store_key)
-        if store_host is None:
-            store_host = host_cache[store_key] = unpack_host(store_key)
-        born_key = born_ip + born_port.to_bytes(4, "big", signed=True)
-        born_host = host_cache.get(born_key)
-        if born_host is None:
-            born_host = host_cache[born_key] = unpack_host(born_key)
-        offset_msg_id = (store_key + phy.to_bytes(8, "big", signed=True)).hex().upper()
+        props: dict[str, str] = {}
+        if props_len:
+            for item in bytes(buf[props_at + 2 : end]).decode("utf-8", "replace").split("\x02"):
+                if item:
+                    k, _, v = item.partition("\x01")
+                    props[k] = v
+        store = hosts.get((store_ip, store_port))
+        if store is None:
+            packed = store_ip + _I32.pack(store_port)
+            store = hosts[(store_ip, store_port)] = (unpack_host(packed), packed.hex().upper())
+        born = hosts.get((born_ip, born_port))
+        if born is None:
+            packed = born_ip + _I32.pack(born_port)
+            born = hosts[(born_ip, born_port)] = (unpack_host(packed), packed.hex().upper())
+        offset_msg_id = f"{store[1]}{phy & 0xFFFFFFFFFFFFFFFF:016X}"
         keys = props.get(KEYS)
-        out.append(MessageExt(
-            topic, body, props.get(TAGS), tuple(keys.split()) if keys else (), props, broker_name, queue_id,
+        append(new(
+            topic, body, props.get(TAGS), tuple(keys.split()) if keys else (), props, broker_name, queue_id,  # type: ignore[arg-type]
             queue_offset, phy, props.get(UNIQ_KEY) or offset_msg_id, offset_msg_id, born_ts, store_ts,
-            born_host, store_host, reconsume, size, flag, sys_flag, crc,
+            born[0], store[0], reconsume, size, flag, sys_flag, crc,
         ))
-        pos += size
+        pos = end
     return out
+
+
+_HOST_V6_BITS = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
 
 
 def _decode_record_generic(view: memoryview, pos: int, size: int, broker_name: str) -> MessageExt:

@@ -1,0 +1,186 @@
+"""Read paths of the file store: ``get_message`` (SEMANTICS.md 3.1), offsets by time, key queries.
+
+Kept apart from the store class so the hot loop of ``get_message`` reads top to bottom.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from broker.store.api import GetMessageResult, GetMessageStatus, QueryResult, TagFilter
+from broker.store.consume_queue import BLANK_SIZE, CQ_UNIT, UNIT_SIZE
+from broker.store.dispatch import find_prop
+from client.protocol.codec import record_layout
+from client.protocol.codes import BrokerRole
+
+if TYPE_CHECKING:
+    from broker.store.file_store import FileMessageStore
+
+__all__ = ["get_message", "offset_by_time", "query_message", "store_timestamp"]
+
+_I64 = struct.Struct(">q").unpack_from
+_UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
+_KEYS = b"KEYS\x01"
+#: Units examined per call: ``max(16000, maxMsgNums * 20) / 20``.
+_MIN_FILTER_BYTES = 16000
+
+
+def _result(status: GetMessageStatus, next_offset: int, min_o: int, max_o: int) -> GetMessageResult:
+    return GetMessageResult(status, next_offset, min_o, max_o)
+
+
+def get_message(
+    store: FileMessageStore, topic: str, queue_id: int, offset: int, max_nums: int, max_bytes: int,
+    tag_filter: TagFilter | None,
+) -> GetMessageResult:
+    """See :meth:`broker.store.api.MessageStore.get_message`."""
+    cl = store.commitlog
+    max_py = cl.max_offset
+    cq = store.cqs.get(topic, queue_id)
+    min_o = cq.min_offset if cq is not None else 0
+    max_o = cq.max_offset if cq is not None else 0
+    # A slave keeps the consumer's offset: a lagging replica must not move it (nextOffsetCorrection).
+    correct = store.broker_role is not BrokerRole.SLAVE or store.config.offset_check_in_slave
+    if cq is None or max_o == 0:
+        return _result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0 if correct else offset, min_o, max_o)
+    if offset < min_o:
+        return _result(GetMessageStatus.OFFSET_TOO_SMALL, min_o if correct else offset, min_o, max_o)
+    if offset == max_o:
+        return _result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_o, max_o)
+    if offset > max_o:
+        nxt = (min_o if min_o == 0 else max_o) if correct else offset
+        return _result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, nxt, min_o, max_o)
+    loc = cq.locate(offset)
+    if loc is None:
+        units_per_file = cq.file_size // UNIT_SIZE
+        nxt = offset + units_per_file - offset % units_per_file
+        return _result(GetMessageStatus.OFFSET_FOUND_NULL, nxt if correct else offset, min_o, max_o)
+    mf, pos = loc
+    cfg = store.config
+    memory = cfg.memory_bytes_for_reads
+    mem_bytes, mem_count = cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory
+    disk_bytes, disk_count = cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk
+    end = min(mf.wrote, pos + max(_MIN_FILTER_BYTES, max_nums * UNIT_SIZE) // UNIT_SIZE * UNIT_SIZE)
+    mm = mf.mm
+    unit = CQ_UNIT.unpack_from
+    files = cl.files
+    first_start = files[0].start if files else 0
+    file_size = cl.file_size
+    nfiles = len(files)
+    records: list[bytes] = []
+    queue_offsets: list[int] = []
+    status = GetMessageStatus.NO_MATCHED_MESSAGE
+    total = count = max_phy_pulling = 0
+    next_phy_file_start = -1
+    p = pos
+    while p < end:
+        phy, size, tag = unit(mm, p)
+        max_phy_pulling = phy
+        if phy < next_phy_file_start:
+            p += UNIT_SIZE
+            continue
+        if count:
+            if count >= max_nums or total + size > max_bytes:
+                break
+            if max_py - phy > memory:
+                if total + size > disk_bytes or count >= disk_count:
+                    break
+            elif total + size > mem_bytes or count >= mem_count:
+                break
+        if tag_filter is not None and not tag_filter(tag):
+            p += UNIT_SIZE
+            continue
+        rec = None
+        if size != BLANK_SIZE:
+            idx = (phy - first_start) // file_size
+            if 0 <= idx < nfiles:
+                f = files[idx]
+                rp = phy - f.start
+                if rp + size <= f.wrote:
+                    rec = f.mm[rp : rp + size]
+        if rec is None:
+            if not count:
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+            if size != BLANK_SIZE:
+                next_phy_file_start = cl.roll_next_file(phy)
+            p += UNIT_SIZE
+            continue
+        records.append(rec)
+        queue_offsets.append(offset + (p - pos) // UNIT_SIZE)
+        total += size
+        count += 1
+        status = GetMessageStatus.FOUND
+        p += UNIT_SIZE
+    return GetMessageResult(status, offset + (p - pos) // UNIT_SIZE, min_o, max_o, records, queue_offsets,
+                            max_py - max_phy_pulling > memory)
+
+
+def _record_ts(store: FileMessageStore, phy: int, size: int) -> int:
+    rec = store.commitlog.read(phy, size) if size != BLANK_SIZE else None
+    if rec is None or len(rec) < 91:
+        return -1
+    try:
+        _, ts_pos, _, _, _ = record_layout(rec, 0, len(rec))
+    except Exception:
+        return -1
+    return int(_I64(rec, ts_pos)[0])
+
+
+def store_timestamp(store: FileMessageStore, topic: str, queue_id: int, queue_offset: int) -> int:
+    """Store time of one message, -1 when absent."""
+    cq = store.cqs.get(topic, queue_id)
+    unit = cq.unit(queue_offset) if cq is not None else None
+    if unit is None:
+        return -1
+    return _record_ts(store, unit[0], unit[1])
+
+
+def offset_by_time(store: FileMessageStore, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    """First queue offset stored at or after ``timestamp_ms`` (binary search; max offset when none)."""
+    cq = store.cqs.get(topic, queue_id)
+    if cq is None:
+        return 0
+    lo, hi = cq.min_offset, cq.max_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ts = store_timestamp(store, topic, queue_id, mid)
+        if 0 <= ts < timestamp_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _matches(rec: bytes, topic: bytes, key: bytes) -> bool:
+    try:
+        _, _, _, tp, pp = record_layout(rec, 0, len(rec))
+    except Exception:
+        return False
+    if rec[tp + 1 : pp] != topic:
+        return False
+    props = rec[pp + 2 :]
+    return find_prop(props, _UNIQ) == key or key in find_prop(props, _KEYS).split(b" ")
+
+
+def query_message(
+    store: FileMessageStore, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
+) -> QueryResult:
+    """Records whose ``topic#key`` is indexed (unique key or one of the keys), newest first, no duplicates."""
+    index = store.index
+    if index is None or max_num <= 0:
+        return QueryResult([])
+    topic_b, key_b = topic.encode(), key.encode()
+    records: list[bytes] = []
+    seen: set[int] = set()
+    # Hash collisions are filtered out below, so look at a few more candidates than asked for.
+    for phy in index.query(topic, key, max_num * 4, begin_ms, end_ms):
+        if phy in seen:
+            continue
+        seen.add(phy)
+        rec = store.look_message_by_offset(phy)
+        if rec is not None and _matches(rec, topic_b, key_b):
+            records.append(rec)
+            if len(records) >= max_num:
+                break
+    return QueryResult(records, index.end_ts, index.end_phy)

@@ -1,0 +1,35 @@
+"""Index file layout (SEMANTICS.md 7.3)."""
+
+from __future__ import annotations
+
+import struct
+
+from broker.store.index import IndexFile, key_hash
+
+from .conftest import BORN_HOST, StoreFactory, batch
+
+
+def test_key_hash_and_slot_of_the_spec_example() -> None:
+    assert key_hash("FooBar#KEY1") == 2081429752
+    assert key_hash("FooBar#KEY1") % 5_000_000 == 1429752
+    # abs(Integer.MIN_VALUE) overflows: RocketMQ maps it to 0.
+    assert key_hash("polygenelubricants") == 0
+
+
+def test_file_layout_header_slots_items(make_store: StoreFactory) -> None:
+    store = make_store(max_hash_slot_num=16, max_index_num=64)
+    r = store.append_batch("T", 0, batch("T", 1, keys="KEY1", uniq_prefix="Q"), born_host=BORN_HOST)
+    store.dispatch_available()
+    assert store.index is not None
+    assert store.index.flush()  # the header reaches the map at flush
+    f = store.index.files[0]
+    mm = f.mf.mm
+    assert len(mm) == IndexFile.file_size(16, 64) == 40 + 16 * 4 + 64 * 20
+    begin_ts, end_ts, begin_phy, end_phy, slot_count, index_count = struct.unpack_from(">qqqqii", mm, 0)
+    assert (begin_phy, end_phy, index_count) == (r.wrote_offset, r.wrote_offset, 3)  # uniq key + KEY1, from 1
+    assert begin_ts == end_ts == r.store_timestamp
+    h = key_hash("T#KEY1")
+    slot_value = struct.unpack_from(">i", mm, 40 + (h % 16) * 4)[0]
+    item_h, phy, diff, _prev = struct.unpack_from(">iqii", mm, 40 + 16 * 4 + slot_value * 20)
+    assert (item_h, phy, diff) == (h, r.wrote_offset, 0)
+    assert slot_count in (1, 2)

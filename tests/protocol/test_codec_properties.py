@@ -1,0 +1,87 @@
+"""Property tests of the record codec: send batch -> stored records -> decoded messages round trip."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client.protocol.codec import (
+    create_offset_msg_id,
+    decode_batch,
+    decode_offset_msg_id,
+    decode_records,
+    encode_batch,
+    java_hash,
+    pack_host,
+    write_batch_records,
+)
+from client.protocol.message import Message
+
+NAME = st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=20)
+VALUE = st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]), max_size=30)
+KEY = st.text(alphabet="abcdefKLM0123456789-_", min_size=1, max_size=12)
+USER_PROP = st.text(alphabet="abcdefghijklmnop", min_size=1, max_size=8).map(lambda s: "u" + s)
+
+MESSAGE = st.builds(
+    lambda body, tags, keys, props, delay, flag: Message(
+        "Topic", body, tags=tags, keys=keys, properties=props, delay_level=delay, flag=flag
+    ),
+    st.binary(max_size=300),
+    st.none() | NAME,
+    st.lists(KEY, max_size=3),
+    st.dictionaries(USER_PROP, VALUE, max_size=3),
+    st.integers(0, 18),
+    st.integers(0, 2**31 - 1),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    msgs=st.lists(MESSAGE, min_size=1, max_size=6),
+    topic=NAME,
+    queue_id=st.integers(0, 1000),
+    first_offset=st.integers(0, 2**40),
+    file_start=st.integers(0, 2**40),
+    born_ts=st.integers(0, 2**45),
+    store_ts=st.integers(0, 2**45),
+    reconsume=st.integers(0, 16),
+)
+def test_batch_to_records_round_trip(
+    msgs: list[Message], topic: str, queue_id: int, first_offset: int, file_start: int, born_ts: int,
+    store_ts: int, reconsume: int,
+) -> None:
+    uniq = [f"UNIQ{i:028d}" for i in range(len(msgs))]
+    body = encode_batch(msgs, born_timestamp_ms=born_ts, uniq_keys=uniq)
+    items = decode_batch(body)
+    assert [bytes(it.body) for it in items] == [m.body for m in msgs]
+    buf = bytearray(64 * 1024)
+    born = pack_host("10.1.2.3", 40000)
+    store_host = pack_host("127.0.0.1", 10911)
+    offsets = write_batch_records(buf, 16, file_start, topic=topic.encode(), queue_id=queue_id,
+                                  first_queue_offset=first_offset, items=items, born_host=born,
+                                  store_timestamp=store_ts, store_host=store_host, reconsume_times=reconsume)
+    end = offsets[-1] - file_start + int.from_bytes(buf[offsets[-1] - file_start : offsets[-1] - file_start + 4],
+                                                    "big")
+    out = decode_records(bytes(buf[16:end]), verify_crc=True)
+    assert len(out) == len(msgs)
+    for k, (m, got) in enumerate(zip(msgs, out, strict=True)):
+        assert (got.topic, got.body, got.tags, got.keys, got.flag) == (topic, m.body, m.tags, m.keys, m.flag)
+        assert {p: v for p, v in got.properties.items() if p.startswith("u")} == m.properties
+        assert got.msg_id == uniq[k]
+        assert (got.queue_id, got.queue_offset, got.commit_log_offset) == (queue_id, first_offset + k, offsets[k])
+        assert (got.born_timestamp, got.store_timestamp, got.reconsume_times) == (born_ts, store_ts, reconsume)
+        assert (got.born_host, got.store_host) == ("10.1.2.3:40000", "127.0.0.1:10911")
+        assert got.offset_msg_id == create_offset_msg_id(store_host, offsets[k])
+        assert decode_offset_msg_id(got.offset_msg_id) == ("127.0.0.1:10911", offsets[k])
+
+
+def test_java_hash_known_values() -> None:
+    assert java_hash("TagA") == 2598919
+    assert java_hash("FooBar#KEY1") == -2081429752
+    assert java_hash("") == 0
+    assert java_hash("é") == 233
+
+
+def test_msg_id_examples_of_semantics_7_4() -> None:
+    assert create_offset_msg_id(pack_host("127.0.0.1", 9103), 123456) == "7F0000010000238F000000000001E240"
+    assert decode_offset_msg_id("645100FA00002A9F000000489A3AA09E") == ("100.81.0.250:10911", 311825178782)
