@@ -19,9 +19,13 @@ import time
 import uuid
 from typing import Any
 
+from benchmarks import Row
 from client import Admin, AsyncProducer, Message, Producer, PullConsumer, PullStatus
 
-__all__ = ["bench_async_concurrent", "bench_pull", "bench_send_batch", "bench_send_latency", "run_all"]
+__all__ = [
+    "bench_async_concurrent", "bench_default_transport_batch", "bench_pull", "bench_send_batch",
+    "bench_send_latency", "run", "run_all",
+]
 
 BODY = b"x" * 1024
 
@@ -107,6 +111,51 @@ def bench_pull(namesrv_addr: str, *, messages: int = 64_000, max_nums: int = 32)
             offset = r.next_begin_offset
         total = time.perf_counter() - t0
     return {"msgs_per_s": got / total, "messages": got, "mean_per_pull": statistics.fmean(sizes) if sizes else 0.0}
+
+
+def bench_default_transport_batch(namesrv_addr: str, *, batch: int = 64, batches: int = 300) -> float:
+    """Baseline: the same 64-message send bodies POSTed with a plain ``httpx.Client`` (httpx's default
+    transport) to the master, skipping the SDK; msgs/s."""
+    import httpx
+
+    from client.protocol.codec import encode_batch
+
+    topic = _topic(namesrv_addr, "BenchBase")
+    with Admin(namesrv_addr) as admin:
+        route = admin.topic_route(topic)
+    addr = route.broker_datas[0].broker_addrs[0]
+    body = encode_batch([Message(topic, BODY) for _ in range(batch)], born_timestamp_ms=int(time.time() * 1000))
+    url = f"http://{addr}/send?topic={topic}&queueId=0&group=bench_base"
+    with httpx.Client(timeout=10.0) as http:
+        http.post(url, content=body).raise_for_status()
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            http.post(url, content=body).raise_for_status()
+        total = time.perf_counter() - t0
+    return batch * batches / total
+
+
+def run(quick: bool) -> list[Row]:
+    """Runner entry: a one-group cluster (no slave), the four SDK figures and their same-run baselines."""
+    from client.cluster import LocalCluster
+
+    scale = 4 if quick else 1
+    with tempfile.TemporaryDirectory() as d, LocalCluster(d, broker_groups=1, slaves_per_group=0) as cluster:
+        ns = cluster.namesrv_addr
+        base = bench_default_transport_batch(ns, batches=300 // scale)
+        lat = bench_send_latency(ns, messages=3000 // scale)
+        batch = bench_send_batch(ns, batches=600 // scale)
+        conc = bench_async_concurrent(ns, messages=40_000 // scale)
+        pull = bench_pull(ns, messages=64_000 // scale)
+    plain = "plain httpx POST of the same 64-msg body"
+    return [
+        Row("send, 1 thread: p50 latency", lat["p50_us"], "us"),
+        Row("send, 1 thread: p99 latency", lat["p99_us"], "us"),
+        Row("send, 1 thread", lat["msgs_per_s"], "msgs/s"),
+        Row("send_batch of 64", batch["msgs_per_s"], "msgs/s", plain, base, ">= 60000"),
+        Row("AsyncProducer, 64 concurrent senders", conc["msgs_per_s"], "msgs/s", plain, base, ">= 50000"),
+        Row("pull 32/request, decoded", pull["msgs_per_s"], "msgs/s", plain, base, ">= 100000"),
+    ]
 
 
 def run_all(namesrv_addr: str) -> dict[str, dict[str, Any]]:

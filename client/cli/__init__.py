@@ -1,0 +1,75 @@
+"""``splitmq``: the SplitMQ command-line tool (console script ``splitmq``, or ``python -m client.cli``).
+
+::
+
+    splitmq cluster up --root /tmp/mq --groups 2 --slaves 1 --mode sync     # prints namesrv=HOST:PORT
+    splitmq topic create -n HOST:PORT -t Orders -r 4 -w 4
+    splitmq produce -n HOST:PORT -t Orders hello world
+    splitmq consume -n HOST:PORT -t Orders --from-beginning --from-slave --count 2
+    splitmq ha status -n HOST:PORT -b broker-a --json
+
+Every admin command takes ``-n/--namesrv`` (default ``$NAMESRV_ADDR``), ``--timeout S`` (default 10),
+``--json`` and ``--debug``. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a broker
+refused), 2 usage error, 130 interrupted. Errors are one line on stderr; ``--debug`` adds the traceback.
+Only :mod:`client` is imported, never the servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from client.cli._output import Output
+from client.cli._parser import build_parser
+from client.errors import ClientError
+
+__all__ = ["build_parser", "main"]
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
+    debug = bool(getattr(args, "debug", False))
+    try:
+        return int(args.func(args, out))
+    except ClientError as e:
+        _fail(out, str(e), debug)
+    except BrokenPipeError:
+        # The reader of stdout went away (``| head``): not an error worth a message.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as e:
+        _fail(out, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), debug)
+    except ValueError as e:
+        _fail(out, str(e), debug)
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        return 130
+    except Exception as e:  # the last line of defence: one line, the traceback only on request
+        hint = "" if debug else " (run again with --debug for the traceback)"
+        _fail(out, f"unexpected {type(e).__name__}: {e}{hint}", debug)
+    return 1
+
+
+def _fail(out: Output, message: str, debug: bool) -> None:
+    if debug:
+        traceback.print_exc(file=out.err)
+    out.error(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``splitmq`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    Usage errors exit through argparse (``SystemExit(2)``) after one line on stderr.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "debug", False):
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = Output(sys.stdout, sys.stderr, json_mode=bool(getattr(args, "json", False)))
+    return _run(args, out)

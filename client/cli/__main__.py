@@ -1,0 +1,5 @@
+"""``python -m client.cli``: the ``splitmq`` tool."""
+
+from client.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""``splitmq cluster up``: a :class:`~client.cluster.LocalCluster` in the foreground until SIGINT or SIGTERM.
+
+Prints ``namesrv=HOST:PORT`` (flushed, its own line) as soon as every broker is registered, then the brokers.
+The first SIGINT/SIGTERM stops every process (brokers first, SIGKILL after the ``--timeout`` grace) and the
+command exits 0 saying so; further signals during the stop are ignored so the stop is not cut short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from client.cli._output import Output
+from client.cluster import ClusterError, LocalCluster
+
+__all__ = ["cmd_cluster_up"]
+
+#: How often the foreground loop checks that every server process is still alive.
+WATCH_INTERVAL_S = 1.0
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _StopRequested(BaseException):
+    """Raised in the main thread by the first SIGINT/SIGTERM (BaseException: no ``except Exception`` eats it)."""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(signame)
+        self.signame = signame
+
+
+def _raise_stop(signum: int, frame: types.FrameType | None) -> None:
+    for sig in _SIGNALS:  # only the first signal interrupts; the stop itself must run to its end
+        signal.signal(sig, signal.SIG_IGN)
+    raise _StopRequested(signal.Signals(signum).name)
+
+
+def _install(handler: Callable[[int, types.FrameType | None], Any] | int) -> dict[int, Any]:
+    return {sig: signal.signal(sig, handler) for sig in _SIGNALS}
+
+
+def _print_brokers(cluster: LocalCluster, out: Output) -> None:
+    out.table(("NAME", "ID", "ROLE", "ADDR", "HA_ADDR", "PID"),
+              [(b.name, b.broker_id, b.role, b.addr, b.ha_addr, b.pid) for b in cluster.brokers])
+
+
+def _watch(cluster: LocalCluster, out: Output) -> None:
+    """Until a signal: report (once each) servers that exited on their own; the rest keep running."""
+    reported: set[str] = set()
+    wake = threading.Event()  # never set: a bounded, signal-interruptible wait
+    while True:
+        wake.wait(WATCH_INTERVAL_S)
+        for b in cluster.brokers:
+            label = f"{b.name}[{b.broker_id}]"
+            if not b.running() and label not in reported:
+                reported.add(label)
+                out.warn(f"broker {label} (pid {b.pid}) exited; log {b.log_path}")
+        for ns in cluster.nameserver_handles:
+            label = f"nameserver-{ns.index}"
+            if not ns.running() and label not in reported:
+                reported.add(label)
+                out.warn(f"{label} (pid {ns.pid}) exited; logs in {cluster.root_dir / 'logs'}")
+        if len(reported) == len(cluster.brokers) + len(cluster.nameserver_handles):
+            raise ClusterError(f"every server of the cluster exited; logs in {cluster.root_dir / 'logs'}")
+
+
+def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
+    """Start the cluster, print ``namesrv=`` and the brokers, run until SIGINT/SIGTERM, then stop everything."""
+    try:
+        cluster = LocalCluster(args.root, broker_groups=args.groups, slaves_per_group=args.slaves, mode=args.mode,
+                               broker_config=dict(args.set), start_timeout_s=args.timeout)
+    except ValueError as e:
+        args.leaf.error(str(e))
+    previous = _install(_raise_stop)
+    code = 0
+    try:
+        out.info(f"starting {args.groups} broker group(s) x {args.slaves} slave(s), mode {args.mode}, "
+                 f"in {cluster.root_dir}")
+        cluster.start()
+        out.line(f"namesrv={cluster.namesrv_addr}")
+        _print_brokers(cluster, out)
+        out.info(f"logs in {cluster.root_dir / 'logs'}; press Ctrl-C to stop")
+        _watch(cluster, out)
+    except _StopRequested as stop:
+        out.info(f"received {stop.signame}; stopping the cluster")
+    except ClusterError as e:
+        out.error(f"cluster: {e}")
+        code = 1
+    finally:
+        _install(signal.SIG_IGN)
+        try:
+            cluster.stop(timeout_s=args.timeout)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if code == 0:
+        out.line("cluster stopped")
+    return code
