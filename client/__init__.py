@@ -15,9 +15,19 @@ from __future__ import annotations
 
 from client import errors
 from client._admin import Admin, ClusterInfo, QueueProgress
+from client._async_group_consumer import AsyncGroupConsumer
+from client._consume_core import GroupConsumerConfig
 from client._consumer import AsyncPullConsumer, PullConsumer
+from client._group_consumer import GroupConsumer
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
 from client._producer import AsyncProducer, Producer
+from client._push_consumer import ConsumeStatus, PushConsumer
+from client._rebalance import (
+    AllocateMessageQueueAveragely,
+    AllocateMessageQueueAveragelyByCircle,
+    ConsumeFromWhere,
+    MessageModel,
+)
 from client._requests import PullResult, SendResult
 from client._routing import FindBrokerResult
 from client.protocol.codes import PullStatus, SendStatus
@@ -25,21 +35,30 @@ from client.protocol.message import Message, MessageExt, MessageQueue
 
 __all__ = [
     "Admin",
+    "AllocateMessageQueueAveragely",
+    "AllocateMessageQueueAveragelyByCircle",
     "AsyncClientInstance",
+    "AsyncGroupConsumer",
     "AsyncProducer",
     "AsyncPullConsumer",
     "ClientConfig",
     "ClientInstance",
     "ClientState",
     "ClusterInfo",
+    "ConsumeFromWhere",
+    "ConsumeStatus",
     "FindBrokerResult",
+    "GroupConsumer",
+    "GroupConsumerConfig",
     "Message",
     "MessageExt",
+    "MessageModel",
     "MessageQueue",
     "Producer",
     "PullConsumer",
     "PullResult",
     "PullStatus",
+    "PushConsumer",
     "QueueProgress",
     "SendResult",
     "SendStatus",

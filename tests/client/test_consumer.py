@@ -123,9 +123,12 @@ def test_async_consumer(fake, async_fake_instance) -> None:
 def test_public_names_are_pinned() -> None:
     assert client.__all__ == sorted(client.__all__)
     assert client.__all__ == [
-        "Admin", "AsyncClientInstance", "AsyncProducer", "AsyncPullConsumer", "ClientConfig", "ClientInstance",
-        "ClientState", "ClusterInfo", "FindBrokerResult", "Message", "MessageExt", "MessageQueue", "Producer",
-        "PullConsumer", "PullResult", "PullStatus", "QueueProgress", "SendResult", "SendStatus", "errors",
+        "Admin", "AllocateMessageQueueAveragely", "AllocateMessageQueueAveragelyByCircle", "AsyncClientInstance",
+        "AsyncGroupConsumer", "AsyncProducer", "AsyncPullConsumer", "ClientConfig", "ClientInstance",
+        "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "FindBrokerResult", "GroupConsumer",
+        "GroupConsumerConfig", "Message", "MessageExt", "MessageModel", "MessageQueue", "Producer",
+        "PullConsumer", "PullResult", "PullStatus", "PushConsumer", "QueueProgress", "SendResult", "SendStatus",
+        "errors",
     ]
     for name in client.__all__:
         assert getattr(client, name) is not None

@@ -1,0 +1,304 @@
+"""State and decisions shared by the group consumers (lite pull, sync and async) and the push consumer.
+
+No I/O here: the shells fetch client ids, offsets and messages and hand them to :class:`GroupCore`, which owns
+the subscriptions, the queues this instance holds (one :class:`ProcessQueue` each), the offset table and the
+cache of pulled batches waiting for ``poll``. One lock guards it all; every method takes it briefly.
+
+Offsets (lite pull): a batch returned by ``poll`` stays "in flight" in its queue until the next ``poll``,
+``commit`` or ``close`` acknowledges it, so a periodic or hand-over commit never covers a batch the user may
+still be processing; a crash re-delivers it instead (at least once, as RocketMQ's lite pull consumer).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from client._offset_store import OffsetTable
+from client._rebalance import (
+    AllocateMessageQueueAveragely,
+    AllocateMessageQueueStrategy,
+    ConsumeFromWhere,
+    MessageModel,
+    ProcessQueue,
+    TagFilter,
+    restore_retry_topic,
+)
+from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.properties import validate_group, validate_topic
+
+__all__ = ["GroupConsumerConfig", "GroupCore", "PulledBatch"]
+
+MIB = 1024 * 1024
+
+
+def _positive(_: Any, attribute: Any, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+def _non_negative(_: Any, attribute: Any, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, got {value!r}")
+
+
+def _check_strategy(_: Any, attribute: Any, value: object) -> None:
+    if not callable(getattr(value, "allocate", None)):
+        raise ValueError(f"allocate_strategy must have an allocate() method, got {type(value).__name__}")
+
+
+@attrs.frozen
+class GroupConsumerConfig:
+    """Settings of a group consumer (lite pull) or push consumer; RocketMQ's defaults."""
+
+    group: str = attrs.field(validator=lambda _, __, v: validate_group(v))
+    """Consumer group."""
+    message_model: MessageModel = attrs.field(default=MessageModel.CLUSTERING, converter=MessageModel)
+    """CLUSTERING (queues divided among the group's instances) or BROADCASTING (every instance gets all)."""
+    consume_from_where: ConsumeFromWhere = attrs.field(default=ConsumeFromWhere.LAST_OFFSET,
+                                                       converter=ConsumeFromWhere)
+    """Start of a queue the group never committed: LAST_OFFSET, FIRST_OFFSET or TIMESTAMP."""
+    consume_timestamp_ms: int | None = None
+    """For TIMESTAMP: ms since the epoch (None: 30 minutes before start, as RocketMQ)."""
+    allocate_strategy: AllocateMessageQueueStrategy = attrs.field(factory=AllocateMessageQueueAveragely,
+                                                                  validator=_check_strategy)
+    """How the instances divide the queues."""
+    heartbeat_interval_s: float = attrs.field(default=30.0, validator=_positive)
+    """Heartbeat period of the client instance this consumer creates (a shared one keeps its own)."""
+    rebalance_interval_s: float = attrs.field(default=20.0, validator=_positive)
+    """Period of the rebalance (a joining or leaving instance is seen within it)."""
+    auto_commit: bool = True
+    """Commit consumed offsets every ``auto_commit_interval_s`` (lite pull: from ``poll``)."""
+    auto_commit_interval_s: float = attrs.field(default=5.0, validator=_positive)
+    """``persistConsumerOffsetInterval``."""
+    pull_batch_size: int = attrs.field(default=32, validator=_positive)
+    """Messages per pull at most."""
+    max_poll_messages: int = attrs.field(default=64, validator=_positive)
+    """Messages one ``poll`` returns at most."""
+    pull_threshold_for_queue: int = attrs.field(default=1000, validator=_positive)
+    """Cached messages of one queue above which its pulls pause (flow control)."""
+    pull_threshold_size_for_queue_mib: int = attrs.field(default=100, validator=_positive)
+    """Cached body MiB of one queue above which its pulls pause."""
+    pull_suspend_s: float = attrs.field(default=5.0, validator=_non_negative)
+    """Long polling: how long the broker may hold a pull that finds nothing (0 = no long polling)."""
+    pull_thread_nums: int = attrs.field(default=8, validator=_positive)
+    """Pull threads of a sync consumer (queues are pulled round robin by them)."""
+    pull_delay_on_error_s: float = attrs.field(default=1.0, validator=_non_negative)
+    """``pullTimeDelayMillsWhenException``."""
+    offset_store_dir: str = "~/.splitmq_offsets"
+    """BROADCASTING: where the local offsets file lives."""
+    instance_name: str | None = None
+    """None: use the process-wide client instance. A name: a client instance of its own (its own client id),
+    shared by the consumers given the same name -- RocketMQ's ``instanceName``."""
+    close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    """Bound on close: in-flight work, the final commit."""
+
+    @property
+    def threshold_bytes(self) -> int:
+        return self.pull_threshold_size_for_queue_mib * MIB
+
+
+@attrs.frozen
+class PulledBatch:
+    """Messages of one pull waiting in the poll cache."""
+
+    pq: ProcessQueue
+    generation: int
+    msgs: list[MessageExt]
+
+
+class GroupCore:
+    """Subscriptions, held queues, offsets and the poll cache of one consumer (thread-safe, no I/O)."""
+
+    def __init__(self, config: GroupConsumerConfig) -> None:
+        self.config = config
+        self.lock = threading.RLock()
+        self.subscriptions: dict[str, TagFilter] = {}
+        self.assigned_mode = False
+        self.manual_queues: set[MessageQueue] = set()
+        self.pqs: dict[MessageQueue, ProcessQueue] = {}
+        self.offsets = OffsetTable()
+        self.cache: collections.deque[PulledBatch] = collections.deque()
+        self.stash: dict[MessageQueue, list[PulledBatch]] = {}
+        self.unacked: list[tuple[ProcessQueue, int, list[MessageExt]]] = []
+
+    # --- subscriptions ---
+
+    def subscribe(self, topic: str, sub_expression: str | None) -> TagFilter:
+        """Add or replace a topic subscription.
+
+        Raises:
+            MessageIllegalError: bad topic name.
+            ValueError: bad expression, or ``assign`` was used.
+        """
+        validate_topic(topic)
+        flt = TagFilter.parse(sub_expression)
+        with self.lock:
+            if self.assigned_mode:
+                raise ValueError("subscribe() and assign() are exclusive: this consumer uses assign()")
+            self.subscriptions[topic] = flt
+        return flt
+
+    def unsubscribe(self, topic: str) -> None:
+        with self.lock:
+            self.subscriptions.pop(topic, None)
+
+    def assign(self, queues: Iterable[MessageQueue]) -> set[MessageQueue]:
+        """Manual assignment (no rebalance): the queues to hold from now on.
+
+        Raises:
+            ValueError: a queue is not a MessageQueue, or ``subscribe`` was used.
+        """
+        qs = set(queues)
+        for mq in qs:
+            if not isinstance(mq, MessageQueue):
+                raise ValueError(f"assign() takes MessageQueue objects, got {type(mq).__name__}")
+            validate_topic(mq.topic)
+        with self.lock:
+            if self.subscriptions and not self.assigned_mode:
+                raise ValueError("subscribe() and assign() are exclusive: this consumer uses subscribe()")
+            self.assigned_mode = True
+            self.manual_queues = qs
+            for mq in qs:
+                self.subscriptions.setdefault(mq.topic, TagFilter("*", None))
+        return qs
+
+    def filter_of(self, topic: str) -> TagFilter:
+        return self.subscriptions.get(topic) or TagFilter("*", None)
+
+    # --- queues ---
+
+    def held(self, topic: str | None = None) -> set[MessageQueue]:
+        with self.lock:
+            return {mq for mq in self.pqs if topic is None or mq.topic == topic}
+
+    def add_queue(self, mq: MessageQueue, start_offset: int) -> ProcessQueue | None:
+        """Hold ``mq`` from ``start_offset``; None when already held."""
+        with self.lock:
+            if mq in self.pqs:
+                return None
+            pq = ProcessQueue(mq, start_offset)
+            self.pqs[mq] = pq
+            self.offsets.update(mq, start_offset, increase_only=False)
+            return pq
+
+    def drop_queue(self, mq: MessageQueue) -> int:
+        """Stop holding ``mq``; returns its consumed offset (-1 when it was not held)."""
+        with self.lock:
+            pq = self.pqs.pop(mq, None)
+            if pq is None:
+                return -1
+            pq.dropped = True
+            self.stash.pop(mq, None)
+            self.offsets.remove(mq)
+            return pq.consume_offset
+
+    def live(self, pq: ProcessQueue, generation: int | None = None) -> bool:
+        """True while ``pq`` is still held (and, with ``generation``, not reset since)."""
+        return not pq.dropped and self.pqs.get(pq.mq) is pq and (generation is None or pq.generation == generation)
+
+    # --- pull results ---
+
+    def on_pulled(self, pq: ProcessQueue, generation: int, msgs: Sequence[MessageExt], next_begin: int,
+                  group: str) -> list[MessageExt]:
+        """Record a pull's answer; returns the messages to deliver (tag re-check, retry topic restored)."""
+        flt = self.filter_of(pq.mq.topic)
+        kept = [restore_retry_topic(m, group) for m in msgs if flt.matches(m)]
+        with self.lock:
+            if not self.live(pq, generation):
+                return []
+            before = pq.consume_offset
+            added = pq.put(kept, next_begin)
+            if pq.consume_offset != before:
+                self.offsets.update(pq.mq, pq.consume_offset)
+            return added
+
+    def reset_queue(self, pq: ProcessQueue, offset: int) -> None:
+        """Restart ``pq`` at ``offset`` (seek, OFFSET_ILLEGAL); cached batches of it become stale."""
+        with self.lock:
+            pq.reset(offset)
+            self.stash.pop(pq.mq, None)
+            self.offsets.update(pq.mq, offset, increase_only=False)
+
+    def consumed(self, pq: ProcessQueue, msgs: Sequence[MessageExt], generation: int | None = None) -> None:
+        """``msgs`` of ``pq`` are consumed: advance its offset to the smallest still in flight."""
+        with self.lock:
+            if not self.live(pq, generation):
+                return
+            self.offsets.update(pq.mq, pq.remove(msgs))
+
+    # --- poll cache (lite pull) ---
+
+    def offer(self, pq: ProcessQueue, generation: int, msgs: list[MessageExt]) -> None:
+        with self.lock:
+            if msgs and self.live(pq, generation):
+                self.cache.append(PulledBatch(pq, generation, msgs))
+
+    def ack_polled(self) -> None:
+        """The batches returned by earlier polls are consumed."""
+        with self.lock:
+            unacked, self.unacked = self.unacked, []
+            for pq, gen, msgs in unacked:
+                self.consumed(pq, msgs, gen)
+
+    def take_polled(self, max_messages: int) -> list[MessageExt]:
+        """Cached messages (paused queues' batches are set aside until resume), at most ``max_messages``."""
+        out: list[MessageExt] = []
+        with self.lock:
+            while self.cache and len(out) < max_messages:
+                b = self.cache.popleft()
+                if not self.live(b.pq, b.generation):
+                    continue
+                if b.pq.paused:
+                    self.stash.setdefault(b.pq.mq, []).append(b)
+                    continue
+                room = max_messages - len(out)
+                if len(b.msgs) > room:
+                    self.cache.appendleft(PulledBatch(b.pq, b.generation, b.msgs[room:]))
+                    b = PulledBatch(b.pq, b.generation, b.msgs[:room])
+                out.extend(b.msgs)
+                self.unacked.append((b.pq, b.generation, b.msgs))
+        return out
+
+    def set_paused(self, queues: Iterable[MessageQueue], paused: bool) -> list[ProcessQueue]:
+        """Pause or resume held queues; returns the resumed ones (their set-aside batches go back)."""
+        resumed = []
+        with self.lock:
+            for mq in queues:
+                pq = self.pqs.get(mq)
+                if pq is None:
+                    continue
+                pq.paused = paused
+                if not paused:
+                    resumed.append(pq)
+                    self.cache.extend(self.stash.pop(mq, []))
+        return resumed
+
+    def has_cached(self) -> bool:
+        with self.lock:
+            return any(self.live(b.pq, b.generation) and not b.pq.paused for b in self.cache)
+
+    # --- bookkeeping for shells ---
+
+    def snapshot_offsets(self) -> dict[MessageQueue, int]:
+        """Consumed offsets of every held queue."""
+        with self.lock:
+            return {mq: pq.consume_offset for mq, pq in self.pqs.items()}
+
+    def topics(self) -> list[str]:
+        with self.lock:
+            return sorted(self.subscriptions)
+
+
+def run_quietly(fn: Callable[[], Any], what: str, log: Any) -> bool:
+    """Run ``fn``; log and swallow any exception (background loops must survive anything)."""
+    try:
+        fn()
+        return True
+    except Exception as e:
+        log.warning("%s failed: %s", what, e)
+        return False

@@ -1,0 +1,127 @@
+"""PushConsumer: argument errors, and against real servers -- retries through the broker with growing reconsume
+times (a wrong callback return type counts as a failure, loudly), the DLQ after ``max_reconsume_times``,
+orderly consumption, and a bounded close with a callback still running."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from client import Admin, Message, MessageExt, Producer, PullConsumer, PullStatus
+from client._push_consumer import ConsumeStatus, InvalidConsumeStatusError, PushConsumer
+from client.cluster import LocalCluster
+from client.errors import InvalidParameterError
+from client.protocol.message import MessageQueue
+
+FAST = {"rebalance_interval_s": 1.0, "heartbeat_interval_s": 1.0, "pull_suspend_s": 1.0,
+        "consume_from_where": "FIRST_OFFSET"}
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(InvalidParameterError, match="listener must be callable"):
+        PushConsumer("g", "127.0.0.1:1", "not a function")  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameterError, match="consume_thread_nums"):
+        PushConsumer("g", "127.0.0.1:1", lambda m: ConsumeStatus.CONSUME_SUCCESS, consume_thread_nums=0)
+    with pytest.raises(InvalidParameterError, match="max_reconsume_times"):
+        PushConsumer("g", "127.0.0.1:1", lambda m: ConsumeStatus.CONSUME_SUCCESS, max_reconsume_times=-2)
+
+
+@pytest.fixture
+def cluster(cluster_factory: Callable[..., LocalCluster]) -> LocalCluster:
+    return cluster_factory(broker_groups=1, slaves_per_group=0,
+                           broker_config={"messageDelayLevel": " ".join(["1s"] * 18)})
+
+
+def setup_topic(cluster: LocalCluster, topic: str, queues: int = 2) -> None:
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=queues)
+
+
+def send(cluster: LocalCluster, topic: str, bodies: list[bytes]) -> None:
+    with Producer("p_" + topic, cluster.namesrv_addr) as p:
+        for b in bodies:
+            p.send(Message(topic, b), MessageQueue(topic, "broker-a", 0))
+
+
+@pytest.mark.integration
+def test_fail_twice_then_succeed_sees_reconsume_times_0_1_2(cluster: LocalCluster) -> None:
+    setup_topic(cluster, "PcRetry")
+    seen: list[tuple[str, int, bytes]] = []
+    done = threading.Event()
+    answers = iter([ConsumeStatus.RECONSUME_LATER, None, ConsumeStatus.CONSUME_SUCCESS])
+
+    def on_messages(msgs: list[MessageExt]) -> ConsumeStatus:
+        seen.extend((m.topic, m.reconsume_times, m.body) for m in msgs)
+        answer = next(answers)
+        if answer is ConsumeStatus.CONSUME_SUCCESS:
+            done.set()
+        return answer  # type: ignore[return-value]  # None on purpose: a wrong return type
+
+    with PushConsumer("g_retry", cluster.namesrv_addr, on_messages, **FAST) as c:  # type: ignore[arg-type]
+        c.subscribe("PcRetry")
+        send(cluster, "PcRetry", [b"hello"])
+        assert done.wait(30), f"seen {seen}"
+        assert seen == [("PcRetry", 0, b"hello"), ("PcRetry", 1, b"hello"), ("PcRetry", 2, b"hello")]
+        assert c.callback_errors == 1 and isinstance(c.last_callback_error, InvalidConsumeStatusError)
+
+
+@pytest.mark.integration
+def test_always_failing_goes_to_dlq_after_max_reconsume_times(cluster: LocalCluster) -> None:
+    setup_topic(cluster, "PcDlq")
+    seen: list[int] = []
+
+    def on_messages(msgs: list[MessageExt]) -> ConsumeStatus:
+        seen.extend(m.reconsume_times for m in msgs)
+        return ConsumeStatus.RECONSUME_LATER
+
+    with PushConsumer("g_dlq", cluster.namesrv_addr, on_messages, max_reconsume_times=2, **FAST) as c:  # type: ignore[arg-type]
+        c.subscribe("PcDlq")
+        send(cluster, "PcDlq", [b"poison"])
+        dlq = MessageQueue("%DLQ%g_dlq", "broker-a", 0)
+        with PullConsumer("g_dlq_reader", cluster.namesrv_addr) as reader:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    r = reader.pull(dlq, 0, 32)
+                    if r.pull_status is PullStatus.FOUND:
+                        break
+                except Exception:  # the DLQ topic does not exist until the first dead letter
+                    pass
+                assert time.monotonic() < deadline, f"nothing in {dlq}; callback saw reconsume times {seen}"
+                time.sleep(0.1)  # polling the DLQ with a deadline
+        assert [m.body for m in r.msg_found_list] == [b"poison"]
+        assert seen == [0, 1, 2]
+
+
+@pytest.mark.integration
+def test_orderly_keeps_queue_order_and_close_is_bounded(cluster: LocalCluster) -> None:
+    setup_topic(cluster, "PcOrder", queues=1)
+    bodies = [f"{i:03d}".encode() for i in range(30)]
+    seen: list[bytes] = []
+    release = threading.Event()
+    all_seen = threading.Event()
+
+    def on_messages(msgs: list[MessageExt]) -> ConsumeStatus:
+        seen.extend(m.body for m in msgs)
+        if len(seen) >= len(bodies):
+            all_seen.set()
+            release.wait(30)  # the last callback is still running when close() is called
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    c = PushConsumer("g_order", cluster.namesrv_addr, on_messages, orderly=True, consume_message_batch_max_size=4,
+                     **FAST)  # type: ignore[arg-type]
+    c.subscribe("PcOrder")
+    c.start()
+    try:
+        send(cluster, "PcOrder", bodies)
+        assert all_seen.wait(30), f"seen {len(seen)}"
+        assert seen == bodies
+        began = time.monotonic()
+        c.close(await_termination_s=0.5)
+        assert time.monotonic() - began < 4.0
+    finally:
+        release.set()
+        c.close()
