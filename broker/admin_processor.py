@@ -237,7 +237,11 @@ class AdminProcessor:
                 raise ArgumentError(f"consumerGroups[{i}].subscriptions must be a list of {{topic, expression}}")
         for g in producers:
             checked_name("group", g)
-        self._ctrl.clients.heartbeat(client_id, producers, consumers)
+        timeout_ms = body.get("heartbeatTimeoutMs")
+        if timeout_ms is not None and (not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool)
+                                       or timeout_ms <= 0):
+            raise ArgumentError("JSON field 'heartbeatTimeoutMs' must be a positive integer (ms)")
+        self._ctrl.clients.heartbeat(client_id, producers, consumers, timeout_ms)
         return json_response({})
 
     async def runtime(self, request: Request) -> Response:

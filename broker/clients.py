@@ -1,6 +1,12 @@
 """Clients that sent heartbeats, per group, with their last-seen time (RocketMQ's consumer/producer
-managers). Bounded: at most ``max_groups`` groups and ``max_clients_per_group`` clients each; entries expire
-``expire_ms`` (120 s) after the last heartbeat. Used by rebalancing (consumer ids of a group)."""
+managers). Bounded: at most ``max_groups`` groups and ``max_clients_per_group`` clients each. Used by
+rebalancing (consumer ids of a group).
+
+Expiry: RocketMQ drops a client 120 s after its last heartbeat, or at once when its TCP channel closes. Over
+HTTP there is no channel to watch, so a client may announce its own ``heartbeatTimeoutMs`` (like Kafka's session
+timeout; the SDK sends two heartbeat periods): a killed consumer then leaves its group within that time
+instead of 120 s. The announced value is clamped to ``[MIN_CLIENT_TIMEOUT_MS, expire_ms]``. A client that closes
+cleanly unregisters and leaves at once."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import attrs
 
 from client.errors import InvalidParameterError
 
-__all__ = ["ClientInfo", "ClientTable"]
+__all__ = ["MIN_CLIENT_TIMEOUT_MS", "ClientInfo", "ClientTable"]
 
 
 @attrs.frozen
@@ -21,6 +27,16 @@ class ClientInfo:
     subscriptions: tuple[tuple[str, str], ...] = ()
     """``(topic, expression)`` pairs (consumers only)."""
     message_model: str = ""
+    timeout_ms: int = 120_000
+    """Silence after which this client is gone."""
+
+    def live(self, now_ms: int) -> bool:
+        """Heard from within its timeout (a client seen exactly ``timeout_ms`` ago is still live)."""
+        return self.last_seen_ms >= now_ms - self.timeout_ms
+
+
+#: Lower bound of a client-announced heartbeat timeout.
+MIN_CLIENT_TIMEOUT_MS = 1000
 
 
 class ClientTable:
@@ -55,27 +71,43 @@ class ClientTable:
         clients[info.client_id] = info
 
     def heartbeat(self, client_id: str, producer_groups: Sequence[str],
-                  consumer_groups: Sequence[Mapping[str, Any]]) -> None:
-        """Record one heartbeat (arguments already validated)."""
+                  consumer_groups: Sequence[Mapping[str, Any]], timeout_ms: int | None = None) -> None:
+        """Record one heartbeat (arguments already validated); ``timeout_ms`` is the client's announced one."""
         now = self._clock_ms()
+        timeout = self._expire_ms if timeout_ms is None else max(MIN_CLIENT_TIMEOUT_MS, min(timeout_ms,
+                                                                                            self._expire_ms))
         for g in producer_groups:
-            self._put(self.producers, g, ClientInfo(client_id, now))
+            self._put(self.producers, g, ClientInfo(client_id, now, timeout_ms=timeout))
         for c in consumer_groups:
             subs = tuple((str(s["topic"]), str(s.get("expression", "*"))) for s in c.get("subscriptions", ()))
-            self._put(self.consumers, str(c["group"]), ClientInfo(client_id, now, subs, str(c.get("messageModel", ""))))
+            self._put(self.consumers, str(c["group"]),
+                      ClientInfo(client_id, now, subs, str(c.get("messageModel", "")), timeout))
+
+    def unregister(self, client_id: str, producer_groups: Sequence[str], consumer_groups: Sequence[str]) -> int:
+        """Remove a client from the named groups (RocketMQ's UNREGISTER_CLIENT); returns entries removed."""
+        removed = 0
+        for table, groups in ((self.producers, producer_groups), (self.consumers, consumer_groups)):
+            for g in groups:
+                clients = table.get(g)
+                if clients is not None and clients.pop(client_id, None) is not None:
+                    removed += 1
+                    if not clients:
+                        del table[g]
+        return removed
 
     def consumer_ids(self, group: str) -> list[str]:
-        """Live client ids of a consumer group, sorted (the order rebalancing uses)."""
-        return sorted(self.consumers.get(group, {}))
+        """Live client ids of a consumer group as of now, sorted (the order rebalancing uses)."""
+        now = self._clock_ms()
+        return sorted(cid for cid, info in self.consumers.get(group, {}).items() if info.live(now))
 
     def expire(self) -> int:
-        """Drop clients silent for longer than ``expire_ms``; returns how many were dropped."""
-        deadline = self._clock_ms() - self._expire_ms
+        """Drop clients silent for longer than their timeout; returns how many were dropped."""
+        now = self._clock_ms()
         dropped = 0
         for table in (self.consumers, self.producers):
             for group in list(table):
                 clients = table[group]
-                for cid in [c for c, info in clients.items() if info.last_seen_ms < deadline]:
+                for cid in [c for c, info in clients.items() if not info.live(now)]:
                     del clients[cid]
                     dropped += 1
                 if not clients:

@@ -1,10 +1,10 @@
-"""``GET /consumer/ids?group=G``: the live client ids of a consumer group, for rebalancing.
+"""``GET /consumer/ids?group=G`` and ``POST /client/unregister``: group membership for rebalancing.
 
 :class:`broker.clients.ClientTable` records heartbeats and drops silent clients every
-``CLIENT_EXPIRE_CHECK_S`` (10 s). Rebalancing needs the set as of now, so this filters by last-seen time when
-answering: a client silent for longer than ``expire_ms`` (120 s, RocketMQ's channel expiry) is left out even
-if the periodic sweep has not dropped it yet. Every instance of a group asks every broker and sorts the ids the
-same way, so they all compute the same assignment.
+``CLIENT_EXPIRE_CHECK_S`` (10 s). Rebalancing needs the set as of now, so the answer filters by each client's
+own timeout (its announced ``heartbeatTimeoutMs``, else RocketMQ's 120 s channel expiry) even if the periodic
+sweep has not dropped it yet. Every instance of a group asks every broker and sorts the ids the same way, so
+they all compute the same assignment.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.clients import ClientInfo
 from broker.pull_processor import checked_name
-from client.protocol.asgi import Request, Response, json_response
+from client.protocol.asgi import ArgumentError, Request, Response, json_response
 
 if TYPE_CHECKING:
     from broker.controller import BrokerController
@@ -29,12 +29,11 @@ CLIENT_EXPIRE_MS = 120_000
 
 
 def live_client_ids(clients: Mapping[str, ClientInfo], now_ms: int, expire_ms: int = CLIENT_EXPIRE_MS) -> list[str]:
-    """The ids of ``clients`` heard from within ``expire_ms`` of ``now_ms``, sorted (the rebalance order).
-
-    A client seen exactly ``expire_ms`` ago is still live, matching :meth:`ClientTable.expire`.
+    """The ids of ``clients`` heard from within their timeout (and never more than ``expire_ms``) of ``now_ms``,
+    sorted (the rebalance order). A client seen exactly at its limit is still live, as in ClientTable.expire.
     """
-    deadline = now_ms - expire_ms
-    return sorted(cid for cid, info in clients.items() if info.last_seen_ms >= deadline)
+    return sorted(cid for cid, info in clients.items()
+                  if info.last_seen_ms >= now_ms - min(info.timeout_ms, expire_ms))
 
 
 class ConsumerIdsProcessor:
@@ -55,7 +54,24 @@ class ConsumerIdsProcessor:
         self._expire_ms = expire_ms
 
     def routes(self) -> dict[tuple[str, str], Any]:
-        return {("GET", "/consumer/ids"): self.handle}
+        return {("GET", "/consumer/ids"): self.handle, ("POST", "/client/unregister"): self.unregister}
+
+    async def unregister(self, request: Request) -> Response:
+        """``{"clientId", "producerGroups": [..], "consumerGroups": [..]}`` -> ``{"removed": n}``."""
+        body = request.json()
+        client_id = body.get("clientId")
+        if not isinstance(client_id, str) or not client_id or len(client_id) > 255:
+            raise ArgumentError("JSON field 'clientId' must be 1 to 255 characters")
+        groups: dict[str, list[str]] = {}
+        for key in ("producerGroups", "consumerGroups"):
+            names = body.get(key) or []
+            if not isinstance(names, list) or not all(isinstance(g, str) for g in names):
+                raise ArgumentError(f"JSON field {key!r} must be a list of group names")
+            groups[key] = [checked_name("group", g) for g in names]
+        removed = self._ctrl.clients.unregister(client_id, groups["producerGroups"], groups["consumerGroups"])
+        if removed:
+            log.info("client %s unregistered from %s", client_id, groups)
+        return json_response({"removed": removed})
 
     async def handle(self, request: Request) -> Response:
         group = checked_name("group", request.arg("group"))

@@ -116,7 +116,7 @@ class AsyncGroupConsumer:
         except (ClientError, TimeoutError) as e:
             log.warning("final commit of %s failed: %s", self.group, e)
         assert self._puller is not None
-        self._puller.client.consumer_groups.pop(self.group, None)
+        await self._puller.client.unregister_consumer_group(self.group)
         await self._puller.close()
         self._avail.set()
 

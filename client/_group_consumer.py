@@ -94,8 +94,8 @@ def claim_group(instance: Any, group: str) -> None:
 def release_group(instance: Any, group: str) -> None:
     with _GROUPS_LOCK:
         _GROUPS.get(instance, set()).discard(group)
-    # Stop heartbeating the group so the other instances rebalance without us.
-    instance.consumer_groups.pop(group, None)
+    # Leave the group on the brokers now, so the other instances rebalance without us at once.
+    instance.unregister_consumer_group(group)
 
 
 def acquire_instance(namesrv_addr: str, cfg: GroupConsumerConfig, client_config: ClientConfig | None

@@ -73,6 +73,9 @@ class ClientConfig:
     """Period of the route refresh of every topic in use (RocketMQ ``pollNameServerInterval``)."""
     heartbeat_broker_interval_s: float = attrs.field(default=30.0, validator=_positive)
     """Period of the heartbeats to brokers."""
+    heartbeat_timeout_s: float | None = None
+    """Silence after which brokers drop this client from its groups, announced in every heartbeat (so a killed
+    consumer's queues move to the others within it). None: two heartbeat periods."""
     request_timeout_s: float = attrs.field(default=3.0, validator=_positive)
     """Bound on a control-plane request (routes, heartbeats, offsets, admin)."""
     connect_timeout_s: float = attrs.field(default=3.0, validator=_positive)
@@ -85,6 +88,11 @@ class ClientConfig:
     """Open connections to one server at most."""
     close_timeout_s: float = attrs.field(default=1.0, validator=_positive)
     """Bound on waiting for the background refresh to stop at close."""
+
+    @property
+    def effective_heartbeat_timeout_ms(self) -> int:
+        t = self.heartbeat_timeout_s if self.heartbeat_timeout_s is not None else 2 * self.heartbeat_broker_interval_s
+        return max(1, int(t * 1000))
 
     def timeout(self, read_s: float | None = None) -> httpx.Timeout:
         read = self.request_timeout_s if read_s is None else read_s
@@ -170,7 +178,14 @@ class _InstanceCore:
         return [addr for _, _, addr in self.routes.all_broker_addrs(include_slaves=bool(self.consumer_groups))]
 
     def heartbeat_body(self) -> bytes:
-        return rq.heartbeat_body(self.client_id, self.producer_groups, self.consumer_groups)
+        return rq.heartbeat_body(self.client_id, self.producer_groups, self.consumer_groups,
+                                 heartbeat_timeout_ms=self.config.effective_heartbeat_timeout_ms)
+
+    def forget_consumer_group(self, group: str) -> tuple[list[str], bytes]:
+        """Stop heartbeating ``group``; returns the brokers to tell and the ``/client/unregister`` body."""
+        targets = self.heartbeat_targets()
+        self.consumer_groups.pop(group, None)
+        return targets, rq.unregister_body(self.client_id, consumer_groups=[group])
 
     def check_open(self) -> None:
         if self.state is not ClientState.OPENED:
@@ -332,6 +347,16 @@ class ClientInstance(_InstanceCore):
 
     # --- heartbeats ---
 
+    def unregister_consumer_group(self, group: str) -> None:
+        """Leave ``group`` on every broker at once (best effort, each call bounded), so the other instances
+        rebalance without waiting for our heartbeat timeout."""
+        targets, body = self.forget_consumer_group(group)
+        for addr in targets:
+            try:
+                rq.raise_for_status(self.http.post(f"http://{addr}/client/unregister", content=body), addr)
+            except (httpx.HTTPError, ClientError) as e:
+                log.debug("unregister of %s from %s failed: %s", group, addr, e)
+
     def send_heartbeat_to_all_brokers(self) -> int:
         """One heartbeat to each target; returns how many brokers answered."""
         body = self.heartbeat_body()
@@ -488,6 +513,15 @@ class AsyncClientInstance(_InstanceCore):
         if queues is None:
             raise self.no_route_error(topic)
         return queues
+
+    async def unregister_consumer_group(self, group: str) -> None:
+        """Async twin of :meth:`ClientInstance.unregister_consumer_group`."""
+        targets, body = self.forget_consumer_group(group)
+        for addr in targets:
+            try:
+                rq.raise_for_status(await self.http.post(f"http://{addr}/client/unregister", content=body), addr)
+            except (httpx.HTTPError, ClientError) as e:
+                log.debug("unregister of %s from %s failed: %s", group, addr, e)
 
     async def send_heartbeat_to_all_brokers(self) -> int:
         body = self.heartbeat_body()

@@ -122,9 +122,11 @@ def parse_route(resp: httpx.Response, addr: str) -> TopicRouteData | None:
         raise ProtocolViolationError(f"nameserver {addr} answered a malformed route: {e}", broker_addr=addr) from None
 
 
-def heartbeat_body(client_id: str, producer_groups: Iterable[str], consumer_groups: dict[str, set[str]]) -> bytes:
+def heartbeat_body(client_id: str, producer_groups: Iterable[str], consumer_groups: dict[str, set[str]], *,
+                   heartbeat_timeout_ms: int | None = None) -> bytes:
     return dumps({
         "clientId": client_id,
+        **({"heartbeatTimeoutMs": heartbeat_timeout_ms} if heartbeat_timeout_ms else {}),
         "producerGroups": sorted(producer_groups),
         "consumerGroups": [
             {"group": g, "messageModel": "CLUSTERING",
@@ -132,6 +134,12 @@ def heartbeat_body(client_id: str, producer_groups: Iterable[str], consumer_grou
             for g, topics in sorted(consumer_groups.items())
         ],
     })
+
+
+def unregister_body(client_id: str, *, producer_groups: Iterable[str] = (), consumer_groups: Iterable[str] = ()
+                    ) -> bytes:
+    return dumps({"clientId": client_id, "producerGroups": sorted(producer_groups),
+                  "consumerGroups": sorted(consumer_groups)})
 
 
 # --- send -------------------------------------------------------------------------------------------------
