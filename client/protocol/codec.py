@@ -583,7 +583,7 @@ def parse_dispatch_info(buf: bytes | memoryview, pos: int, size: int) -> Dispatc
     Raises:
         ProtocolViolationError: the record's internal lengths are inconsistent.
     """
-    sys_flag, store_ts_pos, body_len_pos, topic_len_pos, props_len_pos = _record_layout(buf, pos, size)
+    sys_flag, store_ts_pos, _body_len_pos, topic_len_pos, props_len_pos = _record_layout(buf, pos, size)
     queue_id = _I32.unpack_from(buf, pos + 12)[0]
     queue_offset, physical_offset = struct.unpack_from(">qq", buf, pos + 20)
     store_ts = _Q_OFFSET.unpack_from(buf, store_ts_pos)[0]
