@@ -1,0 +1,279 @@
+"""HA benchmarks: master + slave + client on this machine, 1 KiB messages, each function starting its own
+``LocalCluster`` in a temporary directory (or under ``tmp_dir``) and returning rows as dicts with the
+:class:`benchmarks.Row` fields (``name, value, unit, baseline_name, baseline, target``).
+
+* :func:`bench_send_batch_sync_vs_async` -- ``send_batch`` of 64 from one thread against an ASYNC_MASTER and a
+  SYNC_MASTER group (both with one slave), rounds interleaved; the row's ratio is sync / async (target >= 0.85);
+* :func:`bench_replication_lag` -- ASYNC_MASTER under a steady paced load at half the measured maximum; the
+  master's ``GET /ha`` is sampled every few ms (master max offset and the slave's ack in one answer); lag in
+  bytes, and in ms two ways: bytes / load rate, and the age of the slave's position (how long ago the master
+  had reached the offset the slave has acked);
+* :func:`bench_slave_pull` -- pull from the slave (``slaveReadEnable=true``, consumer pinned to broker id 1),
+  32 per request, decoded, overlapping pulls on 8 queues: several threads with :class:`PullConsumer`, and one
+  :class:`AsyncPullConsumer` with one coroutine per queue (target >= 100,000 msgs/s).
+
+``python -m benchmarks.ha_bench [--quick]`` runs all three and prints the rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from client import Admin, AsyncPullConsumer, Message, MessageQueue, Producer, PullConsumer, PullStatus
+from client.cluster import LocalCluster
+
+__all__ = ["bench_replication_lag", "bench_send_batch_sync_vs_async", "bench_slave_pull", "run"]
+
+BODY = b"b" * 1024
+#: Commit-log file size of the benchmark clusters (the 1 GiB default preallocates a lot of disk).
+FILE_SIZE = 64 * 1024 * 1024
+_FAST = {"registerNameServerPeriod": "1000", "registerNameServerPeriodMinMs": "500",
+         "messageIndexEnable": "false"}
+
+
+def _row(name: str, value: float, unit: str, baseline_name: str = "", baseline: float = 0.0,
+         target: str = "") -> dict[str, Any]:
+    return {"name": name, "value": value, "unit": unit, "baseline_name": baseline_name, "baseline": baseline,
+            "target": target}
+
+
+@contextlib.contextmanager
+def _cluster(tmp_dir: str | os.PathLike[str] | None, label: str, **kwargs: Any) -> Iterator[LocalCluster]:
+    with contextlib.ExitStack() as stack:
+        root = Path(tmp_dir) if tmp_dir is not None else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="splitmq-bench-ha-")))
+        config = {**_FAST, **kwargs.pop("broker_config", {})}
+        cluster = LocalCluster(root / f"{label}-{uuid.uuid4().hex[:6]}", broker_config=config,
+                               commitlog_file_size_bytes=FILE_SIZE, **kwargs)
+        with cluster:
+            yield cluster
+
+
+def _wait(pred: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not within {timeout_s} s")
+        time.sleep(0.02)  # polling a server with a deadline
+
+
+def _linked(cluster: LocalCluster) -> bool:
+    ha = httpx.get(f"http://{cluster.broker('broker-a', 0).addr}/ha", timeout=5).json()
+    return bool(ha["connectionCount"] >= 1 and all(s["ackOffset"] >= ha["masterMaxOffset"] for s in ha["slaves"]))
+
+
+def _topic(cluster: LocalCluster, queue_nums: int) -> str:
+    topic = f"BenchHA_{uuid.uuid4().hex[:8]}"
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=queue_nums)
+    _wait(lambda: _linked(cluster), 30, "slave linked")
+    return topic
+
+
+def _batch_rate(p: Producer, msgs: list[Message], seconds: float) -> float:
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        p.send_batch(msgs)
+        n += len(msgs)
+    return n / (time.perf_counter() - t0)
+
+
+def bench_send_batch_sync_vs_async(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bool = False
+                                   ) -> list[dict[str, Any]]:
+    """``send_batch`` of 64 x 1 KiB, one thread, ASYNC_MASTER vs SYNC_MASTER (each with a slave)."""
+    seconds, rounds = (0.7, 3) if quick else (1.5, 6)
+    with _cluster(tmp_dir, "async", mode="async") as ca, _cluster(tmp_dir, "sync", mode="sync") as cs:
+        ta, ts = _topic(ca, 4), _topic(cs, 4)
+        with Producer("bench_ha_a", ca.namesrv_addr) as pa, Producer("bench_ha_s", cs.namesrv_addr) as ps:
+            ma, ms = [Message(ta, BODY) for _ in range(64)], [Message(ts, BODY) for _ in range(64)]
+            _batch_rate(pa, ma, 0.3)
+            _batch_rate(ps, ms, 0.3)
+            a_rates, s_rates = [], []
+            for _ in range(rounds):  # interleaved, so machine noise hits both alike
+                a_rates.append(_batch_rate(pa, ma, seconds))
+                s_rates.append(_batch_rate(ps, ms, seconds))
+    a, s = max(a_rates), max(s_rates)
+    return [
+        _row("send_batch 64 x 1 KiB, ASYNC_MASTER + slave", a, "msgs/s"),
+        _row("send_batch 64 x 1 KiB, SYNC_MASTER + slave", s, "msgs/s", "same, ASYNC_MASTER", a,
+             "ratio >= 0.85"),
+    ]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
+
+
+def _sample_ha(addr: str, stop: threading.Event, out: list[tuple[float, int, int]], period_s: float) -> None:
+    with httpx.Client(timeout=2.0) as http:
+        while not stop.is_set():
+            t = time.monotonic()
+            ha = http.get(f"http://{addr}/ha").json()
+            if ha["slaves"]:
+                out.append((t, int(ha["masterMaxOffset"]), int(ha["slaves"][0]["ackOffset"])))
+            stop.wait(period_s)
+
+
+def _lag_figures(samples: list[tuple[float, int, int]], rate_bytes_s: float) -> dict[str, float]:
+    lag_b = [float(m - a) for _, m, a in samples]
+    masters = [m for _, m, _ in samples]  # non-decreasing
+    ages = []
+    for t, _, ack in samples:  # age: how long ago the master first had the offset the slave has acked
+        j = bisect.bisect_left(masters, ack)
+        ages.append(max(0.0, t - samples[j][0]) * 1000 if j < len(samples) else 0.0)
+    return {
+        "p50_bytes": _percentile(lag_b, 0.5), "p99_bytes": _percentile(lag_b, 0.99),
+        "p50_ms": _percentile(lag_b, 0.5) / rate_bytes_s * 1000, "p99_ms": _percentile(lag_b, 0.99) / rate_bytes_s * 1000,
+        "age_p50_ms": _percentile(ages, 0.5), "age_p99_ms": _percentile(ages, 0.99),
+    }
+
+
+def bench_replication_lag(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bool = False
+                          ) -> list[dict[str, Any]]:
+    """ASYNC_MASTER lag at half the maximum ``send_batch`` rate."""
+    seconds = 2.0 if quick else 6.0
+    with _cluster(tmp_dir, "lag", mode="async") as cluster:
+        topic = _topic(cluster, 4)
+        master = cluster.broker("broker-a", 0)
+        with Producer("bench_ha_lag", cluster.namesrv_addr) as p:
+            msgs = [Message(topic, BODY) for _ in range(64)]
+            max_rate = _batch_rate(p, msgs, 1.5)
+            target = max_rate / 2
+            stop = threading.Event()
+            samples: list[tuple[float, int, int]] = []
+            sampler = threading.Thread(target=_sample_ha, args=(master.addr, stop, samples, 0.005), daemon=True)
+            start_off = int(master.runtime()["commitLogMaxOffset"])
+            sampler.start()
+            t0 = time.monotonic()
+            sent = 0
+            while (now := time.monotonic()) - t0 < seconds:
+                due = t0 + sent / target  # paced: batch k leaves at k * 64 / target
+                if now < due:
+                    time.sleep(due - now)  # pacing the load, not a synchronisation
+                p.send_batch(msgs)
+                sent += len(msgs)
+            elapsed = time.monotonic() - t0
+            stop.set()
+            sampler.join(5)
+            rate_b = (int(master.runtime()["commitLogMaxOffset"]) - start_off) / elapsed
+    f = _lag_figures(samples, rate_b)
+    load = f"at {sent / elapsed:,.0f} msgs/s (half of {max_rate:,.0f})"
+    return [
+        _row(f"replication lag p50, ASYNC_MASTER {load}", f["p50_bytes"], "bytes"),
+        _row("replication lag p99", f["p99_bytes"], "bytes"),
+        _row("replication lag p50 (bytes / load rate)", f["p50_ms"], "ms"),
+        _row("replication lag p99 (bytes / load rate)", f["p99_ms"], "ms"),
+        _row("replication lag p50 (age of the slave's offset)", f["age_p50_ms"], "ms"),
+        _row("replication lag p99 (age of the slave's offset)", f["age_p99_ms"], "ms"),
+        _row("lag samples", float(len(samples)), "samples"),
+    ]
+
+
+def _fill(cluster: LocalCluster, topic: str, per_queue: int, queues: int) -> list[MessageQueue]:
+    mqs = [MessageQueue(topic, "broker-a", q) for q in range(queues)]
+    with Producer("bench_ha_fill", cluster.namesrv_addr) as p:
+        msgs = [Message(topic, BODY) for _ in range(256)]
+        for mq in mqs:
+            for _ in range(per_queue // 256):
+                p.send_batch(msgs, queue=mq)
+    slave = cluster.broker("broker-a", 1)
+
+    def dispatched() -> bool:
+        return all(httpx.get(f"http://{slave.addr}/offset/max", params={"topic": topic, "queueId": mq.queue_id},
+                             timeout=5).json()["offset"] >= per_queue // 256 * 256 for mq in mqs)
+
+    _wait(dispatched, 120, "slave dispatch")
+    _wait(lambda: topic in httpx.get(f"http://{slave.addr}/topics", timeout=5).json()["topicConfigTable"], 30,
+          "topic sync to the slave")
+    return mqs
+
+
+def _drain_threads(namesrv: str, mqs: list[MessageQueue], threads: int) -> tuple[int, float]:
+    counts = [0] * threads
+
+    def work(i: int, c: PullConsumer) -> None:
+        mine = mqs[i::threads]
+        offsets = dict.fromkeys(mine, 0)
+        live = set(mine)
+        while live:
+            for mq in list(live):
+                r = c.pull(mq, offsets[mq], max_nums=32)
+                if r.pull_status is not PullStatus.FOUND:
+                    live.discard(mq)
+                    continue
+                assert r.served_by_broker_id == 1
+                counts[i] += len(r.msg_found_list)
+                offsets[mq] = r.next_begin_offset
+
+    with PullConsumer("bench_ha_pull", namesrv, connect_broker_by_user=True, default_broker_id=1) as c:
+        c.pull(mqs[0], 0, max_nums=1)  # warm the route and the connection
+        ts = [threading.Thread(target=work, args=(i, c)) for i in range(threads)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return sum(counts), time.perf_counter() - t0
+
+
+async def _drain_async(namesrv: str, mqs: list[MessageQueue]) -> tuple[int, float]:
+    async with AsyncPullConsumer("bench_ha_apull", namesrv, connect_broker_by_user=True, default_broker_id=1) as c:
+        await c.pull(mqs[0], 0, max_nums=1)
+
+        async def one(mq: MessageQueue) -> int:
+            n = offset = 0
+            while True:
+                r = await c.pull(mq, offset, max_nums=32)
+                if r.pull_status is not PullStatus.FOUND:
+                    return n
+                n += len(r.msg_found_list)
+                offset = r.next_begin_offset
+
+        t0 = time.perf_counter()
+        got = sum(await asyncio.gather(*(one(mq) for mq in mqs)))
+        return got, time.perf_counter() - t0
+
+
+def bench_slave_pull(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bool = False) -> list[dict[str, Any]]:
+    """Pull everything back from the slave, 32 per request, decoded, 8 queues."""
+    queues, per_queue = 8, (4096 if quick else 16_384)
+    config = {"slaveReadEnable": "true", "slaveMetadataSyncInterval": "1000"}
+    with _cluster(tmp_dir, "pull", mode="async", broker_config=config) as cluster:
+        topic = _topic(cluster, queues)
+        mqs = _fill(cluster, topic, per_queue, queues)
+        n_t, s_t = _drain_threads(cluster.namesrv_addr, mqs, 4)
+        n_a, s_a = asyncio.run(_drain_async(cluster.namesrv_addr, mqs))
+    assert n_t == n_a == queues * per_queue, (n_t, n_a)
+    return [
+        _row("pull from the slave, 4 threads x PullConsumer, 32/request, decoded", n_t / s_t, "msgs/s",
+             target=">= 100,000"),
+        _row("pull from the slave, AsyncPullConsumer, 8 concurrent queues, 32/request, decoded", n_a / s_a,
+             "msgs/s", target=">= 100,000"),
+    ]
+
+
+def run(quick: bool = False, tmp_dir: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """Every HA benchmark, rows in order."""
+    return [*bench_send_batch_sync_vs_async(tmp_dir, quick=quick), *bench_replication_lag(tmp_dir, quick=quick),
+            *bench_slave_pull(tmp_dir, quick=quick)]
+
+
+if __name__ == "__main__":
+    for row in run(quick="--quick" in sys.argv[1:]):
+        ratio = f"  ratio {row['value'] / row['baseline']:.2f}" if row["baseline"] else ""
+        print(f"{row['name']}: {row['value']:,.1f} {row['unit']}{ratio}  {row['target']}", flush=True)
