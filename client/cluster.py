@@ -267,6 +267,10 @@ class BrokerHandle:
         return obj
 
 
+#: Commit-log file size of a local cluster's brokers (see ``LocalCluster``).
+LOCAL_COMMITLOG_FILE_SIZE = 64 << 20
+
+
 class LocalCluster:
     """A local SplitMQ cluster of processes (CONTRACT.md section 2).
 
@@ -277,7 +281,9 @@ class LocalCluster:
         mode: ``"async"`` (ASYNC_MASTER) or ``"sync"`` (SYNC_MASTER).
         nameservers: nameserver processes.
         broker_config: extra ``.properties`` keys for every broker (win over the defaults).
-        commitlog_file_size_bytes: small ``mappedFileSizeCommitLog`` for tests (None keeps the broker default).
+        commitlog_file_size_bytes: ``mappedFileSizeCommitLog`` of every broker. A local cluster defaults to
+            64 MiB files (the broker's own default, 1 GiB, is meant for production disks: each broker preallocates
+            two files); None keeps the broker default.
         start_timeout_s: bound on each server's startup.
         cluster_name: ``brokerClusterName``.
     """
@@ -291,7 +297,7 @@ class LocalCluster:
         mode: Literal["async", "sync"] = "async",
         nameservers: int = 1,
         broker_config: Mapping[str, str] | None = None,
-        commitlog_file_size_bytes: int | None = None,
+        commitlog_file_size_bytes: int | None = LOCAL_COMMITLOG_FILE_SIZE,
         start_timeout_s: float = 30.0,
         cluster_name: str = "DefaultCluster",
     ) -> None:
