@@ -93,6 +93,8 @@ class BrokerConfig:
     flush_delay_offset_interval_ms: int = 10_000
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     message_index_enable: bool = True
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 20_000_000
     max_transfer_bytes_on_message_in_memory: int = 256 * 1024
     max_transfer_count_on_message_in_memory: int = 32
     max_transfer_bytes_on_message_in_disk: int = 64 * 1024
@@ -170,6 +172,8 @@ class BrokerConfig:
             max_transfer_bytes_on_message_in_disk=self.max_transfer_bytes_on_message_in_disk,
             max_transfer_count_on_message_in_disk=self.max_transfer_count_on_message_in_disk,
             message_index_enable=self.message_index_enable,
+            max_hash_slot_num=self.max_hash_slot_num,
+            max_index_num=self.max_index_num,
             message_delay_level=self.message_delay_level,
             offset_check_in_slave=self.offset_check_in_slave,
             truncate_corrupt=self.truncate_corrupt_commit_log,
@@ -327,6 +331,8 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "flushDelayOffsetInterval": ("flush_delay_offset_interval_ms", _P),
     "messageDelayLevel": ("message_delay_level", _delay_levels),
     "messageIndexEnable": ("message_index_enable", _bool),
+    "maxHashSlotNum": ("max_hash_slot_num", _P),
+    "maxIndexNum": ("max_index_num", _int(2)),
     "maxTransferBytesOnMessageInMemory": ("max_transfer_bytes_on_message_in_memory", _P),
     "maxTransferCountOnMessageInMemory": ("max_transfer_count_on_message_in_memory", _P),
     "maxTransferBytesOnMessageInDisk": ("max_transfer_bytes_on_message_in_disk", _P),
@@ -340,6 +346,64 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "truncateCorruptCommitLog": ("truncate_corrupt_commit_log", _bool),
 }
 
+
+#: camelCase key -> one-line meaning, for ``docs/OPERATIONS.md`` (rendered by ``docs/gen_operations.py``; a test
+#: checks that every key of :data:`KEYS` has one and that the document is up to date).
+KEY_DOCS: dict[str, str] = {
+    "brokerClusterName": "Cluster the broker registers under (the nameserver's `clusterAddrTable` key).",
+    "brokerName": "Broker group name; a master and its slaves share it.",
+    "brokerId": "0 for the master; a slave needs an id > 0. Masters are forced to 0 whatever the file says.",
+    "brokerRole": "`ASYNC_MASTER`, `SYNC_MASTER` (a send waits for one slave ack) or `SLAVE`.",
+    "flushDiskType": "`ASYNC_FLUSH` (flush in the background) or `SYNC_FLUSH` (a send waits for the fsync).",
+    "namesrvAddr": "Nameservers, `host:port` separated by `;` (default: the `NAMESRV_ADDR` environment variable).",
+    "brokerIP1": "IP registered for clients: the broker's address is `brokerIP1:listenPort`.",
+    "brokerIP2": "IP registered for the HA address `brokerIP2:haListenPort` (empty: brokerIP1).",
+    "bindAddress": "SplitMQ: interface the HTTP and HA sockets bind to (empty: brokerIP1).",
+    "listenPort": "HTTP port for clients; 0 lets the OS choose (the ready line prints the real one).",
+    "haListenPort": "TCP port of the HA stream; 0 or unset derives `listenPort + 1` (0 when listenPort is 0).",
+    "haMasterAddress": "A slave's fixed master HA address `host:port`; when set it is never taken from the nameserver.",
+    "storePathRootDir": "Root of the store: commit log, consume queues, index, checkpoint, `config/` (`~` expanded).",
+    "mappedFileSizeCommitLog": "Size in bytes of each commit-log file, preallocated; a record never spans two files.",
+    "mappedFileSizeConsumeQueue": "Size in bytes of each consume-queue file (rounded up to a multiple of the 20-byte unit).",
+    "slaveReadEnable": "Slaves serve pulls, and a master sends consumers that fall behind to a slave.",
+    "accessMessageInMemoryMaxRatio": "Percent of RAM: a pull further than this behind the newest message counts as cold (suggest a slave).",
+    "syncFlushTimeout": "Milliseconds a send waits for a SYNC_FLUSH fsync or a SYNC_MASTER slave ack before answering a timeout code.",
+    "haSendHeartbeatInterval": "Milliseconds between a slave's idle offset reports and the master's heartbeat frames.",
+    "haHousekeepingInterval": "Milliseconds without bytes from the other side after which an HA connection is dropped.",
+    "haTransferBatchSize": "Largest body in bytes of one master-to-slave HA frame.",
+    "haMaxGapNotInSync": "Bytes a slave may lag and still count as in sync (a SYNC_MASTER waits only for in-sync slaves).",
+    "haSlaveFallbehindMax": "RocketMQ 4.x name of `haMaxGapNotInSync`; sets the same value.",
+    "registerNameServerPeriod": "Milliseconds between registrations with every nameserver (clamped to [registerNameServerPeriodMinMs, 60000]).",
+    "registerNameServerPeriodMinMs": "SplitMQ, for tests: lower clamp of the registration period.",
+    "registerBrokerTimeoutMills": "Milliseconds one registration request may take.",
+    "defaultTopicQueueNums": "Queues of a topic created by its first send (at most the producer's `defaultTopicQueueNums` send argument).",
+    "autoCreateTopicEnable": "A send to an unknown topic creates it (from the `TBW102` template); off: TOPIC_NOT_EXIST.",
+    "autoCreateSubscriptionGroup": "A pull or send-back of an unknown group creates it; off: SUBSCRIPTION_GROUP_NOT_EXIST.",
+    "maxMessageSize": "Largest stored record in bytes (body, topic, properties and header); larger is MESSAGE_ILLEGAL.",
+    "maxRequestBodyBytes": "SplitMQ: largest HTTP request body in bytes; larger is refused with code 13 / HTTP 413.",
+    "brokerPermission": "Permission bits of the whole broker: 4 read, 2 write (6 = both); a missing bit is removed from every registered topic.",
+    "flushIntervalCommitLog": "ASYNC_FLUSH: milliseconds between commit-log flushes.",
+    "flushCommitLogLeastPages": "ASYNC_FLUSH: dirty 4 KiB pages needed for a periodic flush (0: flush whatever is dirty).",
+    "flushCommitLogThoroughInterval": "ASYNC_FLUSH: milliseconds after which a flush happens whatever the dirty page count.",
+    "flushIntervalConsumeQueue": "Milliseconds between flushes of consume queues, index files and the checkpoint.",
+    "flushConsumerOffsetInterval": "Milliseconds between writes of `config/consumerOffset.json`.",
+    "flushDelayOffsetInterval": "Milliseconds between writes of `config/delayOffset.json` (also written after each delivered batch).",
+    "messageDelayLevel": "Delays of levels 1..N, space-separated, each a number with unit s, m, h or d.",
+    "messageIndexEnable": "Index message keys and unique ids for queries by key and by msgId.",
+    "maxHashSlotNum": "Hash slots per index file (4 bytes each).",
+    "maxIndexNum": "Entries per index file (20 bytes each); a full file is followed by a new one.",
+    "maxTransferBytesOnMessageInMemory": "Bytes per pull answer at most while the consumer reads hot data.",
+    "maxTransferCountOnMessageInMemory": "Messages per pull answer at most while the consumer reads hot data.",
+    "maxTransferBytesOnMessageInDisk": "Bytes per pull answer at most while the consumer reads cold data.",
+    "maxTransferCountOnMessageInDisk": "Messages per pull answer at most while the consumer reads cold data.",
+    "longPollingEnable": "A pull that finds nothing waits for new messages up to its suspend timeout (else `shortPollingTimeMills`).",
+    "shortPollingTimeMills": "Milliseconds an empty pull is held when long polling is off.",
+    "maxSuspendTimeoutMs": "SplitMQ: upper bound in milliseconds of a parked pull, whatever the request asks.",
+    "maxParkedPulls": "SplitMQ: parked pulls at most; further empty pulls are answered at once.",
+    "offsetCheckInSlave": "A slave may answer PULL_OFFSET_MOVED (off: it sends the consumer to the master instead).",
+    "slaveMetadataSyncInterval": "Milliseconds between a slave's copies of its master's topics, groups and offsets.",
+    "truncateCorruptCommitLog": "SplitMQ: recovery cuts the commit log at a corrupt record instead of refusing to start.",
+}
 
 @attrs.frozen
 class LoadedConfig:

@@ -220,6 +220,9 @@ class BrokerHandle:
         }
         if c.commitlog_file_size_bytes:
             props["mappedFileSizeCommitLog"] = str(c.commitlog_file_size_bytes)
+            # An index file sized for the same scale (about 8 MiB instead of 420 MB per broker).
+            props["maxHashSlotNum"] = str(LOCAL_INDEX_HASH_SLOTS)
+            props["maxIndexNum"] = str(LOCAL_INDEX_ENTRIES)
         if master_ha_addr:
             props["haMasterAddress"] = master_ha_addr
         props.update(c.broker_config)
@@ -269,6 +272,8 @@ class BrokerHandle:
 
 #: Commit-log file size of a local cluster's brokers (see ``LocalCluster``).
 LOCAL_COMMITLOG_FILE_SIZE = 64 << 20
+LOCAL_INDEX_HASH_SLOTS = 100_000
+LOCAL_INDEX_ENTRIES = 400_000
 
 
 class LocalCluster:

@@ -32,6 +32,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--namesrv", help="nameserver host:port (default: start a local cluster)")
     parser.add_argument("--topic", default="SparkExample")
+    parser.add_argument("--messages", type=int, default=100, metavar="N", help="messages to produce (default 100)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers must use this interpreter
 
@@ -45,7 +46,7 @@ def main() -> int:
             admin.create_topic(args.topic, queue_nums=4)
         with Producer("example-producer", ns) as producer:
             producer.send_batch([Message(args.topic, f"hello {i}".encode(), tags="TagA", keys=f"order-{i}")
-                                 for i in range(100)])
+                                 for i in range(args.messages)])
 
         spark = (SparkSession.builder.master("local[2]").appName("splitmq-batch-example")
                  .config("spark.ui.showConsoleProgress", "false").config("spark.sql.session.timeZone", "UTC")

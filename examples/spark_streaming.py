@@ -34,6 +34,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--namesrv", help="nameserver host:port (default: start a local cluster)")
     parser.add_argument("--topic", default="SparkStreamExample")
+    parser.add_argument("--messages", type=int, default=300, metavar="N",
+                        help="messages to produce per run, a multiple of 50 (default 300)")
     parser.add_argument("--out", default=None, help="output directory (default: a temporary one)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -55,7 +57,7 @@ def main() -> int:
         try:
             for round_no in range(2):
                 with Producer("example-producer", ns) as producer:
-                    for i in range(0, 300, 50):
+                    for i in range(0, args.messages, 50):
                         producer.send_batch([Message(args.topic, f"round {round_no} msg {j}".encode(), keys=f"k{j}")
                                              for j in range(i, i + 50)])
                 query = (spark.readStream.format("rocketmq").option("nameserver", ns).option("topic", args.topic)
@@ -68,7 +70,7 @@ def main() -> int:
                 batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
                 print(f"run {round_no}: micro-batches of {batches} rows")
             total = spark.read.parquet(f"{out}/data").count()
-            print(f"{total} rows in {out}/data (600 produced; restarts added no duplicates)")
+            print(f"{total} rows in {out}/data ({2 * args.messages} produced; restarts added no duplicates)")
         finally:
             spark.stop()
     return 0

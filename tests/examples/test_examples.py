@@ -1,0 +1,90 @@
+"""Every example in ``examples/`` runs to completion with a small message count, so none rots.
+
+Each runs as a subprocess (``python examples/NAME.py --messages N``) that starts and stops its own local
+cluster; the test checks exit code 0 and the example's summary line. A new example file fails
+:func:`test_every_example_is_covered` until it gets an entry here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+TIMEOUT_S = 60
+#: Spark examples start a JVM and a local Spark session (about 50 s on a busy 2-core machine).
+SPARK_TIMEOUT_S = 110
+
+#: example -> (arguments, regex the output must contain).
+CASES: dict[str, tuple[list[str], str]] = {
+    "quickstart": (["--messages", "20"], r"quickstart: sent 20, received 20"),
+    "batch_and_async_producer": (["--messages", "200"], r"batch_and_async: produced 600 messages"),
+    "read_write_splitting": (["--messages", "64"], r"read_write_splitting: read 64 messages, \d+ from the master, "
+                                                   r"[1-9]\d* from the slave"),
+    "failover": (["--messages", "40"], r"failover: read [1-9]\d* messages before the kill and [1-9]\d* after "
+                                       r"it from the slave, 40 of 40"),
+    "sync_vs_async_master": (["--messages", "128"], r"sync_vs_async_master: the SYNC_MASTER took"),
+    "delayed_message": (["--messages", "3"], r"delayed_message: 3 of 3 delayed messages arrived"),
+    "admin_and_ha_status": (["--messages", "12"], r"admin_and_ha_status: 2 broker groups, 4 queues"),
+    "group_consumer": (["--messages", "40"], r"group_consumer: 80 of 80 messages consumed"),
+    "push_consumer": (["--messages", "20"], r"push_consumer: 20 of 20 messages consumed, 2 after a retry"),
+}
+SPARK_CASES: dict[str, tuple[list[str], str]] = {
+    "spark_batch_read": (["--messages", "20"], r"20 messages in \d+ partition"),
+    "spark_streaming": (["--messages", "50"], r"100 rows in .* \(100 produced"),
+}
+DEMO = (["--no-spark", "--messages", "500"], r"read/write split\s+\d+ of \d+ messages served by slaves")
+
+
+def run_example(name: str, args: list[str], timeout_s: float = TIMEOUT_S) -> str:
+    """Run ``examples/<name>.py``; returns its output, or fails the test with it."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"examples/{name}.py {' '.join(args)} ran over {timeout_s} s; output so far:\n{out}")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"examples/{name}.py {' '.join(args)} exited {proc.returncode}:\n{output}"
+    return output
+
+
+def check(name: str, case: tuple[list[str], str], timeout_s: float = TIMEOUT_S) -> None:
+    args, pattern = case
+    output = run_example(name, args, timeout_s)
+    assert re.search(pattern, output), f"examples/{name}.py: no line matching {pattern!r} in:\n{output}"
+
+
+def test_every_example_is_covered() -> None:
+    found = {p.stem for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
+    covered = set(CASES) | set(SPARK_CASES) | {"demo"}
+    assert found == covered, f"examples without a test case: {sorted(found - covered)}; " \
+                             f"cases without an example: {sorted(covered - found)}"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_example(name: str) -> None:
+    check(name, CASES[name])
+
+
+@pytest.mark.integration
+def test_demo_without_spark() -> None:
+    check("demo", DEMO)
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+@pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
+@pytest.mark.parametrize("name", sorted(SPARK_CASES))
+def test_spark_example(name: str) -> None:
+    pytest.importorskip("pyspark")
+    check(name, SPARK_CASES[name], SPARK_TIMEOUT_S)
