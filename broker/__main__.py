@@ -27,6 +27,7 @@ import uvicorn
 
 from broker.config import BrokerConfig, ConfigError, load_config, parse_set_options
 from broker.controller import BrokerController
+from broker.http_protocol import CoalescingHttpToolsProtocol
 from broker.store.api import StoreCorruptError, StoreError
 from client.protocol.codec import pack_host
 
@@ -178,7 +179,9 @@ async def run_broker(config: BrokerConfig) -> int:
         sock.close()
         return EXIT_START
     # log_config=None: uvicorn's lines go through the root handler, so they carry the broker's identity too
-    uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http="httptools", lifespan="off", access_log=False,
+    # proxy_headers=False: no X-Forwarded-For rewriting (the born host is the real peer) and one ASGI layer less.
+    uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http=CoalescingHttpToolsProtocol, lifespan="off",
+                               access_log=False, proxy_headers=False,
                                log_level="warning", log_config=None,
                                timeout_graceful_shutdown=int(HTTP_STOP_TIMEOUT_S))
     server = _Server(uv_config)

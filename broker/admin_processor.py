@@ -15,6 +15,7 @@ from broker.metadata.subscription_groups import SubscriptionGroupConfig
 from broker.metadata.topics import SYSTEM_TOPICS
 from broker.metrics import CONTENT_TYPE
 from broker.pull_processor import INT64_MAX, checked_name
+from broker.sendback import ensure_retry_topics
 from client.errors import MessageIllegalError, QueryNotFoundError
 from client.protocol.asgi import ArgumentError, Request, Response, json_response
 from client.protocol.codec import decode_offset_msg_id
@@ -242,6 +243,7 @@ class AdminProcessor:
                                        or timeout_ms <= 0):
             raise ArgumentError("JSON field 'heartbeatTimeoutMs' must be a positive integer (ms)")
         self._ctrl.clients.heartbeat(client_id, producers, consumers, timeout_ms)
+        ensure_retry_topics(self._ctrl, consumers)
         return json_response({})
 
     async def runtime(self, request: Request) -> Response:

@@ -158,7 +158,7 @@ class PullProcessor:
             which_broker_when_consume_slowly=group.which_broker_when_consume_slowly,
         )
         if not route.serve:
-            ctrl.metrics.pull_requests.labels(str(int(ResponseCode.PULL_RETRY_IMMEDIATELY))).inc()
+            ctrl.metrics.count_request(ResponseCode.PULL_RETRY_IMMEDIATELY, pull=True)
             return encode_pull_header(
                 int(ResponseCode.PULL_RETRY_IMMEDIATELY), req.offset,
                 store.get_min_offset_in_queue(req.topic, req.queue_id),
@@ -177,7 +177,7 @@ class PullProcessor:
                                              group_broker_id=group.broker_id)
         if code is ResponseCode.PULL_NOT_FOUND and allow_suspend and ctrl.hold.can_park():
             return None
-        ctrl.metrics.pull_requests.labels(str(int(code))).inc()
+        ctrl.metrics.count_request(code, pull=True)
         records = result.records if code is ResponseCode.SUCCESS else []
         if records:
             ctrl.metrics.served(req.topic, len(records), result.total_size)

@@ -61,6 +61,7 @@ __all__ = [
     "build_send_back_properties",
     "decide_send_back",
     "dlq_topic",
+    "ensure_retry_topics",
     "reroute_retry_batch",
     "retry_send_dlq_topic",
     "retry_topic",
@@ -292,6 +293,39 @@ class SendBackProcessor:
                                     f"{ctrl.config.broker_name} (perm={tc.perm}, writeQueueNums="
                                     f"{tc.write_queue_nums})")
         return tc
+
+
+def ensure_retry_topics(ctrl: BrokerController, consumer_groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Create ``%RETRY%<group>`` for each heartbeating group that subscribes it (a push consumer), as
+    RocketMQ's heartbeat does: the group holds the retry queues from its first rebalance, so the first
+    send-back's retry is pulled after its delay instead of after the next rebalance period.
+
+    Nothing on a slave (it copies the master's topics), on an unwriteable broker, for a group that cannot be
+    found or auto-created, or with ``retryQueueNums = 0``. Returns the topics created (registration follows).
+    """
+    cfg = ctrl.config
+    if cfg.broker_role is BrokerRole.SLAVE or not Perm.writeable(cfg.broker_permission):
+        return []
+    created = []
+    for c in consumer_groups:
+        group = c.get("group")
+        if not isinstance(group, str):
+            continue
+        topic = retry_topic(group)
+        if ctrl.topics.get(topic) is not None:
+            continue
+        if not any(s.get("topic") == topic for s in c.get("subscriptions") or () if isinstance(s, Mapping)):
+            continue
+        sg = ctrl.groups.find_or_create(group)
+        if sg is None or sg.retry_queue_nums <= 0:
+            continue
+        ctrl.topics.create_retry_topic(topic, sg.retry_queue_nums)
+        log.info("created topic %s with %d queues for the heartbeat of group %s", topic, sg.retry_queue_nums,
+                 group)
+        created.append(topic)
+    if created:
+        ctrl.request_registration()
+    return created
 
 
 def _born_host(record: bytes, sys_flag: int) -> bytes:

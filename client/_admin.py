@@ -304,13 +304,23 @@ class Admin:
         rq.raise_for_status(resp, addr)
         return codec.decode_records(resp.content, broker_name=broker_name)
 
-    def query_message(self, msg_id: str, *, topic: str | None = None) -> MessageExt:
+    def query_message(self, msg_id: str, *, topic: str | None = None, broker_id: int | None = None) -> MessageExt:
         """Find a message by offset msgId (asks the store host's group), or by unique key (needs ``topic``).
+
+        Each group is asked master first, then its slaves (a slave holds the master's commit log at the same
+        offsets), so a dead master's messages are still found.
+
+        Args:
+            msg_id: the offset msgId (``SendResult.offset_msg_id``) or the unique key (``SendResult.msg_id``).
+            topic: where to search ``msg_id`` as a unique key when it is not a known offset msgId.
+            broker_id: ask only the member with this id of each group (0 = masters, 1 = first slaves).
 
         Raises:
             QueryNotFoundError: no broker has it.
-            InvalidParameterError: ``msg_id`` is not an offset msgId of a known broker and no ``topic`` is given.
+            InvalidParameterError: ``msg_id`` is not an offset msgId of a known broker and no ``topic`` is given,
+                or ``broker_id`` is negative.
         """
+        members = _member_filter(broker_id)
         info = self.cluster_info()
         try:
             store, phy = codec.decode_offset_msg_id(msg_id)
@@ -322,7 +332,7 @@ class Admin:
             # (slaves hold the master's offsets), accepting only a record whose msgId matches.
             groups.sort(key=lambda item: store not in item[1].broker_addrs.values())
             for name, bd in groups:
-                for _, addr in sorted(bd.broker_addrs.items()):
+                for _, addr in members(bd.broker_addrs):
                     try:
                         msgs = self._records(addr, f"http://{addr}/message?offsetMsgId={rq.q(msg_id)}", name)
                     except (httpx.HTTPError, QueryNotFoundError, InvalidParameterError):
@@ -333,23 +343,38 @@ class Admin:
             raise InvalidParameterError(
                 f"msgId {msg_id} is not the offset msgId of a known broker; pass topic= to search it as a unique key"
             )
-        found = self._query_all(topic, lambda a: f"http://{a}/message/uniq?topic={rq.q(topic)}&msgId={rq.q(msg_id)}")
+        found = self._query_all(topic, lambda a: f"http://{a}/message/uniq?topic={rq.q(topic)}&msgId={rq.q(msg_id)}",
+                                members)
         if not found:
-            raise QueryNotFoundError(f"no message with id {msg_id} in topic {topic}")
+            where = "" if broker_id is None else f" on the members with broker id {broker_id}"
+            raise QueryNotFoundError(f"no message with id {msg_id} in topic {topic}{where}")
         return found[0]
 
-    def query_messages_by_key(self, topic: str, key: str, *, max_num: int = 32) -> list[MessageExt]:
-        """Messages of ``topic`` indexed under ``key`` on every broker group (master, else a slave)."""
+    def query_messages_by_key(self, topic: str, key: str, *, max_num: int = 32,
+                              broker_id: int | None = None) -> list[MessageExt]:
+        """Messages of ``topic`` indexed under ``key`` on every broker group (master, else a slave).
+
+        Args:
+            topic: the topic.
+            key: a key the messages were sent with (``Message.keys``).
+            max_num: at most this many per group.
+            broker_id: ask only the member with this id of each group (0 = masters, 1 = first slaves).
+
+        Raises:
+            InvalidParameterError: ``broker_id`` is negative.
+        """
         validate_topic(topic)
         return self._query_all(
-            topic, lambda a: f"http://{a}/message/key?topic={rq.q(topic)}&key={rq.q(key)}&maxNum={max_num}"
+            topic, lambda a: f"http://{a}/message/key?topic={rq.q(topic)}&key={rq.q(key)}&maxNum={max_num}",
+            _member_filter(broker_id),
         )
 
-    def _query_all(self, topic: str, url_of: Callable[[str], str]) -> list[MessageExt]:
+    def _query_all(self, topic: str, url_of: Callable[[str], str],
+                   members: Callable[[Mapping[int, str]], list[tuple[int, str]]]) -> list[MessageExt]:
         route = self.topic_route(topic)
         out: list[MessageExt] = []
         for bd in route.broker_datas:
-            for _, addr in sorted(bd.broker_addrs.items()):
+            for _, addr in members(bd.broker_addrs):
                 try:
                     out.extend(self._records(addr, url_of(addr), bd.broker_name))
                     break
@@ -359,3 +384,13 @@ class Admin:
                     log.info("query at %s failed (%s); trying the next member", addr, e)
         return out
 
+
+def _member_filter(broker_id: int | None) -> Callable[[Mapping[int, str]], list[tuple[int, str]]]:
+    """Members of a group to ask, in order: all (master first) or only ``broker_id``."""
+    if broker_id is not None and (isinstance(broker_id, bool) or not isinstance(broker_id, int) or broker_id < 0):
+        raise InvalidParameterError(f"broker_id must be an int >= 0 (0 = master), got {broker_id!r}")
+
+    def members(addrs: Mapping[int, str]) -> list[tuple[int, str]]:
+        return [(bid, a) for bid, a in sorted(addrs.items()) if broker_id is None or bid == broker_id]
+
+    return members

@@ -155,12 +155,12 @@ class _ConsumerBase:
         """The member id the next pull of ``mq`` asks for (before down-member avoidance)."""
         return self._nodes.recalculate(mq)
 
-    def _pull_url(self, t: _Target, mq: MessageQueue, offset: int, max_nums: int, sub_expression: str,
-                  suspend_timeout_s: float | None) -> str:
+    def _pull_target(self, t: _Target, mq: MessageQueue, offset: int, max_nums: int, sub_expression: str,
+                     suspend_timeout_s: float | None) -> str:
         commit = None if t.slave else self._committed.get(mq)
         suspend_ms = int(suspend_timeout_s * 1000) if suspend_timeout_s else None
-        return rq.pull_url(t.addr, self.group, mq, offset, max_nums, commit_offset=commit,
-                           suspend_timeout_ms=suspend_ms, sub_expression=sub_expression)
+        return rq.pull_target(self.group, mq, offset, max_nums, commit_offset=commit,
+                              suspend_timeout_ms=suspend_ms, sub_expression=sub_expression)
 
     def _pull_timeout(self, timeout_s: float | None, suspend_timeout_s: float | None) -> float:
         base = timeout_s if timeout_s is not None else self.config.pull_timeout_s
@@ -281,9 +281,9 @@ class PullConsumer(_ConsumerBase):
         timeout = self._pull_timeout(timeout_s, suspend_timeout_s)
         error: ClientError | None = None
         for t in targets:
-            url = self._pull_url(t, mq, offset, max_nums, sub_expression, suspend_timeout_s)
+            target = self._pull_target(t, mq, offset, max_nums, sub_expression, suspend_timeout_s)
             try:
-                resp = client.http.get(url, timeout=timeout)
+                resp = client.exchange("GET", t.addr, target, timeout=timeout)
             except httpx.HTTPError as e:
                 client.broker_down.mark_down(mq.broker_name, t.broker_id, _now_ms())
                 error = rq.map_transport_error(e, t.addr, f"pull {mq} from {self._role(t)} {mq.broker_name}"
@@ -433,9 +433,9 @@ class AsyncPullConsumer(_ConsumerBase):
         timeout = self._pull_timeout(timeout_s, suspend_timeout_s)
         error: ClientError | None = None
         for t in targets:
-            url = self._pull_url(t, mq, offset, max_nums, sub_expression, suspend_timeout_s)
+            target = self._pull_target(t, mq, offset, max_nums, sub_expression, suspend_timeout_s)
             try:
-                resp = await client.http.get(url, timeout=timeout)
+                resp = await client.exchange("GET", t.addr, target, timeout=timeout)
             except httpx.HTTPError as e:
                 client.broker_down.mark_down(mq.broker_name, t.broker_id, _now_ms())
                 error = rq.map_transport_error(e, t.addr, f"pull {mq} from {self._role(t)} {mq.broker_name}"

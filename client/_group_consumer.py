@@ -50,6 +50,12 @@ _GROUPS_LOCK = threading.Lock()
 _FLOW_CONTROL_DELAY_S = 0.05  # RocketMQ PULL_TIME_DELAY_MILLS_WHEN_FLOW_CONTROL
 _PAUSED_DELAY_S = 0.1
 _NO_NEW_MIN_DELAY_S = 0.05
+#: Close waits this long at most for a pull thread; one parked in a broker long poll (up to ``pull_suspend_s``)
+#: is abandoned: it ends when the broker answers, and then touches nothing (RocketMQ drops such a response too).
+_CLOSE_JOIN_PULL_S = 0.3
+#: A topic expected to get queues (a send-back created ``%RETRY%<group>``; a subscribed topic without a route
+#: yet) is looked at again this soon, doubling up to ``rebalance_interval_s``.
+_SOON_FIRST_S = 1.0
 
 
 def consumer_ids_url(addr: str, group: str) -> str:
@@ -193,6 +199,14 @@ class SyncEngine:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.rebalance_count = 0
+        self.pull_count = 0
+        """Pull requests sent (flow control shows as this count standing still)."""
+        self.flow_control_count = 0
+        """Times a queue's pull was put off because its cache was over a threshold."""
+        self._soon_gap_s = _SOON_FIRST_S
+        self._soon_at: float | None = None
+        """When the next out-of-period rebalance is due (None: none asked for)."""
+        self._last_soon_run = float("-inf")
 
     @property
     def group(self) -> str:
@@ -247,17 +261,57 @@ class SyncEngine:
         self._stop.set()
         self._wake.set()
         self._sched.stop()
+        # A pull thread may be parked in a long poll: wait briefly, then leave it (it exits on its answer).
+        join_until = min(deadline, time.monotonic() + _CLOSE_JOIN_PULL_S)
         for t in self._threads:
             if t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
+                t.join(max(0.0, join_until - time.monotonic()))
+        stuck = [t.name for t in self._threads if t.is_alive() and t is not threading.current_thread()]
+        if stuck:
+            log.debug("%s: %d threads still in a request at close (abandoned): %s", self.group, len(stuck), stuck)
         run_quietly(lambda: self.persist_offsets(all_held=True), f"final commit of {self.group}", log)
         assert self.client is not None and self.puller is not None
         release_group(self.client, self.group)
         self.puller.close()
         self.client.release()
 
+    def stats(self) -> dict[str, int]:
+        """Counters for monitoring and tests: pulls sent, pulls put off by flow control, rebalances, and the
+        messages / body bytes cached (pulled, not yet consumed) over every held queue."""
+        with self.core.lock:
+            pqs = list(self.core.pqs.values())
+            cached = sum(pq.msg_count for pq in pqs)
+            cached_bytes = sum(pq.msg_size_bytes for pq in pqs)
+        return {"pulls": self.pull_count, "flowControlled": self.flow_control_count,
+                "rebalances": self.rebalance_count, "queues": len(pqs), "cachedMessages": cached,
+                "cachedBytes": cached_bytes}
+
     def wake_rebalance(self) -> None:
+        """Rebalance now (a subscription changed)."""
+        with self._lock:
+            self._soon_at = time.monotonic()
         self._wake.set()
+
+    def expect_queues(self, topic: str) -> None:
+        """``topic`` should have queues for this group now (a send-back just wrote to ``%RETRY%<group>``): when
+        none are known yet, rebalance at once instead of at the next period -- at most once per
+        ``_SOON_FIRST_S``, however many send-backs ask."""
+        client = self.client
+        if client is None or self._stop.is_set() or client.routes.subscribe_info(topic):
+            return
+        with self._lock:
+            at = max(time.monotonic(), self._last_soon_run + _SOON_FIRST_S)
+            if self._soon_at is None or at < self._soon_at:
+                self._soon_at = at
+        self._wake.set()
+
+    def _rebalance_soon(self) -> None:
+        """A subscribed topic has no route yet: rebalance again after a gap that doubles up to the period."""
+        with self._lock:
+            at = time.monotonic() + self._soon_gap_s
+            self._soon_gap_s = min(self._soon_gap_s * 2, self.config.rebalance_interval_s)
+            if self._soon_at is None or at < self._soon_at:
+                self._soon_at = at
 
     # --- background: rebalance + periodic commit ---
 
@@ -268,16 +322,24 @@ class SyncEngine:
         next_rebalance = 0.0
         next_commit = time.monotonic() + cfg.auto_commit_interval_s
         while not self._stop.is_set():
+            self._wake.clear()
             now = time.monotonic()
-            if now >= next_rebalance or self._wake.is_set():
-                self._wake.clear()
+            with self._lock:
+                soon_due = self._soon_at is not None and now >= self._soon_at
+                if soon_due:
+                    self._soon_at = None
+                    self._last_soon_run = now
+            if now >= next_rebalance or soon_due:
                 run_quietly(self.rebalance, f"rebalance of {self.group}", log)
                 next_rebalance = time.monotonic() + cfg.rebalance_interval_s
             if cfg.auto_commit and now >= next_commit:
                 run_quietly(self.persist_offsets, f"offset commit of {self.group}", log)
                 next_commit = time.monotonic() + cfg.auto_commit_interval_s
-            wait = min(next_rebalance, next_commit if cfg.auto_commit else next_rebalance) - time.monotonic()
-            self._wake.wait(max(0.01, wait))
+            due = min(next_rebalance, next_commit if cfg.auto_commit else next_rebalance)
+            with self._lock:
+                if self._soon_at is not None:
+                    due = min(due, self._soon_at)
+            self._wake.wait(max(0.01, due - time.monotonic()))
 
     def rebalance(self) -> None:
         """One rebalance round over every subscribed topic (or the manual assignment)."""
@@ -290,12 +352,18 @@ class SyncEngine:
             self._apply(None, wanted)
             return
         topics = core.topics()
+        resolved = True
         for topic in topics:
             if self._stop.is_set():
                 return
             wanted_or_none = self._allocate(client, topic)
             if wanted_or_none is not None:
                 self._apply(topic, wanted_or_none)
+            else:
+                resolved = False
+        if resolved:
+            with self._lock:
+                self._soon_gap_s = _SOON_FIRST_S
         for mq in core.held():
             if mq.topic not in topics:
                 self._drop(mq)
@@ -304,7 +372,10 @@ class SyncEngine:
         try:
             mqs = client.subscribe_queues_or_fetch(topic)
         except RouteNotFoundError:
+            # A topic created a moment ago (a retry topic made by the first heartbeat or send-back) is not
+            # in the nameserver yet: look again soon rather than a whole period later.
             log.debug("no route for %s yet (group %s)", topic, self.group)
+            self._rebalance_soon()
             return None
         if self.config.message_model is MessageModel.BROADCASTING:
             return set(mqs)
@@ -313,8 +384,9 @@ class SyncEngine:
             return None
         if client.client_id not in cids:
             # The brokers have not heard us yet (just started, or a broker restarted): heartbeat and wait a
-            # round rather than drop every queue, which RocketMQ would do.
+            # round (soon, not a whole period later) rather than drop every queue, which RocketMQ would do.
             client.send_heartbeat_to_all_brokers()
+            self._rebalance_soon()
             return None
         return set(self.config.allocate_strategy.allocate(self.group, client.client_id, list(mqs), cids))
 
@@ -422,7 +494,7 @@ class SyncEngine:
                     return
                 log.warning("pull of %s failed: %s", pq.mq, e)
                 delay = self.config.pull_delay_on_error_s
-            if self.core.live(pq):
+            if self.core.live(pq) and not self._stop.is_set():
                 self._sched.add(pq, delay)
 
     def _pull_once(self, pq: ProcessQueue) -> float:
@@ -434,17 +506,21 @@ class SyncEngine:
             why = pq.over_threshold(cfg.pull_threshold_for_queue, cfg.threshold_bytes)
             gen, offset = pq.generation, pq.next_pull_offset
         if why is not None:
+            self.flow_control_count += 1
             log.debug("flow control on %s: %s", pq.mq, why)
             return _FLOW_CONTROL_DELAY_S
         _, puller = self.check_open()
         flt = core.filter_of(pq.mq.topic)
         began = time.monotonic()
+        self.pull_count += 1
         try:
             r = puller.pull(pq.mq, offset, cfg.pull_batch_size, flt.expression,
                             suspend_timeout_s=cfg.pull_suspend_s or None)
         except ClientError as e:
             log.info("pull of %s at %d failed: %s", pq.mq, offset, e)
             return cfg.pull_delay_on_error_s
+        if self._stop.is_set():
+            return 0.0  # closed while the pull was parked: its answer is dropped, nothing is delivered
         if r.pull_status is PullStatus.FOUND:
             added = core.on_pulled(pq, gen, r.msg_found_list, r.next_begin_offset, self.group)
             if added:
@@ -648,6 +724,10 @@ class GroupConsumer:
     def rebalance_now(self) -> None:
         """Rebalance at once instead of at the next period (synchronously)."""
         self._engine.rebalance()
+
+    def stats(self) -> dict[str, int]:
+        """Pulls sent, pulls put off by flow control, rebalances, held queues, cached messages and bytes."""
+        return self._engine.stats()
 
     def __repr__(self) -> str:
         return f"GroupConsumer({self.group!r}, state={self.state.value}, queues={len(self.assignment())})"

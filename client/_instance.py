@@ -206,10 +206,9 @@ class ClientInstance(_InstanceCore):
                  transport: httpx.BaseTransport | None = None, **kwargs: Any) -> None:
         super().__init__(namesrv_addr, config or ClientConfig(), **kwargs)
         cfg = self.config
-        self.http = httpx.Client(
-            transport=transport or SyncTransport(max_connections_per_host=cfg.max_connections_per_host),
-            timeout=cfg.timeout(), cookies=_NoCookies(),
-        )
+        transport = transport or SyncTransport(max_connections_per_host=cfg.max_connections_per_host)
+        self.http = httpx.Client(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies())
+        self._raw = transport if isinstance(transport, SyncTransport) else None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -369,6 +368,20 @@ class ClientInstance(_InstanceCore):
                 log.debug("heartbeat to %s failed: %s", addr, e)
         return ok
 
+    def exchange(self, method: str, addr: str, target: str, body: bytes = b"", *,
+                 timeout: float | None) -> rq.Answer:
+        """One data-path request to ``addr`` (``host:port``): through the SDK transport without httpx's models
+        when this instance uses it, else through ``http`` (tests inject other transports).
+
+        Raises:
+            httpx.HTTPError: the request failed (callers map it with :func:`client._requests.map_transport_error`).
+        """
+        raw = self._raw
+        if raw is not None:
+            host, port = rq.split_addr(addr)
+            return raw.exchange(method, host, port, target, body, timeout=timeout)
+        return self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
+
     def __repr__(self) -> str:
         return f"ClientInstance({self.namesrv_addr!r}, state={self.state.value}, refs={self.refcount})"
 
@@ -382,10 +395,9 @@ class AsyncClientInstance(_InstanceCore):
                  transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
         super().__init__(namesrv_addr, config or ClientConfig(), **kwargs)
         cfg = self.config
-        self.http = httpx.AsyncClient(
-            transport=transport or AsyncTransport(max_connections_per_host=cfg.max_connections_per_host),
-            timeout=cfg.timeout(), cookies=_NoCookies(),
-        )
+        transport = transport or AsyncTransport(max_connections_per_host=cfg.max_connections_per_host)
+        self.http = httpx.AsyncClient(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies())
+        self._raw = transport if isinstance(transport, AsyncTransport) else None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._loop_key = 0
@@ -533,6 +545,20 @@ class AsyncClientInstance(_InstanceCore):
             except (httpx.HTTPError, ClientError) as e:
                 log.debug("heartbeat to %s failed: %s", addr, e)
         return ok
+
+    async def exchange(self, method: str, addr: str, target: str, body: bytes = b"", *,
+                 timeout: float | None) -> rq.Answer:
+        """One data-path request to ``addr`` (``host:port``): through the SDK transport without httpx's models
+        when this instance uses it, else through ``http`` (tests inject other transports).
+
+        Raises:
+            httpx.HTTPError: the request failed (callers map it with :func:`client._requests.map_transport_error`).
+        """
+        raw = self._raw
+        if raw is not None:
+            host, port = rq.split_addr(addr)
+            return await raw.exchange(method, host, port, target, body, timeout=timeout)
+        return await self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
 
     def __repr__(self) -> str:
         return f"AsyncClientInstance({self.namesrv_addr!r}, state={self.state.value}, refs={self.refcount})"

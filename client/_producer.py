@@ -103,10 +103,10 @@ class _ProducerBase:
     def _attempts_total(self, fixed: MessageQueue | None) -> int:
         return 1 if fixed is not None else 1 + self.config.retry_times_when_send_failed
 
-    def _url(self, info: TopicPublishInfo, mq: MessageQueue, addr: str) -> str:
+    def _target(self, info: TopicPublishInfo, mq: MessageQueue) -> str:
         default_nums = len([q for q in info.message_queues if q.broker_name == mq.broker_name]) \
             if info.from_default_topic else None
-        return rq.send_url(addr, mq.topic, mq.queue_id, self.config.group, default_topic_queue_nums=default_nums)
+        return rq.send_target(mq.topic, mq.queue_id, self.config.group, default_topic_queue_nums=default_nums)
 
     def _on_error(self, mq: MessageQueue, started_ms: int, err: ClientError) -> bool:
         """Record a failed attempt; True when another attempt may follow."""
@@ -317,7 +317,7 @@ class Producer(_ProducerBase):
                 if addr is None:
                     raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
                 try:
-                    resp = client.http.post(self._url(info, mq, addr), content=body, timeout=left)
+                    resp = client.exchange("POST", addr, self._target(info, mq), body, timeout=left)
                 except httpx.HTTPError as e:
                     raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
                 reply = rq.parse_send(resp, addr, len(uniq_keys))
@@ -531,7 +531,7 @@ class AsyncProducer(_ProducerBase):
                 if addr is None:
                     raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
                 try:
-                    resp = await client.http.post(self._url(info, mq, addr), content=body, timeout=left)
+                    resp = await client.exchange("POST", addr, self._target(info, mq), body, timeout=left)
                 except httpx.HTTPError as e:
                     raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
                 reply = rq.parse_send(resp, addr, len(uniq_keys))

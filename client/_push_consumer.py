@@ -190,6 +190,11 @@ class PushConsumer:
     def assignment(self) -> set[MessageQueue]:
         return self._engine.core.held()
 
+    def stats(self) -> dict[str, int]:
+        """Pulls sent, pulls put off by flow control (``pull_threshold_for_queue`` /
+        ``pull_threshold_size_for_queue_mib``), rebalances, held queues, cached messages and body bytes."""
+        return self._engine.stats()
+
     def start(self) -> PushConsumer:
         """Join the group and start consuming. Raises ClientError when already started or closed."""
         self._pool = concurrent.futures.ThreadPoolExecutor(self.consume_thread_nums,
@@ -345,16 +350,24 @@ class PushConsumer:
         client, _ = self._engine.check_open()
         try:
             self._send_back_rpc(client, mq, msg, delay_level)
+            self._retry_expected(delay_level)
             return True
         except (ClientError, httpx.HTTPError) as e:
             log.info("send-back of %s (offset %d) failed: %s; producing it to %s", msg.msg_id,
                      msg.commit_log_offset, e, retry_topic(self.group))
         try:
             self._produce_retry(client, msg)
+            self._retry_expected(delay_level)
             return True
         except (ClientError, httpx.HTTPError) as e:
             log.warning("retry copy of %s could not be produced: %s; consuming it again locally", msg.msg_id, e)
             return False
+
+    def _retry_expected(self, delay_level: int) -> None:
+        # The retry topic may have been created by this very send-back: pick its queues up within a second,
+        # not at the next rebalance period (20 s), so the retry comes back after about its delay level.
+        if delay_level >= 0:
+            self._engine.expect_queues(retry_topic(self.group))
 
     def _send_back_rpc(self, client: ClientInstance, mq: MessageQueue, msg: MessageExt, delay_level: int) -> None:
         addr = client.find_broker_address_in_publish(msg.broker_name)

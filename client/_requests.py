@@ -16,6 +16,7 @@ from urllib.parse import quote
 import attrs
 import httpx
 
+from client._transport import RawResponse
 from client.errors import (
     BrokerConnectError,
     BrokerError,
@@ -28,7 +29,10 @@ from client.protocol.codes import PullStatus, PullSysFlag, ResponseCode, SendSta
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.route import TopicRouteData
 
-__all__ = ["PullResult", "SendResult"]
+__all__ = ["Answer", "PullResult", "SendResult"]
+
+#: A response as the data path reads it: ``status_code`` and ``content`` (httpx's, or the SDK transport's raw one).
+Answer = httpx.Response | RawResponse
 
 
 @attrs.frozen
@@ -73,6 +77,22 @@ def q(value: str) -> str:
     return quote(value, safe="")
 
 
+@functools.lru_cache(maxsize=1024)
+def split_addr(addr: str) -> tuple[str, int]:
+    """``("host", port)`` of a ``host:port`` server address (IPv6 hosts in brackets lose them).
+
+    Raises:
+        httpx.ConnectError: the port is not a number (reported like any failure to reach the server).
+    """
+    host, sep, port = addr.rpartition(":")
+    if not sep or host.endswith(":"):
+        return addr.strip("[]"), 80  # as httpx reads a URL without a port
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise httpx.ConnectError(f"server address {addr!r} is not host:port") from None
+
+
 def map_transport_error(exc: httpx.HTTPError, addr: str, what: str) -> ClientError:
     """A client error for an httpx failure talking to ``addr`` (``what`` names the peer and request)."""
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
@@ -80,13 +100,13 @@ def map_transport_error(exc: httpx.HTTPError, addr: str, what: str) -> ClientErr
     return BrokerConnectError(f"{what}: {type(exc).__name__}: {exc}", broker_addr=addr)
 
 
-def raise_for_status(resp: httpx.Response, addr: str) -> None:
+def raise_for_status(resp: Answer, addr: str) -> None:
     """Raise the client error a non-200 answer carries."""
     if resp.status_code != 200:
         raise wire.decode_error(resp.status_code, resp.content, addr=addr)
 
 
-def json_of(resp: httpx.Response, addr: str) -> dict[str, Any]:
+def json_of(resp: Answer, addr: str) -> dict[str, Any]:
     """The JSON object of a 200 answer (errors raised as client errors)."""
     raise_for_status(resp, addr)
     try:
@@ -146,13 +166,18 @@ def unregister_body(client_id: str, *, producer_groups: Iterable[str] = (), cons
 
 
 def send_url(addr: str, topic: str, queue_id: int, group: str, *, default_topic_queue_nums: int | None = None) -> str:
-    url = f"http://{addr}/send?topic={q(topic)}&queueId={queue_id}&group={q(group)}"
+    return f"http://{addr}{send_target(topic, queue_id, group, default_topic_queue_nums=default_topic_queue_nums)}"
+
+
+def send_target(topic: str, queue_id: int, group: str, *, default_topic_queue_nums: int | None = None) -> str:
+    """Path and query of a ``POST /send``."""
+    target = f"/send?topic={q(topic)}&queueId={queue_id}&group={q(group)}"
     if default_topic_queue_nums is not None:
-        url += f"&defaultTopicQueueNums={default_topic_queue_nums}"
-    return url
+        target += f"&defaultTopicQueueNums={default_topic_queue_nums}"
+    return target
 
 
-def parse_send(resp: httpx.Response, addr: str, expected: int) -> wire.SendReply:
+def parse_send(resp: Answer, addr: str, expected: int) -> wire.SendReply:
     """The send reply; broker errors raised as :class:`BrokerError` subclasses.
 
     Raises:
@@ -188,6 +213,15 @@ def pull_url(
     addr: str, group: str, mq: MessageQueue, offset: int, max_nums: int, *, commit_offset: int | None,
     suspend_timeout_ms: int | None, sub_expression: str,
 ) -> str:
+    return "http://" + addr + pull_target(group, mq, offset, max_nums, commit_offset=commit_offset,
+                                          suspend_timeout_ms=suspend_timeout_ms, sub_expression=sub_expression)
+
+
+def pull_target(
+    group: str, mq: MessageQueue, offset: int, max_nums: int, *, commit_offset: int | None,
+    suspend_timeout_ms: int | None, sub_expression: str,
+) -> str:
+    """Path and query of a ``GET /pull``."""
     sys_flag = int(PullSysFlag.SUBSCRIPTION)
     extra = ""
     if commit_offset is not None and commit_offset >= 0:
@@ -197,12 +231,12 @@ def pull_url(
         sys_flag |= PullSysFlag.SUSPEND
         extra += f"&suspendTimeoutMs={suspend_timeout_ms}"
     return (
-        f"http://{addr}/pull?group={q(group)}&topic={q(mq.topic)}&queueId={mq.queue_id}&offset={offset}"
+        f"/pull?group={q(group)}&topic={q(mq.topic)}&queueId={mq.queue_id}&offset={offset}"
         f"&maxNums={max_nums}&sysFlag={sys_flag}&subExpression={q(sub_expression)}{extra}"
     )
 
 
-def parse_pull(resp: httpx.Response, addr: str, mq: MessageQueue) -> PullResult:
+def parse_pull(resp: Answer, addr: str, mq: MessageQueue) -> PullResult:
     """Decode a pull answer: the binary head, then the records (bodies copied once)."""
     raise_for_status(resp, addr)
     data = resp.content

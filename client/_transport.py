@@ -25,15 +25,30 @@ import select
 import socket
 import threading
 from collections import deque
+from typing import cast
 
 import httpx
 
-__all__ = ["AsyncTransport", "SyncTransport"]
+__all__ = ["AsyncTransport", "RawResponse", "SyncTransport"]
 
 _CRLF2 = b"\r\n\r\n"
 _MAX_HEAD_BYTES = 64 * 1024
 _RECV_SIZE = 256 * 1024
 _NO_BODY_STATUS = frozenset({204, 304})
+
+
+class RawResponse:
+    """What :meth:`SyncTransport.exchange` answers: the status and the whole body (no httpx objects).
+
+    It has the two attributes of ``httpx.Response`` the SDK's data path reads, so one parser serves both.
+    """
+
+    __slots__ = ("content", "headers", "status_code")
+
+    def __init__(self, status_code: int, content: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status_code
+        self.content = content
+        self.headers = headers
 
 
 class _Incomplete(Exception):
@@ -120,7 +135,10 @@ class _ResponseParser:
     def body(self) -> bytes:
         if len(self.buf) - self.head_end > self.body_len:
             raise httpx.RemoteProtocolError("server sent more bytes than its Content-Length")
-        return bytes(self.buf[self.head_end : self.head_end + self.body_len])
+        return bytes(memoryview(self.buf)[self.head_end : self.head_end + self.body_len])
+
+    def raw(self) -> RawResponse:
+        return RawResponse(self.status, self.body(), self.headers)
 
     def response(self, request: httpx.Request) -> httpx.Response:
         return httpx.Response(
@@ -146,9 +164,24 @@ def _encode_head(request: httpx.Request, body_len: int) -> bytes:
     return b"".join(lines)
 
 
-def _timeouts(request: httpx.Request) -> tuple[float | None, float | None, float | None, float | None]:
+Timeouts = tuple[float | None, float | None, float | None, float | None]
+"""``(connect, read, write, pool)`` seconds; None waits without bound."""
+
+
+def _timeouts(request: httpx.Request) -> Timeouts:
     t = request.extensions.get("timeout") or {}
     return t.get("connect"), t.get("read"), t.get("write"), t.get("pool")
+
+
+def _raw_head(method: str, host: str, port: int, target: str, body_len: int) -> bytes:
+    """The request head of :meth:`SyncTransport.exchange`: what the servers read, nothing more."""
+    length = f"Content-Length: {body_len}\r\n" if body_len or method == "POST" else ""
+    return f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\n{length}\r\n".encode("latin-1")
+
+
+def _check_target(target: str) -> None:
+    if not target.startswith("/") or not target.isprintable() or " " in target or not target.isascii():
+        raise httpx.UnsupportedProtocol(f"request target {target[:80]!r} must be an ASCII path without spaces")
 
 
 def _origin(request: httpx.Request) -> tuple[str, int]:
@@ -179,8 +212,8 @@ class _SyncConnection:
         with contextlib.suppress(OSError):
             self.sock.close()
 
-    def roundtrip(self, head: bytes, body: bytes, request: httpx.Request) -> _ResponseParser:
-        _, read_t, write_t, _ = _timeouts(request)
+    def roundtrip(self, head: bytes, body: bytes, timeouts: Timeouts, no_body: bool) -> _ResponseParser:
+        _, read_t, write_t, _ = timeouts
         sock = self.sock
         try:
             sock.settimeout(write_t)
@@ -193,7 +226,7 @@ class _SyncConnection:
             raise httpx.WriteTimeout("timed out sending the request") from None
         except OSError:
             raise _Incomplete(got_bytes=False) from None
-        parser = _ResponseParser(no_body=request.method == "HEAD")
+        parser = _ResponseParser(no_body=no_body)
         sock.settimeout(read_t)
         got = False
         while True:
@@ -243,8 +276,8 @@ class SyncTransport(httpx.BaseTransport):
                 pool = self._pools.setdefault(origin, _SyncHostPool(self._max_conn, self._max_idle))
         return pool
 
-    def _acquire(self, pool: _SyncHostPool, origin: tuple[str, int], request: httpx.Request) -> tuple[_SyncConnection, bool]:
-        connect_t, _, _, pool_t = _timeouts(request)
+    def _acquire(self, pool: _SyncHostPool, origin: tuple[str, int], timeouts: Timeouts) -> tuple[_SyncConnection, bool]:
+        connect_t, _, _, pool_t = timeouts
         with pool.cond:
             while True:
                 if self._closed:
@@ -292,11 +325,34 @@ class SyncTransport(httpx.BaseTransport):
         origin = _origin(request)
         body = request.read()
         head = _encode_head(request, len(body))
+        return self._exchange(origin, head, body, _timeouts(request), request.method == "HEAD").response(request)
+
+    def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
+                 timeout: float | None) -> RawResponse:
+        """One request without httpx's models: the data path's way in (about 100 µs of CPU cheaper per request).
+
+        Args:
+            method: ``GET`` or ``POST``.
+            host: server host.
+            port: server port.
+            target: path and query string, already percent-encoded.
+            body: request body (sent with a Content-Length).
+            timeout: seconds for each of connect, pool wait, write and read (None: no bound).
+
+        Raises:
+            httpx.HTTPError: the same transport errors :meth:`handle_request` raises.
+        """
+        _check_target(target)
+        head = _raw_head(method, host, port, target, len(body))
+        return self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False).raw()
+
+    def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
+                  no_body: bool) -> _ResponseParser:
         pool = self._pool(origin)
         for attempt in range(2):
-            conn, reused = self._acquire(pool, origin, request)
+            conn, reused = self._acquire(pool, origin, timeouts)
             try:
-                parser = conn.roundtrip(head, body, request)
+                parser = conn.roundtrip(head, body, timeouts, no_body)
             except _Incomplete as e:
                 self._put_back(pool, conn, False)
                 if reused and not e.got_bytes and attempt == 0:
@@ -308,7 +364,7 @@ class SyncTransport(httpx.BaseTransport):
                 self._put_back(pool, conn, False)
                 raise
             self._put_back(pool, conn, parser.keep_alive)
-            return parser.response(request)
+            return parser
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -338,8 +394,8 @@ class _AsyncConnection(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TCP transport is not registered as an asyncio.Transport subclass: no isinstance check here.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         parser, waiter = self.parser, self.waiter
@@ -369,10 +425,10 @@ class _AsyncConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def roundtrip(self, head: bytes, body: bytes, request: httpx.Request) -> _ResponseParser:
-        _, read_t, _, _ = _timeouts(request)
+    async def roundtrip(self, head: bytes, body: bytes, timeouts: Timeouts, no_body: bool) -> _ResponseParser:
+        read_t = timeouts[1]
         assert self.transport is not None
-        self.parser = parser = _ResponseParser(no_body=request.method == "HEAD")
+        self.parser = parser = _ResponseParser(no_body=no_body)
         self.got_bytes = False
         self.waiter = waiter = self.loop.create_future()
         self.transport.write(head + body if len(body) <= 65536 else head)
@@ -414,8 +470,9 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         self._max_idle = max_idle_per_host
         self._closed = False
 
-    async def _acquire(self, origin: tuple[str, int], request: httpx.Request) -> tuple[_AsyncConnection, _AsyncHostPool, bool]:
-        connect_t, _, _, pool_t = _timeouts(request)
+    async def _acquire(self, origin: tuple[str, int], timeouts: Timeouts
+                       ) -> tuple[_AsyncConnection, _AsyncHostPool, bool]:
+        connect_t, _, _, pool_t = timeouts
         pool = self._pools.get(origin)
         if pool is None:
             pool = self._pools[origin] = _AsyncHostPool(self._max_conn, self._max_idle)
@@ -482,10 +539,22 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         origin = _origin(request)
         body = await request.aread()
         head = _encode_head(request, len(body))
+        parser = await self._exchange(origin, head, body, _timeouts(request), request.method == "HEAD")
+        return parser.response(request)
+
+    async def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
+                       timeout: float | None) -> RawResponse:
+        """See :meth:`SyncTransport.exchange`."""
+        _check_target(target)
+        head = _raw_head(method, host, port, target, len(body))
+        return (await self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False)).raw()
+
+    async def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
+                        no_body: bool) -> _ResponseParser:
         for attempt in range(2):
-            conn, pool, reused = await self._acquire(origin, request)
+            conn, pool, reused = await self._acquire(origin, timeouts)
             try:
-                parser = await conn.roundtrip(head, body, request)
+                parser = await conn.roundtrip(head, body, timeouts, no_body)
             except _Incomplete as e:
                 self._put_back(pool, conn, False)
                 if reused and not e.got_bytes and attempt == 0:
@@ -497,7 +566,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 self._put_back(pool, conn, False)
                 raise
             self._put_back(pool, conn, parser.keep_alive)
-            return parser.response(request)
+            return parser
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:

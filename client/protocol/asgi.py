@@ -10,13 +10,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import unquote
 
 from client.errors import ClientError
 from client.protocol.codes import ResponseCode
 from client.protocol.wire import CONTENT_BINARY, CONTENT_JSON, encode_error, http_status_for_code
 
-__all__ = ["Request", "Response", "Router", "error_response", "json_response"]
+__all__ = ["Request", "Response", "Router", "error_response", "json_response", "parse_query"]
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,9 @@ class Router:
     async def _dispatch(self, scope: dict[str, Any], receive: Receive) -> Response:
         method: str = scope["method"]
         path: str = scope["path"]
-        broker, role = self._identity()
         handler = self._routes.get((method, path))
         if handler is None:
+            broker, role = self._identity()
             allowed = self._paths.get(path)
             if allowed:
                 r = error_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
@@ -155,22 +155,44 @@ class Router:
         try:
             body = await _read_body(receive, self._max_body)
         except BodyTooLarge:
+            broker, role = self._identity()
             r = error_response(ResponseCode.MESSAGE_ILLEGAL,
                                f"request body exceeds the limit of {self._max_body} bytes", broker=broker, role=role)
             r.status = 413
             return r
-        qs = scope.get("query_string", b"")
-        query = dict(parse_qsl(qs.decode("latin-1"), keep_blank_values=True)) if qs else {}
+        query = parse_query(scope.get("query_string", b""))
         request = Request(method, path, query, body, scope.get("client") or ("", 0))
         try:
             return await handler(request)
         except ClientError as e:
             code = e.code if e.code >= 0 else int(ResponseCode.SYSTEM_ERROR)
+            broker, role = self._identity()
             return error_response(code, e.message, broker=broker, role=role)
         except Exception as e:  # a bug must not kill the connection; the client gets SYSTEM_ERROR and a log line
             log.exception("%s %s failed", method, path)
+            broker, role = self._identity()
             return error_response(ResponseCode.SYSTEM_ERROR, f"internal error: {type(e).__name__}: {e}",
                                   broker=broker, role=role)
+
+
+def parse_query(qs: bytes) -> dict[str, str]:
+    """A query string as a dict (last value wins, blank values kept), exactly as ``parse_qsl`` reads it.
+
+    Only names and values holding ``%`` or ``+`` go through ``unquote``: parse_qsl unquotes every one and cost
+    about 10 µs a request on the data path.
+    """
+    if not qs:
+        return {}
+    query: dict[str, str] = {}
+    for field in qs.decode("latin-1").split("&"):
+        if field:
+            name, _, value = field.partition("=")
+            if "%" in name or "+" in name:
+                name = unquote(name.replace("+", " "))
+            if "%" in value or "+" in value:
+                value = unquote(value.replace("+", " "))
+            query[name] = value
+    return query
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

@@ -256,7 +256,15 @@ class UniqKeyGenerator:
 # --- send batches (client -> broker) --------------------------------------------------------------------
 
 
+_UNIQ_ONLY_PREFIX = f"{UNIQ_KEY}\x01".encode()
+
+
 def _message_properties(msg: Message, uniq_key: str | None) -> bytes:
+    if uniq_key and not msg.properties and not msg.tags and not msg.keys and not msg.delay_level:
+        # The common message: only the SDK's UNIQ_KEY (32 hex characters, nothing to check or escape).
+        if uniq_key.isascii() and uniq_key.isalnum():
+            return _UNIQ_ONLY_PREFIX + uniq_key.encode("ascii") + b"\x02"
+        return encode_properties({UNIQ_KEY: uniq_key})
     props = dict(msg.properties)
     if msg.tags:
         props[TAGS] = msg.tags
@@ -290,7 +298,7 @@ def encode_batch(
     parts: list[bytes] = []
     head = BATCH_ITEM_HEAD.pack
     for i, msg in enumerate(messages):
-        body = bytes(msg.body)
+        body = msg.body if type(msg.body) is bytes else bytes(msg.body)
         props = _message_properties(msg, uniq_keys[i] if uniq_keys else None)
         size = record_size(len(body), len(msg.topic), len(props))
         if size > max_message_size:

@@ -55,7 +55,25 @@ _NAME_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
 _SEPARATORS = re.compile("[\x01\x02]")
 
 
+#: Names already checked (topics and groups repeat on every message); bounded, see _validate_name.
+_VALID_NAMES: dict[tuple[str, int], set[str]] = {}
+_MAX_CACHED_NAMES = 10_000
+
+
 def _validate_name(kind: str, name: object, max_length: int) -> str:
+    known = _VALID_NAMES.get((kind, max_length))
+    if known is not None and type(name) is str and name in known:
+        return name
+    _check_name(kind, name, max_length)
+    assert isinstance(name, str)
+    if known is None:
+        known = _VALID_NAMES.setdefault((kind, max_length), set())
+    if len(known) < _MAX_CACHED_NAMES:
+        known.add(name)
+    return name
+
+
+def _check_name(kind: str, name: object, max_length: int) -> None:
     if not isinstance(name, str):
         raise MessageIllegalError(f"{kind} must be a str, got {type(name).__name__}")
     if not name:
@@ -66,7 +84,6 @@ def _validate_name(kind: str, name: object, max_length: int) -> str:
         raise MessageIllegalError(
             f"{kind} {name!r} contains characters outside [%|a-zA-Z0-9_-]"
         )
-    return name
 
 
 def validate_topic(topic: object) -> str:

@@ -220,3 +220,66 @@ def test_async_failures(server: TinyServer, refused_addr: str) -> None:
                 assert (await c.get(f"http://{server.addr}/z")).content == b"/z"
 
     asyncio.run(main())
+
+
+# --- exchange: the data path without httpx's models ---------------------------------------------------------
+
+
+def test_exchange_keeps_alive_and_returns_status_and_body(server: TinyServer) -> None:
+    t = SyncTransport()
+    host, port = server.addr.split(":")
+    for i in range(5):
+        r = t.exchange("POST", host, int(port), "/echo?a=%2A", b"y" * i, timeout=2.0)
+        assert (r.status_code, r.content) == (200, b"y" * i)
+    assert t.exchange("GET", host, int(port), "/p?q=1", timeout=2.0).content == b"/p?q=1"
+    assert server.connections == 1
+    t.close()
+
+
+def test_exchange_failures_are_httpx_errors(server: TinyServer, refused_addr: str) -> None:
+    t = SyncTransport()
+    host, port = server.addr.split(":")
+    with pytest.raises(httpx.ConnectError):
+        t.exchange("GET", *refused_addr.split(":")[:1], int(refused_addr.split(":")[1]), "/x", timeout=2.0)
+    started = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        t.exchange("GET", host, int(port), "/block", timeout=0.3)
+    assert time.monotonic() - started < 2.0
+    server.release.set()
+    with pytest.raises(httpx.RemoteProtocolError):
+        t.exchange("GET", host, int(port), "/drop", timeout=2.0)
+    with pytest.raises(httpx.UnsupportedProtocol, match="request target"):
+        t.exchange("GET", host, int(port), "/a b", timeout=2.0)
+    t.close()
+
+
+@pytest.mark.parametrize("use_uvloop", [False, True])
+def test_async_exchange_on_both_loops(server: TinyServer, use_uvloop: bool) -> None:
+    host, port = server.addr.split(":")
+
+    async def main() -> None:
+        t = AsyncTransport(max_connections_per_host=4)
+        rs = await asyncio.gather(*(t.exchange("POST", host, int(port), "/echo", b"%d" % i, timeout=2.0)
+                                    for i in range(20)))
+        assert [r.content for r in rs] == [b"%d" % i for i in range(20)]
+        async with httpx.AsyncClient(transport=t, timeout=2.0) as c:
+            assert (await c.get(f"http://{server.addr}/z")).content == b"/z"
+
+    if use_uvloop:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+    else:
+        asyncio.run(main())
+    assert server.connections <= 4
+
+
+def test_split_addr() -> None:
+    from client._requests import split_addr
+
+    assert split_addr("127.0.0.1:9876") == ("127.0.0.1", 9876)
+    assert split_addr("[::1]:80") == ("::1", 80)
+    assert split_addr("localhost") == ("localhost", 80)
+    with pytest.raises(httpx.ConnectError, match="not host:port"):
+        split_addr("host:port")
