@@ -35,7 +35,7 @@ from broker.metadata import (
     TopicConfigManager,
 )
 from broker.metadata.topics import SCHEDULE_TOPIC
-from broker.metrics import BrokerMetrics, RateMeter
+from broker.metrics import BrokerMetrics, BrokerState, RateMeter
 from broker.pull_processor import PullProcessor
 from broker.registration import BrokerIdentity, RegisterResult, Registrar, build_register_body
 from broker.schedule import ScheduleMessageService
@@ -105,7 +105,8 @@ class BrokerController:
         self.delay_offsets = DelayOffsetManager(cfg_dir)
         self.clients = ClientTable(clock_ms=self._clock_ms)
         self.hold = PullHoldService(config.max_parked_pulls)
-        self.metrics = BrokerMetrics(config.broker_cluster_name, config.broker_name, self.role_name)
+        self.metrics = BrokerMetrics(config.broker_cluster_name, f"{config.broker_name}-{config.broker_id}",
+                                     self.role_name, self.metrics_state)
         self.put_rate = RateMeter(clock_ms=self._clock_ms)
         if ha_service is None:
             ha_service, created_client = create_ha(store, config.to_ha_config, is_slave=config.is_slave,
@@ -130,7 +131,7 @@ class BrokerController:
                   **SendBackProcessor(self).routes(),
                   **ConsumerIdsProcessor(self, clock_ms=self._clock_ms).routes()}
         self.router = Router(routes, max_body_bytes=config.max_request_body_bytes,
-                             identity=lambda: (self.addr, self.role_name))
+                             identity=lambda: (self.addr, self.role_name), observe=self.metrics.observe_request)
         self._dispatch_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -349,7 +350,22 @@ class BrokerController:
     def refresh_gauges(self) -> None:
         self.metrics.parked_pulls.set(self.hold.parked_count)
         self.metrics.commitlog_max_offset.set(self.store.max_physical_offset)
-        self.metrics.dispatch_behind_bytes.set(self.store.dispatch_behind_bytes)
+
+    def metrics_state(self) -> BrokerState:
+        """What ``GET /metrics`` reads at scrape time (consumer lag from committed offsets and queue ends)."""
+        store = self.store
+        max_offsets = store.topic_queue_max_offsets()
+        lag: dict[tuple[str, str], int] = {}
+        for key, queues in self.offsets.table().items():
+            topic, _, group = key.partition("@")
+            lag[(group, topic)] = sum(max(0, max_offsets.get((topic, q), 0) - off) for q, off in queues.items())
+        return BrokerState(
+            storage_size_bytes=store.max_physical_offset - store.min_physical_offset,
+            flush_behind_bytes=store.max_physical_offset - store.flushed_physical_offset,
+            dispatch_behind_bytes=store.dispatch_behind_bytes,
+            consumer_lag=lag,
+            ha=self.ha_service.status(),
+        )
 
     def runtime_info(self) -> dict[str, Any]:
         cfg = self.config

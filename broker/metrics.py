@@ -1,19 +1,34 @@
 """Prometheus metrics of one broker, in its own registry (so tests can run several brokers in a process).
 
-Names follow RocketMQ 5's exporter (``rocketmq_messages_in_total`` ... with ``cluster``, ``node_type``,
-``node_id``, ``topic`` labels); ``splitmq_pull_served_total{role}`` counts messages served by role, which shows
-read/write splitting at work.
+RocketMQ 5's names where they exist, with its labels ``cluster``, ``node_type`` (``broker``), ``node_id``
+(``<brokerName>-<brokerId>``, so a master and its slaves are told apart), ``topic``, ``consumer_group``:
+
+* counters bumped on the data path: ``rocketmq_messages_in_total``, ``rocketmq_messages_out_total``,
+  ``rocketmq_throughput_in_total``, ``rocketmq_throughput_out_total`` (bytes), and the histogram
+  ``rocketmq_rpc_latency`` (seconds per HTTP request, by ``request_code`` = path and ``response_code`` = status);
+* read at scrape time from the broker's state (:class:`BrokerState`): ``rocketmq_consumer_lag_messages``,
+  ``rocketmq_storage_size`` (bytes), ``rocketmq_storage_flush_behind_bytes``,
+  ``rocketmq_storage_dispatch_behind_bytes``.
+
+SplitMQ's own (not RocketMQ's): ``splitmq_pull_served_total{role}`` (messages served by pulls, by the serving
+broker's role: read/write splitting at work), ``splitmq_send_requests_total{code}``,
+``splitmq_pull_requests_total{code}``, ``splitmq_parked_pulls``, ``splitmq_commitlog_max_offset``, and for HA
+``splitmq_ha_slave_ack_offset{slave}``, ``splitmq_ha_slave_diff_bytes{slave}``, ``splitmq_ha_in_sync_slaves``,
+``splitmq_ha_transfer_bytes_total{slave}`` (master side; ``slave`` is the slave's connection address).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "BrokerMetrics", "RateMeter"]
+__all__ = ["CONTENT_TYPE", "BrokerMetrics", "BrokerState", "RateMeter"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABELS = ("cluster", "node_type", "node_id", "topic")
@@ -21,16 +36,82 @@ _LABELS = ("cluster", "node_type", "node_id", "topic")
 _MAX_CACHED_TOPICS = 10_000
 
 
+#: Buckets of ``rocketmq_rpc_latency`` in seconds (50 µs .. 10 s; long polls land in the top ones).
+_LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@attrs.frozen
+class BrokerState:
+    """What the scrape-time gauges read; built by the controller on each ``GET /metrics``."""
+
+    storage_size_bytes: int
+    flush_behind_bytes: int
+    dispatch_behind_bytes: int
+    consumer_lag: Mapping[tuple[str, str], int]
+    """``(consumer_group, topic) -> messages`` not yet consumed (broker max offset - committed offset)."""
+    ha: Mapping[str, Any] | None
+    """The HA service's ``status()`` (master side), or None."""
+
+
+class _StateCollector(Collector):
+    def __init__(self, base: tuple[str, str, str], state: Callable[[], BrokerState]) -> None:
+        self._base = base
+        self._state = state
+
+    def describe(self) -> list[Any]:
+        return []  # the families are read at scrape time; the broker may not be fully built at registration
+
+    def collect(self) -> Iterator[Any]:
+        st = self._state()
+        names = ("cluster", "node_type", "node_id")
+        for name, doc, value in (
+            ("rocketmq_storage_size", "Commit-log bytes held by the store", st.storage_size_bytes),
+            ("rocketmq_storage_flush_behind_bytes", "Commit-log bytes written but not flushed", st.flush_behind_bytes),
+            ("rocketmq_storage_dispatch_behind_bytes", "Commit-log bytes not yet dispatched to consume queues",
+             st.dispatch_behind_bytes),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(self._base, value)
+            yield g
+        lag = GaugeMetricFamily("rocketmq_consumer_lag_messages", "Messages the group has not consumed yet",
+                                labels=(*names, "consumer_group", "topic"))
+        for (group, topic), n in sorted(st.consumer_lag.items()):
+            lag.add_metric((*self._base, group, topic), n)
+        yield lag
+        yield from self._ha(st.ha or {})
+
+    def _ha(self, ha: Mapping[str, Any]) -> Iterator[Any]:
+        slaves = ha.get("slaves", [])
+        names = ("cluster", "node_type", "node_id", "slave")
+        ack = GaugeMetricFamily("splitmq_ha_slave_ack_offset", "Commit-log offset the slave acknowledged",
+                                labels=names)
+        diff = GaugeMetricFamily("splitmq_ha_slave_diff_bytes", "Bytes the slave is behind the master", labels=names)
+        sent = CounterMetricFamily("splitmq_ha_transfer_bytes", "Commit-log bytes streamed to the slave",
+                                   labels=names)
+        for sl in slaves:
+            labels = (*self._base, str(sl.get("addr", "")))
+            ack.add_metric(labels, sl.get("ackOffset", -1))
+            diff.add_metric(labels, sl.get("diff", 0))
+            sent.add_metric(labels, sl.get("transferredBytes", 0))
+        in_sync = GaugeMetricFamily("splitmq_ha_in_sync_slaves", "Connected slaves within haMaxGapNotInSync",
+                                    labels=("cluster", "node_type", "node_id"))
+        in_sync.add_metric(self._base, sum(1 for sl in slaves if sl.get("inSync")))
+        yield from (ack, diff, sent, in_sync)
+
+
 class BrokerMetrics:
     """Counters the processors bump; :meth:`render` is the ``GET /metrics`` body.
 
     Args:
         cluster: ``brokerClusterName``.
-        node_id: ``brokerName`` (the group); ``broker_id`` tells master and slaves apart in ``runtime``.
+        node_id: ``<brokerName>-<brokerId>``.
         role: the broker's role, for ``splitmq_pull_served_total``.
+        state: returns the state the scrape-time gauges read (None: those gauges are left out).
     """
 
-    def __init__(self, cluster: str, node_id: str, role: str) -> None:
+    def __init__(self, cluster: str, node_id: str, role: str,
+                 state: Callable[[], BrokerState] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._base = (cluster, "broker", node_id)
         self._role = role
@@ -48,8 +129,12 @@ class BrokerMetrics:
         self.parked_pulls = Gauge("splitmq_parked_pulls", "Pulls waiting in long polling", registry=r)
         self.commitlog_max_offset = Gauge("splitmq_commitlog_max_offset", "Commit-log max physical offset",
                                           registry=r)
-        self.dispatch_behind_bytes = Gauge("splitmq_dispatch_behind_bytes", "Commit-log bytes not yet dispatched",
-                                           registry=r)
+        self.rpc_latency = Histogram("rocketmq_rpc_latency", "Seconds to answer an HTTP request",
+                                     ("cluster", "node_type", "node_id", "request_code", "response_code"),
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        if state is not None:
+            r.register(_StateCollector(self._base, state))
+        self._latency: dict[tuple[str, int], Any] = {}
 
         # Label children cached: ``labels()`` costs a few µs a call, several calls per request on the data path.
         self._in: dict[str, tuple[Any, Any]] = {}
@@ -84,6 +169,13 @@ class BrokerMetrics:
         if child is None:
             child = self._codes[(code, pull)] = (self.pull_requests if pull else self.send_requests).labels(str(int(code)))
         child.inc()
+
+    def observe_request(self, path: str, status: int, seconds: float) -> None:
+        """Router hook: one answered HTTP request."""
+        child = self._latency.get((path, status))
+        if child is None:
+            child = self._latency[(path, status)] = self.rpc_latency.labels(*self._base, path, str(status))
+        child.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import unquote
@@ -105,7 +106,8 @@ class Router:
         routes: ``{(method, path): handler}``.
         max_body_bytes: requests with a larger body are refused with MESSAGE_ILLEGAL (HTTP 413).
         identity: returns ``(addr, role)`` put into every error answer.
-        extra: non-JSON handlers (``/metrics``) keyed by path, given the raw request.
+        observe: called with ``(path, status, seconds)`` after every routed request (RPC latency metrics);
+            unknown paths are reported as ``"other"`` so the label set stays bounded.
     """
 
     def __init__(
@@ -114,8 +116,10 @@ class Router:
         *,
         max_body_bytes: int,
         identity: Callable[[], tuple[str | None, str | None]] = lambda: (None, None),
+        observe: Callable[[str, int, float], None] | None = None,
     ) -> None:
         self._routes = dict(routes)
+        self._observe = observe
         self._paths: dict[str, set[str]] = {}
         for method, path in self._routes:
             self._paths.setdefault(path, set()).add(method)
@@ -128,7 +132,14 @@ class Router:
             return
         if scope["type"] != "http":
             return
-        response = await self._dispatch(scope, receive)
+        observe = self._observe
+        if observe is None:
+            response = await self._dispatch(scope, receive)
+        else:
+            started = time.perf_counter()
+            response = await self._dispatch(scope, receive)
+            path = scope["path"]
+            observe(path if path in self._paths else "other", response.status, time.perf_counter() - started)
         await send({
             "type": "http.response.start",
             "status": response.status,

@@ -65,7 +65,7 @@ def test_seeds_file_broker_registers_and_serves(servers: Servers) -> None:
             "offset": 3}
         metrics = c.get("/metrics")
         assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
-        assert 'rocketmq_messages_in_total{cluster="DefaultCluster",node_id="broker-a",node_type="broker",topic="SeedTopic"} 3.0' in metrics.text
+        assert 'rocketmq_messages_in_total{cluster="DefaultCluster",node_id="broker-a-0",node_type="broker",topic="SeedTopic"} 3.0' in metrics.text
     assert b.stop() == 0
     # graceful shutdown: unregistered at once, offsets persisted
     with httpx.Client(base_url=ns.url, timeout=10) as nsc:

@@ -57,7 +57,7 @@ def test_pull_found_and_next_offsets(tmp_path: Path) -> None:
         assert head.code == C.PULL_OFFSET_MOVED
         text = (await client.get("/metrics")).text
         assert 'splitmq_pull_served_total{role="ASYNC_MASTER"} 3.0' in text
-        assert 'rocketmq_messages_out_total{cluster="DefaultCluster",node_id="broker-a",node_type="broker",topic="T"} 3.0' in text
+        assert 'rocketmq_messages_out_total{cluster="DefaultCluster",node_id="broker-a-0",node_type="broker",topic="T"} 3.0' in text
 
     run_with_broker(tmp_path, scenario)
 

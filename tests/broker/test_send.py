@@ -274,7 +274,7 @@ def test_metrics_count_stored_messages(tmp_path: Path) -> None:
     async def scenario(ctrl: Any, client: Any) -> None:
         await send(client, batch(n=3))
         text = (await client.get("/metrics")).text
-        assert 'rocketmq_messages_in_total{cluster="DefaultCluster",node_id="broker-a",node_type="broker",topic="T"} 3.0' in text
+        assert 'rocketmq_messages_in_total{cluster="DefaultCluster",node_id="broker-a-0",node_type="broker",topic="T"} 3.0' in text
         assert "rocketmq_throughput_in_total" in text
 
     run_with_broker(tmp_path, scenario)
