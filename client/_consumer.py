@@ -26,11 +26,11 @@ import httpx
 
 from client import _requests as rq
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState, _InstanceCore
+from client._lifecycle import AsyncLifecycle, SyncLifecycle
 from client._requests import PullResult
 from client._routing import PullNodeTable, choose_pull_broker_id
 from client.errors import (
     BrokerNotFoundError,
-    ClientClosedError,
     ClientError,
     InvalidParameterError,
     QueryNotFoundError,
@@ -128,6 +128,8 @@ def _check_pull_args(mq: object, offset: int, max_nums: int) -> MessageQueue:
 
 
 class _ConsumerBase:
+    _kind = "consumer"
+
     def __init__(self, group: str, namesrv_addr: str, *, connect_broker_by_user: bool, default_broker_id: int,
                  client_config: ClientConfig | None, **kwargs: Any) -> None:
         self.config = ConsumerConfig(group, connect_broker_by_user, default_broker_id, **kwargs)
@@ -170,7 +172,7 @@ class _ConsumerBase:
         return "slave" if t.slave else "master"
 
 
-class PullConsumer(_ConsumerBase):
+class PullConsumer(SyncLifecycle, _ConsumerBase):
     """A synchronous pull consumer (RocketMQ ``DefaultMQPullConsumer`` / lite pull).
 
     Args:
@@ -190,46 +192,8 @@ class PullConsumer(_ConsumerBase):
         self._lock = threading.Lock()
         self._client: ClientInstance | None = None
 
-    def start(self) -> PullConsumer:
-        """Attach to the shared client instance. Raises ClientError when already started or closed."""
-        with self._lock:
-            if self._state is ClientState.CLOSED:
-                raise ClientClosedError(f"consumer {self.group} is closed; create a new one")
-            if self._state is ClientState.OPENED:
-                raise ClientError(f"consumer {self.group} is already started")
-            self._open()
-        return self
-
-    def _open(self) -> None:
-        self._client = ClientInstance.acquire(self.namesrv_addr, self._client_config)
-        self._client.register_consumer(self.group)
-        self._state = ClientState.OPENED
-
-    def _ensure_open(self) -> ClientInstance:
-        if self._state is ClientState.OPENED and self._client is not None:
-            return self._client
-        with self._lock:
-            if self._state is ClientState.CLOSED:
-                raise ClientClosedError(f"consumer {self.group} is closed")
-            if self._state is ClientState.UNOPENED:
-                self._open()
-        assert self._client is not None
-        return self._client
-
-    @property
-    def client(self) -> ClientInstance:
-        """The process-wide client instance this consumer uses."""
-        return self._ensure_open()
-
-    def __enter__(self) -> PullConsumer:
-        if self._state is ClientState.UNOPENED:
-            self.start()
-        elif self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"consumer {self.group} is closed; create a new one")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _attach(self, client: ClientInstance) -> None:
+        client.register_consumer(self.group)
 
     def close(self) -> None:
         """Release the client instance. Idempotent."""
@@ -359,7 +323,7 @@ class PullConsumer(_ConsumerBase):
         return self._offset_query(mq, "search", timestamp_ms)
 
 
-class AsyncPullConsumer(_ConsumerBase):
+class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
     """The asyncio twin of :class:`PullConsumer` (same arguments; methods are coroutines; ``async with``)."""
 
     def __init__(self, group: str, namesrv_addr: str, *, connect_broker_by_user: bool = False,
@@ -369,42 +333,8 @@ class AsyncPullConsumer(_ConsumerBase):
                          default_broker_id=default_broker_id, client_config=client_config, **kwargs)
         self._client: AsyncClientInstance | None = None
 
-    async def start(self) -> AsyncPullConsumer:
-        if self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"consumer {self.group} is closed; create a new one")
-        if self._state is ClientState.OPENED:
-            raise ClientError(f"consumer {self.group} is already started")
-        self._open()
-        return self
-
-    def _open(self) -> AsyncClientInstance:
-        self._client = AsyncClientInstance.acquire(self.namesrv_addr, self._client_config)
-        self._client.register_consumer(self.group)
-        self._state = ClientState.OPENED
-        return self._client
-
-    def _ensure_open(self) -> AsyncClientInstance:
-        if self._state is ClientState.OPENED and self._client is not None:
-            return self._client
-        if self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"consumer {self.group} is closed")
-        return self._open()
-
-    @property
-    def client(self) -> AsyncClientInstance:
-        if self._client is None:
-            raise ClientError(f"consumer {self.group} is not started: use 'async with' or await start()")
-        return self._client
-
-    async def __aenter__(self) -> AsyncPullConsumer:
-        if self._state is ClientState.UNOPENED:
-            await self.start()
-        elif self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"consumer {self.group} is closed; create a new one")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    def _attach(self, client: AsyncClientInstance) -> None:
+        client.register_consumer(self.group)
 
     async def close(self) -> None:
         was_open = self._state is ClientState.OPENED

@@ -19,6 +19,7 @@ import httpx
 
 from client import _requests as rq
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
+from client._lifecycle import AsyncLifecycle, SyncLifecycle
 from client._producer_core import (
     RETRY_RESPONSE_CODES,
     Accumulator,
@@ -61,6 +62,8 @@ def _abandon(batch: list[Pending]) -> None:
 
 class _ProducerBase:
     """State shared by both producers: config, selection, fault table, unique ids, accumulator."""
+
+    _kind = "producer"
 
     def __init__(self, group: str, namesrv_addr: str, *, client_config: ClientConfig | None,
                  start_index: int | None, **kwargs: Any) -> None:
@@ -125,7 +128,7 @@ class _ProducerBase:
                 p.result = results[i]
 
 
-class Producer(_ProducerBase):
+class Producer(SyncLifecycle, _ProducerBase):
     """A synchronous producer; safe to share between threads (their concurrent sends are batched together).
 
     Args:
@@ -151,45 +154,8 @@ class Producer(_ProducerBase):
 
     # --- lifecycle ---
 
-    def start(self) -> Producer:
-        """Attach to the shared client instance. Raises ClientError when already started or closed."""
-        with self._lock:
-            if self._state is ClientState.CLOSED:
-                raise ClientClosedError(f"producer {self.group} is closed; create a new one")
-            if self._state is ClientState.OPENED:
-                raise ClientError(f"producer {self.group} is already started")
-            self._client = ClientInstance.acquire(self.namesrv_addr, self._client_config)
-            self._client.register_producer(self.group)
-            self._state = ClientState.OPENED
-        return self
-
-    def _ensure_open(self) -> ClientInstance:
-        client = self._client
-        if self._state is ClientState.OPENED and client is not None:
-            return client
-        if self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"producer {self.group} is closed")
-        with self._lock:
-            if self._state is ClientState.UNOPENED:
-                self._client = ClientInstance.acquire(self.namesrv_addr, self._client_config)
-                self._client.register_producer(self.group)
-                self._state = ClientState.OPENED
-        return self._ensure_open()
-
-    @property
-    def client(self) -> ClientInstance:
-        """The process-wide client instance this producer uses."""
-        return self._ensure_open()
-
-    def __enter__(self) -> Producer:
-        if self._state is ClientState.UNOPENED:
-            self.start()
-        elif self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"producer {self.group} is closed; create a new one")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _attach(self, client: ClientInstance) -> None:
+        client.register_producer(self.group)
 
     def close(self) -> None:
         """Fail waiting sends, wait for in-flight ones (at most ``close_timeout_s``), release the client."""
@@ -358,7 +324,7 @@ class Producer(_ProducerBase):
             log.debug("oneway send to %s failed: %s", msg.topic, e)
 
 
-class AsyncProducer(_ProducerBase):
+class AsyncProducer(AsyncLifecycle, _ProducerBase):
     """The asyncio twin of :class:`Producer` (same arguments; methods are coroutines; ``async with``)."""
 
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout_s: float = 3.0,
@@ -371,44 +337,8 @@ class AsyncProducer(_ProducerBase):
         self._room_waiters: list[asyncio.Future[None]] = []
         self._idle: asyncio.Event | None = None
 
-    async def start(self) -> AsyncProducer:
-        """Attach to the shared client instance of the running loop."""
-        if self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"producer {self.group} is closed; create a new one")
-        if self._state is ClientState.OPENED:
-            raise ClientError(f"producer {self.group} is already started")
-        self._open()
-        return self
-
-    def _open(self) -> AsyncClientInstance:
-        self._client = AsyncClientInstance.acquire(self.namesrv_addr, self._client_config)
-        self._client.register_producer(self.group)
-        self._state = ClientState.OPENED
-        return self._client
-
-    def _ensure_open(self) -> AsyncClientInstance:
-        if self._state is ClientState.OPENED and self._client is not None:
-            return self._client
-        if self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"producer {self.group} is closed")
-        return self._open()
-
-    @property
-    def client(self) -> AsyncClientInstance:
-        """The client instance shared on this event loop (the producer must have started)."""
-        if self._client is None:
-            raise ClientError(f"producer {self.group} is not started: use 'async with' or await start()")
-        return self._client
-
-    async def __aenter__(self) -> AsyncProducer:
-        if self._state is ClientState.UNOPENED:
-            await self.start()
-        elif self._state is ClientState.CLOSED:
-            raise ClientClosedError(f"producer {self.group} is closed; create a new one")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    def _attach(self, client: AsyncClientInstance) -> None:
+        client.register_producer(self.group)
 
     async def close(self) -> None:
         """See :meth:`Producer.close`."""
