@@ -23,8 +23,10 @@ def _nameserver(addr: str | None) -> Iterator[str]:
         return
     from client.cluster import LocalCluster
 
+    # brokers that serve analytical reads should let one pull carry more than RocketMQ's 32 messages / 256 KiB
+    analytics = {"maxTransferCountOnMessageInMemory": "1024", "maxTransferBytesOnMessageInMemory": "4194304"}
     with tempfile.TemporaryDirectory(prefix="splitmq-example-") as root, \
-            LocalCluster(root, broker_groups=2, slaves_per_group=1) as cluster:
+            LocalCluster(root, broker_groups=2, slaves_per_group=1, broker_config=analytics) as cluster:
         yield cluster.namesrv_addr
 
 

@@ -28,6 +28,12 @@ __all__ = [
 ]
 
 PULL_FROM_CHOICES = ("auto", "master", "slave")
+#: Pull defaults sized for analytical reads: large answers, several in flight (brokers cap what they send).
+DEFAULT_PULL_BATCH_SIZE = 1024
+DEFAULT_PULL_MAX_BYTES = 4 * 1024 * 1024
+DEFAULT_PULL_CONCURRENCY = 4
+MAX_PULL_CONCURRENCY = 64
+DEFAULT_SEND_CONCURRENCY = 4
 
 #: Canonical (documented) spelling of every source option, keyed by its lower-cased form.
 _SOURCE_KEYS = {
@@ -35,14 +41,16 @@ _SOURCE_KEYS = {
     for k in (
         "nameserver", "namesrvAddr", "topic", "subExpression", "startingOffsets", "startingTimestamp",
         "endingOffsets", "endingTimestamp", "maxOffsetsPerTrigger", "minPartitions", "maxRecordsPerPartition",
-        "failOnDataLoss", "pullFrom", "slaveFallback", "pullBatchSize", "pullTimeoutMs", "pullRetries",
+        "failOnDataLoss", "pullFrom", "slaveFallback", "pullBatchSize", "pullMaxBytes", "pullConcurrency",
+        "pullTimeoutMs", "pullRetries",
         "retryBackoffMs", "includeProperties", "group", "commitOffsetsToBroker", "maxBatchRows",
         "maxBatchBytes", "path",
     )
 }
 _SINK_KEYS = {
     k.lower(): k
-    for k in ("nameserver", "namesrvAddr", "topic", "producerGroup", "sendTimeoutMs", "retries", "path")
+    for k in ("nameserver", "namesrvAddr", "topic", "producerGroup", "sendTimeoutMs", "retries", "sendConcurrency",
+              "path")
 }
 _CLIENT_PREFIX = "client."
 
@@ -83,8 +91,12 @@ class SourceOptions:
     """``auto`` (follow broker suggestions), ``master`` (broker id 0 only) or ``slave`` (prefer id 1)."""
     slave_fallback: bool = True
     """Pull from a slave of the group when its master is unreachable."""
-    pull_batch_size: int = 32
-    """``maxNums`` of each pull request."""
+    pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
+    """``maxNums`` of each pull request (the broker may cap it: ``maxTransferCountOnMessageInMemory``)."""
+    pull_max_bytes: int = DEFAULT_PULL_MAX_BYTES
+    """``maxBytes`` of each pull request (the broker may cap it: ``maxTransferBytesOnMessageInMemory``)."""
+    pull_concurrency: int = DEFAULT_PULL_CONCURRENCY
+    """Pulls one task keeps in flight (consecutive offset windows of its range; answers used in order)."""
     pull_timeout_s: float = 10.0
     """Timeout of each pull request."""
     pull_retries: int = 3
@@ -119,6 +131,8 @@ class SinkOptions:
     """Timeout of each send."""
     retries: int = 2
     """Retries of a failed send (the SDK's ``retry_times_when_send_failed``)."""
+    send_concurrency: int = DEFAULT_SEND_CONCURRENCY
+    """Send requests one write task keeps in flight."""
     client: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
     """``client.*`` options with the prefix removed."""
 
@@ -207,6 +221,13 @@ def _topic(r: _Reader, *, required: bool) -> str | None:
     except Exception as e:
         raise OptionError(f"option topic: {e}") from None
     return topic
+
+
+def _concurrency(r: _Reader, name: str, default: int) -> int:
+    n = r.get_int(name, default, minimum=1) or default
+    if n > MAX_PULL_CONCURRENCY:
+        raise OptionError(f"option {name} must be <= {MAX_PULL_CONCURRENCY}, got {n}")
+    return n
 
 
 def _offset_option(r: _Reader, name: str, default: OffsetSpec, *, allow: tuple[str, ...]) -> OffsetSpec:
@@ -299,7 +320,9 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
         fail_on_data_loss=r.get_bool("failOnDataLoss", True),
         pull_from=pull_from,
         slave_fallback=r.get_bool("slaveFallback", True),
-        pull_batch_size=r.get_int("pullBatchSize", 32, minimum=1) or 32,
+        pull_batch_size=r.get_int("pullBatchSize", DEFAULT_PULL_BATCH_SIZE, minimum=1) or DEFAULT_PULL_BATCH_SIZE,
+        pull_max_bytes=r.get_int("pullMaxBytes", DEFAULT_PULL_MAX_BYTES, minimum=1024) or DEFAULT_PULL_MAX_BYTES,
+        pull_concurrency=_concurrency(r, "pullConcurrency", DEFAULT_PULL_CONCURRENCY),
         pull_timeout_s=(timeout_ms or 10_000) / 1000.0,
         pull_retries=r.get_int("pullRetries", 3, minimum=0) or 0,
         retry_backoff_s=(backoff_ms or 0) / 1000.0,
@@ -339,5 +362,6 @@ def parse_sink_options(options: Mapping[str, Any], *, app_name: str = "app") -> 
         producer_group=group,
         send_timeout_s=(r.get_int("sendTimeoutMs", 3000, minimum=1) or 3000) / 1000.0,
         retries=r.get_int("retries", 2, minimum=0) or 0,
+        send_concurrency=_concurrency(r, "sendConcurrency", DEFAULT_SEND_CONCURRENCY),
         client=r.client,
     )

@@ -12,19 +12,35 @@ SDK the connector adds two rules that keep a planned range exact:
 
 Records at or past ``end`` are dropped (a pull cannot stop at ``end``); the tag filter is rechecked on the
 client like the SDK does. Every wait and retry is bounded by ``pullRetries``.
+
+**Pipelining.** One pull costs a broker round trip, and a broker caps each answer
+(``maxTransferCountOnMessageInMemory``, 32 messages by RocketMQ default), so one request at a time leaves a task
+waiting most of the time. The planned range is known and a queue's offsets are contiguous, so with
+``pullConcurrency`` > 1 the task cuts the range into *segments* of ``window`` offsets and keeps up to
+``pullConcurrency`` segment pulls in flight on a small thread pool, consuming answers strictly in offset order.
+The first pull goes alone (it learns the broker's suggestion and cap). An answer that stops short of its
+segment's end (the broker's count or byte cap) shrinks ``window`` to what one pull covered, and the rest of the
+segment is pulled again from where the answer ended, so nothing is skipped. Any other surprise (an error, a
+lagging member, an answer past its segment) drops the in-flight pulls and restarts the pipeline from the first
+offset not yet read, through the same rules as the one-at-a-time loop. Answers are applied and decoded only on
+the task's thread, in order, so the batches are the same whatever the concurrency.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
 
 from client._routing import find_broker_address_in_subscribe
-from client.errors import BrokerError, BrokerNotFoundError, ClientError, TransportError
+from client.errors import BrokerError, BrokerNotFoundError, ClientError, RequestTimeoutError, TransportError
 from client.protocol.codes import PullStatus
 from spark_connector.arrow import RawChunk, decode_to_batch
 from spark_connector.offsets import QueueKey
@@ -35,6 +51,9 @@ from spark_connector.transport import DEFAULT_READER_GROUP, RawPull
 log = logging.getLogger(__name__)
 
 __all__ = ["DataLossError", "PullClient", "RangeReader", "parse_tags_filter"]
+
+#: Seconds a pipelined pull may run past ``pullTimeoutMs`` before the task stops waiting for its answer.
+_RESULT_GRACE_S = 5.0
 
 
 class DataLossError(RuntimeError):
@@ -65,12 +84,23 @@ def parse_tags_filter(sub_expression: str) -> frozenset[str] | None:
     return tags or None
 
 
+@dataclass
+class _Segment:
+    """Offsets ``[start, end)`` that one pull (``future``, once submitted) asks ``member`` at ``addr`` for."""
+
+    start: int
+    end: int
+    member: int = -1
+    addr: str = ""
+    future: cf.Future[RawPull] | None = None
+
+
 class RangeReader:
     """Reads one :class:`QueueRange`; iterate :meth:`batches`.
 
     Args:
         client: where pulls go.
-        options: the source options (routing mode, retries, caps, filter).
+        options: the source options (routing mode, retries, caps, filter, concurrency).
         rng: the planned range.
         sleep: injected pause (tests pass a fake).
     """
@@ -97,6 +127,11 @@ class RangeReader:
         self.tags_filter = parse_tags_filter(options.sub_expression)
         self.group = options.group or DEFAULT_READER_GROUP
         self.served: set[int] = set()
+        self.window = options.pull_batch_size
+        """Offsets asked for per pull; shrinks to what the broker's cap lets one pull cover."""
+        self.pull_max_bytes = max(1, min(options.pull_max_bytes, options.max_batch_bytes))
+        self.requests = 0
+        """Pull answers applied (for tests and logs)."""
 
     # --- member choice ------------------------------------------------------------------------------------
 
@@ -174,16 +209,20 @@ class RangeReader:
             return
         self.sleep(self.opts.retry_backoff_s)
 
-    # --- the loop -----------------------------------------------------------------------------------------
+    # --- one pull -----------------------------------------------------------------------------------------
 
-    def _pull_once(self, max_bytes: int) -> RawPull | None:
-        member, addr = self._resolve()
+    def _request(self, addr: str, offset: int, max_nums: int) -> RawPull:
+        """The network part of one pull (runs on a pool thread when pipelined)."""
+        return self.client.pull(
+            addr, self.key, offset, max_nums=max_nums, max_bytes=self.pull_max_bytes,
+            sub_expression=self.opts.sub_expression, group=self.group, timeout_s=self.opts.pull_timeout_s,
+        )
+
+    def _settle(self, member: int, addr: str, answer: Callable[[], RawPull]) -> RawPull | None:
+        """Apply one pull's outcome to the routing state; None when it failed (the failure is counted)."""
+        self.requests += 1
         try:
-            r = self.client.pull(
-                addr, self.key, self.offset, max_nums=min(self.opts.pull_batch_size, self.rng.end - self.offset),
-                max_bytes=max_bytes, sub_expression=self.opts.sub_expression, group=self.group,
-                timeout_s=self.opts.pull_timeout_s,
-            )
+            r = answer()
         except TransportError as e:
             self._on_failure(member, addr, e)
             return None
@@ -214,23 +253,85 @@ class RangeReader:
         self._no_progress(r)
         return False
 
-    def batches(self) -> Iterator[pa.RecordBatch]:
-        """Arrow batches of the range's messages (each within ``maxBatchRows`` / ~``maxBatchBytes``)."""
-        pending: list[RawChunk] = []
-        rows = nbytes = 0
-        cap_rows, cap_bytes = self.opts.max_batch_rows, self.opts.max_batch_bytes
+    # --- the loops ----------------------------------------------------------------------------------------
+
+    def _sequential(self) -> Iterator[RawPull]:
+        """One pull at a time (``pullConcurrency`` = 1, or a range one pull covers)."""
         while self.offset < self.rng.end:
-            r = self._pull_once(max(1, cap_bytes - nbytes))
-            if r is None or not self._advance(r):
-                continue
-            pending.append((r.records, r.served_by_broker_id))
-            rows += r.n_records
-            nbytes += len(r.records)
-            if rows >= cap_rows or nbytes >= cap_bytes:
+            member, addr = self._resolve()
+            answer = functools.partial(self._request, addr, self.offset, min(self.window, self.rng.end - self.offset))
+            r = self._settle(member, addr, answer)
+            if r is not None and self._advance(r):
+                yield r
+
+    def _submit(self, segs: deque[_Segment], depth: int, pool: cf.ThreadPoolExecutor) -> None:
+        for i, seg in enumerate(segs):
+            if i >= depth:
+                break
+            if seg.future is None:
+                seg.member, seg.addr = self._resolve()
+                seg.future = pool.submit(self._request, seg.addr, seg.start, seg.end - seg.start)
+
+    def _pipelined(self, pool: cf.ThreadPoolExecutor) -> Iterator[RawPull]:
+        """Up to ``pullConcurrency`` pulls in flight, answers applied in offset order (module docstring)."""
+        segs: deque[_Segment] = deque()
+        tail = self.offset  # the first offset no segment covers yet
+        depth = 1  # one pull until one succeeded: it learns the broker's suggestion and cap
+        wait_s = self.opts.pull_timeout_s + _RESULT_GRACE_S
+        try:
+            while self.offset < self.rng.end:
+                while len(segs) < depth and tail < self.rng.end:
+                    segs.append(_Segment(tail, min(self.rng.end, tail + self.window)))
+                    tail = segs[-1].end
+                self._submit(segs, depth, pool)
+                head = segs.popleft()
+                assert head.future is not None and head.start == self.offset, (head, self.offset)
+                r = self._settle(head.member, head.addr, functools.partial(_answer, head.future, wait_s, head.addr))
+                kept = r is not None and self._advance(r)
+                moved = r is not None and r.next_begin_offset == self.offset
+                if moved and self.offset == head.end:
+                    depth = self.opts.pull_concurrency
+                elif moved and head.start < self.offset < head.end:
+                    # the broker capped the answer (count or bytes): pull the rest in pieces one pull covers
+                    depth = self.opts.pull_concurrency
+                    self.window = max(1, min(self.window, self.offset - head.start))
+                    rest = [_Segment(s, min(head.end, s + self.window))
+                            for s in range(self.offset, head.end, self.window)]
+                    segs.extendleft(reversed(rest))
+                else:  # failed, no progress, or past the segment: restart from the first unread offset
+                    _forget(segs)
+                    tail = self.offset
+                if kept:
+                    assert r is not None
+                    yield r
+        finally:
+            _forget(segs)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Arrow batches of the range's messages (each within ``maxBatchRows`` and, but for a single record
+        larger than it, ``maxBatchBytes``)."""
+        cap_rows, cap_bytes = self.opts.max_batch_rows, self.opts.max_batch_bytes
+        pool: cf.ThreadPoolExecutor | None = None
+        if self.opts.pull_concurrency > 1 and self.rng.size > self.window:
+            pool = cf.ThreadPoolExecutor(self.opts.pull_concurrency, thread_name_prefix="splitmq-spark-pull")
+        try:
+            pending: list[RawChunk] = []
+            rows = nbytes = 0
+            for r in self._pipelined(pool) if pool is not None else self._sequential():
+                if pending and nbytes + len(r.records) > cap_bytes:
+                    yield from self._flush(pending)
+                    pending, rows, nbytes = [], 0, 0
+                pending.append((r.records, r.served_by_broker_id))
+                rows += r.n_records
+                nbytes += len(r.records)
+                if rows >= cap_rows or nbytes >= cap_bytes:
+                    yield from self._flush(pending)
+                    pending, rows, nbytes = [], 0, 0
+            if pending:
                 yield from self._flush(pending)
-                pending, rows, nbytes = [], 0, 0
-        if pending:
-            yield from self._flush(pending)
+        finally:
+            if pool is not None:  # running pulls end on their own timeout; nobody reads them
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _flush(self, chunks: list[RawChunk]) -> Iterator[pa.RecordBatch]:
         batch = decode_to_batch(
@@ -241,3 +342,21 @@ class RangeReader:
         cap = self.opts.max_batch_rows
         for start in range(0, batch.num_rows, cap):
             yield batch.slice(start, cap)
+
+
+def _answer(future: cf.Future[RawPull], wait_s: float, addr: str) -> RawPull:
+    """The answer of a pipelined pull; one that outlives its own timeout by far counts as timed out."""
+    try:
+        return future.result(timeout=wait_s)
+    except cf.TimeoutError:
+        future.cancel()
+        raise RequestTimeoutError(f"pull from {addr} gave no answer within {wait_s:.1f} s (pullTimeoutMs plus "
+                                  f"{_RESULT_GRACE_S:.0f} s grace)", broker_addr=addr) from None
+
+
+def _forget(segs: deque[_Segment]) -> None:
+    """Drop in-flight pulls: queued ones never run; running ones end on their own timeout, unread."""
+    for seg in segs:
+        if seg.future is not None:
+            seg.future.cancel()
+    segs.clear()

@@ -1,11 +1,12 @@
-"""The ``rocketmq`` sink: Arrow batch and streaming writers over the SDK's ``Producer.send_batch``.
+"""The ``rocketmq`` sink: Arrow batch and streaming writers (rows encoded and sent by :mod:`spark_connector.send`).
 
 Input columns: ``body`` (required; binary, or string sent as UTF-8), ``topic`` (string; the ``topic`` option
 overrides it; one of the two is required), ``tags``, ``keys`` (space-separated string), ``properties``
 (``map<string,string>``), ``queueId`` (int) and ``brokerName`` (string). ``queueId`` alone is the index of a
 queue in the topic's writable queues ordered by (brokerName, queueId), like Kafka's ``partition``; with
-``brokerName`` it names that exact queue. Without ``queueId`` the SDK's default queue selection applies. Any
-other column is an error.
+``brokerName`` it names that exact queue. Without ``queueId`` requests go round-robin over the writable queues
+and a failed one is retried on another broker group, as the SDK's default selection does. Any other column is
+an error.
 
 Delivery is **at-least-once**: a task sends every row and waits for each broker answer before returning its
 commit message; a failed task raises, Spark retries it, and rows the failed attempt already stored are stored
@@ -14,9 +15,8 @@ again (like the Kafka sink). Only ``mode("append")`` is supported.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructType
 
+from client.protocol.codec import UniqKeyGenerator
+from client.protocol.message import MessageQueue
 from spark_connector.options import OptionError, SinkOptions, parse_sink_options
+from spark_connector.send import ChunkBuilder, ItemEncoder, Sender, encode_columns
+from spark_connector.transport import pooled_client
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ __all__ = [
     "WriteCommit",
     "make_batch_writer",
     "make_stream_writer",
-    "send_arrow_batch",
+    "send_arrow_batches",
 ]
 
 APPEND_ONLY = (
@@ -51,9 +55,6 @@ _ALLOWED = {
     "queueId": (IntegerType, LongType),
     "brokerName": (StringType,),
 }
-#: Messages and bytes per send request (one topic, one queue).
-_BATCH_MAX_MESSAGES = 512
-_BATCH_MAX_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -86,125 +87,75 @@ def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
         raise OptionError("sink column brokerName needs a queueId column too")
 
 
-# --- producers pooled per worker ------------------------------------------------------------------------
+# --- rows to requests -----------------------------------------------------------------------------------
 
-_PRODUCERS: dict[tuple[Any, ...], Any] = {}
-_PRODUCERS_LOCK = threading.Lock()
-
-
-def _pooled_producer(opts: SinkOptions) -> Any:
-    from client import Producer
-
-    key = (opts.nameserver, opts.producer_group, opts.send_timeout_s, opts.retries,
-           tuple(sorted(opts.client.items())))
-    with _PRODUCERS_LOCK:
-        p = _PRODUCERS.get(key)
-        if p is None:
-            p = Producer(opts.producer_group, opts.nameserver, send_timeout_s=opts.send_timeout_s,
-                         retry_times_when_send_failed=opts.retries)
-            p.start()
-            _PRODUCERS[key] = p
-        return p
+#: One ``UNIQ_KEY`` source per Python worker process (keyed by pid: workers are forked, and a generator
+#: inherited across a fork would repeat its parent's ids).
+_UNIQ: dict[int, UniqKeyGenerator] = {}
 
 
-def _close_producers() -> None:
-    with _PRODUCERS_LOCK:
-        producers = list(_PRODUCERS.values())
-        _PRODUCERS.clear()
-    for p in producers:
-        try:
-            p.close()
-        except Exception:  # best effort at interpreter exit
-            log.debug("closing a pooled producer failed", exc_info=True)
+def _uniq() -> UniqKeyGenerator:
+    pid = os.getpid()
+    gen = _UNIQ.get(pid)
+    if gen is None:
+        _UNIQ.clear()
+        gen = _UNIQ[pid] = UniqKeyGenerator()
+    return gen
 
 
-atexit.register(_close_producers)
+def _columns(batch: pa.RecordBatch) -> dict[str, list[Any]]:
+    return {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
 
 
-# --- rows to messages -----------------------------------------------------------------------------------
+class _QueueResolver:
+    """``queueId`` (and ``brokerName``) column values to the queue they name, per topic."""
+
+    def __init__(self, sender: Sender) -> None:
+        self.sender = sender
+        self._queues: dict[str, list[MessageQueue]] = {}
+
+    def __call__(self, row: int, topic: str, qid: Any, broker: Any) -> MessageQueue:
+        if broker is not None:
+            return MessageQueue(topic, broker, int(qid))
+        queues = self._queues.get(topic)
+        if queues is None:
+            queues = self._queues[topic] = self.sender.queues(topic)
+        if not 0 <= qid < len(queues):
+            raise OptionError(f"row {row}: queueId {qid} is outside the {len(queues)} writable queues of topic {topic}")
+        return queues[qid]
 
 
-def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
-    idx = batch.schema.get_field_index(name)
-    return None if idx < 0 else batch.column(idx).to_pylist()
+def send_arrow_batches(batches: Iterator[pa.RecordBatch], opts: SinkOptions, sender: Sender) -> WriteCommit:
+    """Encode and send every row of ``batches``; returns once every request was answered.
 
-
-def _writable_queues(producer: Any, topic: str) -> list[Any]:
-    info = producer.client.try_to_find_topic_publish_info(topic)
-    return sorted(info.message_queues)
-
-
-def _target_queue(producer: Any, topic: str, qid: int | None, broker: str | None, cache: dict[str, list[Any]]) -> Any:
-    from client import MessageQueue
-
-    if qid is None:
-        return None
-    if broker is not None:
-        return MessageQueue(topic, broker, int(qid))
-    queues = cache.get(topic)
-    if queues is None:
-        queues = cache[topic] = _writable_queues(producer, topic)
-    if not queues:
-        raise OptionError(f"topic {topic} has no writable queue")
-    if not 0 <= qid < len(queues):
-        raise OptionError(f"queueId {qid} is outside the {len(queues)} writable queues of topic {topic}")
-    return queues[qid]
-
-
-def _group_rows(batch: pa.RecordBatch, opts: SinkOptions, producer: Any) -> dict[tuple[str, Any], list[Any]]:
-    """Messages of ``batch`` grouped by (topic, target queue or None)."""
-    from client import Message
-
-    n = batch.num_rows
-    bodies = _column(batch, "body") or []
-    topics = [opts.topic] * n if opts.topic else (_column(batch, "topic") or [None] * n)
-    tags = _column(batch, "tags") or [None] * n
-    keys = _column(batch, "keys") or [None] * n
-    props = _column(batch, "properties") or [None] * n
-    qids = _column(batch, "queueId") or [None] * n
-    brokers = _column(batch, "brokerName") or [None] * n
-    groups: dict[tuple[str, Any], list[Any]] = {}
-    cache: dict[str, list[Any]] = {}
-    for i in range(n):
-        body, topic = bodies[i], topics[i]
-        if body is None:
-            raise OptionError(f"row {i}: body is null")
-        if topic is None:
-            raise OptionError(f"row {i}: topic is null and no topic option is set")
-        if isinstance(body, str):
-            body = body.encode()
-        msg = Message(topic, body, tags=tags[i] or None, keys=keys[i] or None,
-                      properties=dict(props[i]) if props[i] else None)
-        mq = _target_queue(producer, topic, qids[i], brokers[i], cache)
-        groups.setdefault((topic, mq), []).append(msg)
-    return groups
-
-
-def send_arrow_batch(producer: Any, batch: pa.RecordBatch, opts: SinkOptions) -> tuple[int, int]:
-    """Send every row of ``batch``; returns ``(rows, requests)``. Raises on any failed send."""
-    rows = requests = 0
-    for (_, mq), msgs in _group_rows(batch, opts, producer).items():
-        start = 0
-        while start < len(msgs):
-            end, size = start, 0
-            while end < len(msgs) and end - start < _BATCH_MAX_MESSAGES and (end == start or size < _BATCH_MAX_BYTES):
-                size += len(msgs[end].body)
-                end += 1
-            producer.send_batch(msgs[start:end], mq)
-            rows += end - start
-            requests += 1
-            start = end
-    return rows, requests
+    Raises:
+        MessageIllegalError: a row breaks the SDK's message rules (the message names the row).
+        OptionError: a ``queueId`` outside the topic's writable queues.
+        ClientError: a send failed after its retries.
+    """
+    encoder = ItemEncoder(uniq=_uniq())
+    builder = ChunkBuilder()
+    resolve = _QueueResolver(sender)
+    rows = 0
+    try:
+        for batch in batches:
+            chunks = encode_columns(_columns(batch), batch.num_rows, topic_option=opts.topic, encoder=encoder,
+                                    builder=builder, queue_of=resolve)
+            for chunk in chunks:
+                sender.submit(chunk)
+            rows += batch.num_rows
+        for chunk in builder.finish():
+            sender.submit(chunk)
+        sender.flush()
+    finally:
+        sender.close()
+    return WriteCommit(rows, sender.requests)
 
 
 def _write_all(opts: SinkOptions, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
-    producer = _pooled_producer(opts)
-    rows = requests = 0
-    for batch in iterator:
-        r, q = send_arrow_batch(producer, batch, opts)
-        rows += r
-        requests += q
-    return WriteCommit(rows, requests)
+    sender = Sender(pooled_client(opts.nameserver, opts.client), opts.producer_group,
+                    send_timeout_s=opts.send_timeout_s, retries=opts.retries, concurrency=opts.send_concurrency)
+    return send_arrow_batches(iterator, opts, sender)
 
 
 class RocketMQBatchWriter(DataSourceArrowWriter):

@@ -1,4 +1,4 @@
-"""The connector's wire access: routes, raw pulls, queue offsets, consumer-offset reports, and a worker pool.
+"""The connector's wire access: routes, raw pulls, raw sends, queue offsets, consumer-offset reports, a pool.
 
 The reader needs the *raw* record bytes of each pull (decoding them to ``MessageExt`` objects first would cost
 more than the whole Arrow conversion), explicit control over which member of a broker group answers, and route
@@ -18,11 +18,12 @@ import json
 import logging
 import threading
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from urllib.parse import quote
 
 import httpx
 
+from client._transport import SyncTransport
 from client.errors import (
     BrokerConnectError,
     BrokerError,
@@ -33,6 +34,7 @@ from client.errors import (
 )
 from client.protocol import wire
 from client.protocol.codes import PullStatus, PullSysFlag, ResponseCode
+from client.protocol.message import MessageQueue
 from client.protocol.route import TopicRouteData
 from spark_connector.offsets import QueueKey
 
@@ -63,13 +65,12 @@ def _q(value: str) -> str:
     return quote(value, safe="")
 
 
-def _make_http() -> httpx.Client:
-    try:
-        from client._transport import SyncTransport
+class _Answer(Protocol):
+    @property
+    def status_code(self) -> int: ...
 
-        return httpx.Client(transport=SyncTransport(max_connections_per_host=8, max_idle_per_host=4))
-    except ImportError:  # the SDK's fast transport is an optimisation, not a requirement
-        return httpx.Client(limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+    @property
+    def content(self) -> bytes: ...
 
 
 class BrokerClient:
@@ -84,7 +85,13 @@ class BrokerClient:
         self.namesrv_addrs = [a for a in namesrv_addr.split(";") if a]
         if not self.namesrv_addrs:
             raise ValueError("nameserver address list is empty")
-        self._http = http or _make_http()
+        # pulls and sends go through the SDK transport's raw exchange, which skips httpx's request and response
+        # models (~100 us of CPU per request); an injected client (tests) is used as it is
+        self._raw: SyncTransport | None = None
+        if http is None:
+            self._raw = SyncTransport(max_connections_per_host=64, max_idle_per_host=8)
+            http = httpx.Client(transport=self._raw)
+        self._http = http
         self._lock = threading.Lock()
         self._routes: dict[str, TopicRouteData] = {}
         self._hints: dict[QueueKey, int] = {}
@@ -139,6 +146,14 @@ class BrokerClient:
     def set_hint(self, key: QueueKey, broker_id: int) -> None:
         self._hints[key] = broker_id
 
+    def _exchange(self, method: str, addr: str, target: str, body: bytes, timeout_s: float) -> _Answer:
+        """One data-path request; raises ``httpx.HTTPError`` like httpx does."""
+        raw = self._raw
+        if raw is not None:
+            host, _, port = addr.rpartition(":")
+            return raw.exchange(method, host, int(port), target, body, timeout=timeout_s)
+        return self._http.request(method, f"http://{addr}{target}", content=body, timeout=timeout_s)
+
     # --- data path ----------------------------------------------------------------------------------------
 
     def pull(
@@ -151,13 +166,13 @@ class BrokerClient:
             TransportError: no answer (connect error or timeout).
             BrokerError: the broker answered an error code.
         """
-        url = (
-            f"http://{addr}/pull?group={_q(group)}&topic={_q(key.topic)}&queueId={key.queue_id}&offset={offset}"
+        target = (
+            f"/pull?group={_q(group)}&topic={_q(key.topic)}&queueId={key.queue_id}&offset={offset}"
             f"&maxNums={max_nums}&maxBytes={max_bytes}&sysFlag={int(PullSysFlag.SUBSCRIPTION)}"
             f"&subExpression={_q(sub_expression)}"
         )
         try:
-            resp = self._http.get(url, timeout=timeout_s)
+            resp = self._exchange("GET", addr, target, b"", timeout_s)
         except httpx.HTTPError as e:
             raise _transport_error(e, addr, f"pull of {key} at {offset} from {addr}") from None
         if resp.status_code != 200:
@@ -170,6 +185,28 @@ class BrokerClient:
         return RawPull(status, head.next_begin_offset, head.min_offset, head.max_offset,
                        head.suggest_which_broker_id, head.served_by_broker_id, head.count,
                        data[wire.PULL_HEAD.size:])
+
+    def send(
+        self, addr: str, mq: MessageQueue, group: str, body: bytes, *, timeout_s: float,
+        default_topic_queue_nums: int | None = None,
+    ) -> wire.SendReply:
+        """One ``POST /send`` of a send-batch body to ``mq`` at the master ``addr``.
+
+        Raises:
+            TransportError: no answer (connect error or timeout).
+            BrokerError: the broker answered an error code.
+            ProtocolViolationError: the answer is not a send reply.
+        """
+        target = f"/send?topic={_q(mq.topic)}&queueId={mq.queue_id}&group={_q(group)}"
+        if default_topic_queue_nums is not None:
+            target += f"&defaultTopicQueueNums={default_topic_queue_nums}"
+        try:
+            resp = self._exchange("POST", addr, target, body, timeout_s)
+        except httpx.HTTPError as e:
+            raise _transport_error(e, addr, f"send of {len(body)} bytes to {mq} at {addr}") from None
+        if resp.status_code != 200:
+            raise wire.decode_error(resp.status_code, resp.content, addr=addr)
+        return wire.decode_send_reply(resp.content)
 
     def queue_offset(self, addr: str, kind: str, key: QueueKey, *, timestamp_ms: int | None = None) -> int:
         """``min``, ``max`` or ``search`` (by store time) offset of a queue on one broker.

@@ -14,7 +14,8 @@ BASE = {"nameserver": "127.0.0.1:9876", "topic": "TopicA"}
 
 def test_defaults_for_batch_and_stream() -> None:
     b = parse_source_options(BASE, streaming=False)
-    assert (b.starting_offsets, b.ending_offsets, b.pull_from, b.pull_batch_size) == (EARLIEST, LATEST, "auto", 32)
+    assert (b.starting_offsets, b.ending_offsets, b.pull_from, b.pull_batch_size) == (EARLIEST, LATEST, "auto", 1024)
+    assert (b.pull_max_bytes, b.pull_concurrency) == (4 << 20, 4)
     assert b.fail_on_data_loss and b.slave_fallback and not b.include_properties
     assert (b.max_batch_rows, b.max_batch_bytes, b.pull_timeout_s, b.pull_retries) == (4096, 8 << 20, 10.0, 3)
     s = parse_source_options(BASE, streaming=True)
@@ -59,6 +60,9 @@ def test_namesrvaddr_alias() -> None:
         ({**BASE, "failOnDataLoss": "maybe"}, False, "failOnDataLoss"),
         ({**BASE, "commitOffsetsToBroker": "true"}, True, "group"),
         ({**BASE, "pullBatchSize": ""}, False, "pullBatchSize"),
+        ({**BASE, "pullConcurrency": "0"}, False, "pullConcurrency"),
+        ({**BASE, "pullConcurrency": "65"}, False, "pullConcurrency"),
+        ({**BASE, "pullMaxBytes": "100"}, False, "pullMaxBytes"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], streaming: bool, names: str) -> None:

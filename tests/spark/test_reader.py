@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator
 
 import attrs
@@ -27,6 +28,8 @@ class Member:
     down: bool = False
     busy: bool = False
     tags: dict[int, str] = attrs.field(factory=dict)
+    fail_once_at: set[int] = attrs.field(factory=set)
+    """Offsets whose first pull fails with a connect error (a transient fault)."""
 
 
 @attrs.define
@@ -39,6 +42,18 @@ class FakeGroup:
     pulls: list[tuple[int, int]] = attrs.field(factory=list)
     hints: dict[QueueKey, int] = attrs.field(factory=dict)
     refreshes: int = 0
+    overshoot: int = 2
+    """Records returned past ``max_nums`` (a real broker does so only when a tag filter skips offsets)."""
+    cap: int | None = None
+    """The broker's count cap per answer (``maxTransferCountOnMessageInMemory``)."""
+    gate: threading.Event | None = None
+    """When set: pulls after the first block until ``gate_width`` run at once or ``gate_timeout_s`` pass (then
+    the gate stays open)."""
+    gate_width: int = 1
+    gate_timeout_s: float = 2.0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def addr(self, i: int) -> str:
         return f"10.0.0.1:{100 + i}"
@@ -58,7 +73,27 @@ class FakeGroup:
              group: str, timeout_s: float) -> RawPull:
         member = int(addr.rsplit(":", 1)[1]) - 100
         m = self.members[member]
-        self.pulls.append((member, offset))
+        with self.lock:
+            self.pulls.append((member, offset))
+            gated = self.gate is not None and len(self.pulls) > 1  # a pipelined reader sends its first pull alone
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if self.gate is not None and self.in_flight >= self.gate_width:
+                self.gate.set()
+        try:
+            # a sequential reader never opens the gate: after the timeout it stays open
+            if gated and self.gate is not None and not self.gate.wait(self.gate_timeout_s):
+                self.gate.set()
+            return self._answer(member, m, offset, max_nums, sub_expression, addr)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _answer(self, member: int, m: Member, offset: int, max_nums: int, sub_expression: str,
+                addr: str) -> RawPull:
+        if offset in m.fail_once_at:
+            m.fail_once_at.discard(offset)
+            raise BrokerConnectError("connection reset", broker_addr=addr)
         if m.down:
             raise BrokerConnectError("connection refused", broker_addr=addr)
         if m.busy:
@@ -73,18 +108,21 @@ class FakeGroup:
         if offset == m.max_offset:
             return answer(PullStatus.NO_NEW_MSG, offset)
         wanted = parse_tags_filter(sub_expression)
-        offs = list(range(offset, min(m.max_offset, offset + max_nums + 2)))  # brokers may overshoot the end
+        if self.cap is not None:
+            max_nums = min(max_nums, self.cap)
+        offs = list(range(offset, min(m.max_offset, offset + max_nums + self.overshoot)))
         if wanted is not None:
             offs = [o for o in offs if m.tags.get(o) in wanted]
             if not offs:
-                return answer(PullStatus.NO_MATCHED_MSG, min(m.max_offset, offset + max_nums + 2))
+                return answer(PullStatus.NO_MATCHED_MSG, min(m.max_offset, offset + max_nums + self.overshoot))
         specs = [{"tags": m.tags.get(o)} for o in offs]
         raw = b"".join(build_records([s], first_offset=o) for s, o in zip(specs, offs, strict=True))
         return answer(PullStatus.FOUND, offs[-1] + 1, raw, len(offs))
 
 
 def opts(**kw: object) -> SourceOptions:
-    base: dict[str, object] = {"nameserver": "h:1", "topic": "T", "pull_batch_size": 4, "retry_backoff_s": 0.0}
+    base: dict[str, object] = {"nameserver": "h:1", "topic": "T", "pull_batch_size": 4, "retry_backoff_s": 0.0,
+                               "pull_concurrency": 4}
     base.update(kw)
     return SourceOptions(**base)  # type: ignore[arg-type]
 
@@ -204,3 +242,48 @@ def test_closing_early_stops_pulling() -> None:
     next(it)
     it.close()
     assert len(g.pulls) < 10
+
+
+def test_pipelined_pulls_overlap_and_learn_the_broker_cap() -> None:
+    g = FakeGroup({0: Member(0, 200)}, overshoot=0, cap=5, gate=threading.Event(), gate_width=3)
+    o = opts(pull_batch_size=64, pull_concurrency=3)
+    offsets, _, _ = read(g, o, 7, 190)
+    assert offsets == list(range(7, 190))
+    assert g.max_in_flight == 3  # the gate opened: three pulls ran at once
+    assert g.pulls[0] == (0, 7)
+    starts = sorted(off for _, off in g.pulls)
+    assert starts == sorted(set(starts)), "an offset was pulled twice"
+    assert starts[:3] == [7, 12, 17]  # after the first capped answer, every pull covers what the cap allows
+
+
+def test_sequential_when_concurrency_is_one() -> None:
+    g = FakeGroup({0: Member(0, 100)}, overshoot=0, cap=4, gate=threading.Event(), gate_width=2, gate_timeout_s=0.2)
+    offsets, _, _ = read(g, opts(pull_batch_size=4, pull_concurrency=1), 0, 40)
+    assert offsets == list(range(40)) and g.max_in_flight == 1
+    assert [off for _, off in g.pulls] == list(range(0, 40, 4))
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_transient_fault_inside_the_pipeline_loses_and_repeats_nothing(concurrency: int) -> None:
+    g = FakeGroup({0: Member(0, 100, fail_once_at={8, 24, 25}), 1: Member(0, 100)}, overshoot=0)
+    offsets, _, _ = read(g, opts(pull_concurrency=concurrency, slave_fallback=False), 0, 60)
+    assert offsets == list(range(60))
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_answers_past_the_segment_restart_the_pipeline_without_duplicates(concurrency: int) -> None:
+    tags = {o: ("A" if o % 3 == 0 else "B") for o in range(90)}
+    g = FakeGroup({0: Member(0, 90, tags=tags)}, overshoot=3)
+    offsets, _, _ = read(g, opts(pull_concurrency=concurrency, sub_expression="A"), 0, 90)
+    assert offsets == list(range(0, 90, 3))
+
+
+def test_batches_never_exceed_the_byte_cap() -> None:
+    g = FakeGroup({0: Member(0, 300)}, overshoot=0)
+    rng = QueueRange("T", "broker-a", 0, 0, 300, ((0, g.addr(0)),))
+    o = opts(pull_batch_size=16, max_batch_bytes=2048, max_batch_rows=1000)
+    batches = list(RangeReader(g, o, rng).batches())
+    record_size = len(build_records([{"body": b"m100"}]))
+    assert sum(b.num_rows for b in batches) == 300
+    assert all(b.num_rows * record_size <= 2048 for b in batches), [b.num_rows for b in batches]
+    assert len(batches) >= 300 * record_size // 2048

@@ -20,6 +20,9 @@ from client import Admin, Message, MessageQueue, Producer
 from client.cluster import LocalCluster
 from client.protocol.codes import PullStatus
 from spark_connector.offsets import QueueKey
+from spark_connector.options import parse_source_options
+from spark_connector.planning import QueueRange
+from spark_connector.reader import RangeReader
 from spark_connector.transport import BrokerClient
 
 pytestmark = [pytest.mark.spark]
@@ -143,41 +146,108 @@ def test_json_offsets_and_timestamps_select_the_right_rows(
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("sub_expression", ["*", "T1"])
+def test_pipelined_pulls_against_a_broker_capped_at_32(cluster: LocalCluster, sub_expression: str) -> None:
+    topic = "SparkPipeline"
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=1)
+    client = BrokerClient(cluster.namesrv_addr)
+    try:
+        key = QueueKey(topic, "broker-a", 0)
+        if client.queue_offset(cluster.broker("broker-a", 0).addr, "max", key) == 0:  # once per module
+            _produce(cluster.namesrv_addr, topic, {("broker-a", 0): 700})
+        addrs = tuple(sorted(client.broker_addrs(topic, "broker-a").items()))
+        opts = parse_source_options({"nameserver": cluster.namesrv_addr, "topic": topic, "pullBatchSize": "200",
+                                     "pullConcurrency": "4", "pullFrom": "master",
+                                     "subExpression": sub_expression}, streaming=False)
+        reader = RangeReader(client, opts, QueueRange(topic, "broker-a", 0, 5, 650, addrs))
+        rows = [(o, bytes(b)) for batch in reader.batches()
+                for o, b in zip(batch.column("queueOffset").to_pylist(), batch.column("body").to_pylist(),
+                                strict=True)]
+    finally:
+        client.close()
+    wanted = [o for o in range(5, 650) if sub_expression == "*" or o % 3 == 1]
+    assert [o for o, _ in rows] == wanted
+    assert all(body == _body("broker-a", 0, o) for o, body in rows)
+    if sub_expression == "*":
+        assert reader.window == 32  # learned from the broker's default maxTransferCountOnMessageInMemory
+        assert reader.requests <= 22  # 645 offsets in answers of 32 (and two part-windows): nothing pulled twice
+
+
+@pytest.mark.integration
 def test_pull_from_slave_is_served_by_slaves(spark: Any, cluster: LocalCluster, batch_topic: str) -> None:
     rows = _reader(spark, cluster, batch_topic, pullFrom="slave").select("servedBy", "body").collect()
     assert len(rows) == sum(PER_QUEUE.values())
     assert all(r.servedBy >= 1 for r in rows), {r.servedBy for r in rows}
 
 
+class _FlakySink:
+    """A ``foreachBatch`` sink keyed by batch id (a re-run batch replaces its earlier attempt: idempotent).
+
+    It raises once, after storing batch ``fail_batch``, while ``marker`` does not exist: the failure Spark sees
+    comes after the sink's side effects, the hardest case for exactly-once.
+    """
+
+    def __init__(self, marker: Path, fail_batch: int) -> None:
+        self.marker = marker
+        self.fail_batch = fail_batch
+        self.batches: dict[int, list[tuple[str, int, int, bytes]]] = {}
+        self.attempts: list[tuple[int, list[tuple[str, int, int, bytes]]]] = []
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = sorted((r.brokerName, r.queueId, r.queueOffset, bytes(r.body)) for r in df.collect())
+        self.batches[batch_id] = rows
+        self.attempts.append((batch_id, rows))
+        if batch_id == self.fail_batch and not self.marker.exists():
+            self.marker.touch()
+            raise RuntimeError(f"injected failure in micro-batch {batch_id}")
+
+    def keys(self) -> list[tuple[str, int, int]]:
+        return [(b, q, o) for rows in self.batches.values() for b, q, o, _ in rows]
+
+
 @pytest.mark.integration
-def test_streaming_available_now_limit_restart_and_new_data(
+def test_streaming_limit_failure_restart_new_data_and_broker_commits(
     spark: Any, cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    topic = "SparkStream"
+    topic, group = "SparkStream", "spark-stream-progress"
     with Admin(cluster.namesrv_addr) as admin:
         admin.create_topic(topic, queue_nums=4)
     first = {("broker-a", 0): 20, ("broker-a", 1): 10, ("broker-b", 2): 10}
     _produce(cluster.namesrv_addr, topic, first)
-    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    sink = _FlakySink(tmp_path / "failed-once", fail_batch=1)
+    ckpt = str(tmp_path / "ckpt")
 
-    def run() -> list[int]:
+    def run() -> tuple[list[int], BaseException | None]:
         q = (spark.readStream.format("rocketmq").option("nameserver", cluster.namesrv_addr).option("topic", topic)
-             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "16").load()
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "16")
+             .option("commitOffsetsToBroker", "true").option("group", group).load()
              .select("brokerName", "queueId", "queueOffset", "body")
-             .writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt)
+             .writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
              .trigger(availableNow=True).start())
-        q.awaitTermination(120)
-        assert q.exception() is None, q.exception()
-        return [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+        try:
+            q.awaitTermination(120)
+        except Exception as e:  # the injected failure surfaces as a StreamingQueryException
+            return [p["numInputRows"] for p in q.recentProgress], e
+        assert not q.isActive, "the availableNow query did not finish within 120 s"
+        return [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]], q.exception()
 
-    sizes = run()
-    assert sum(sizes) == 40 and max(sizes) <= 16 and len(sizes) >= 3, sizes
-    second = {("broker-a", 0): 5, ("broker-b", 3): 4}
+    sizes, error = run()
+    assert error is not None and "injected failure in micro-batch 1" in str(error)
+    failed = [rows for b, rows in sink.attempts if b == 1]
+    assert len(failed) == 1 and len(failed[0]) == 16
+    sizes, error = run()  # restart from the checkpoint: batch 1 again with the same offsets, then the rest
+    assert error is None, error
+    assert [rows for b, rows in sink.attempts if b == 1] == failed * 2  # deterministic replay
+    assert all(0 < len(rows) <= 16 for rows in sink.batches.values())
+    assert sum(len(rows) for rows in sink.batches.values()) == 40 and len(sink.batches) >= 3, sizes
+
+    second = {("broker-a", 0): 5, ("broker-b", 3): 4}  # broker-b:3 was empty until now
     _produce(cluster.namesrv_addr, topic, second, first=100)
-    sizes = run()
-    assert sum(sizes) == 9, sizes
-    rows = spark.read.parquet(out).collect()
-    keys = [(r.brokerName, r.queueId, r.queueOffset) for r in rows]
+    sizes, error = run()
+    assert error is None and sum(sizes) == 9, (sizes, error)
+
+    keys = sink.keys()
     assert len(keys) == len(set(keys)) == 49  # no duplicates
     by_queue: dict[tuple[str, int], list[int]] = {}
     for b, q, o in keys:
@@ -185,6 +255,15 @@ def test_streaming_available_now_limit_restart_and_new_data(
     assert {k: sorted(v) for k, v in by_queue.items()} == {  # no gaps
         ("broker-a", 0): list(range(25)), ("broker-a", 1): list(range(10)),
         ("broker-b", 2): list(range(10)), ("broker-b", 3): list(range(4))}
+    bodies = {(b, q, o): body for rows in sink.batches.values() for b, q, o, body in rows}
+    assert bodies[("broker-a", 0, 21)] == _body("broker-a", 0, 101)
+
+    # commitOffsetsToBroker: Spark commits each batch's end when it plans the next one, so the broker holds
+    # the end of the second run (the last batch of the third run is committed only when a query starts again)
+    with Admin(cluster.namesrv_addr) as admin:
+        progress = {(p.message_queue.broker_name, p.message_queue.queue_id): p.consumer_offset
+                    for p in admin.consumer_progress(group, topic)}
+    assert progress[("broker-a", 0)] == 20 and progress[("broker-a", 1)] == 10 and progress[("broker-b", 2)] == 10
 
 
 @pytest.mark.integration

@@ -1,0 +1,380 @@
+"""The sink's data path: Arrow rows to send-batch bodies, and a bounded pipeline of ``POST /send`` requests.
+
+Why not ``Producer.send_batch``: it takes ``Message`` objects, and building, validating and re-encoding one per
+row cost more than the whole Spark side of a write (about 25 us per row, against a few for encoding the
+send-batch item directly). This module keeps the SDK's rules and only drops the per-row objects:
+
+* every row is checked like ``Message`` plus ``validate_message`` would (topic legal and not reserved, checked
+  once per distinct topic; body present and non-empty; tags, keys and properties free of the ``\\x01``/``\\x02``
+  separators; no reserved property names; properties within 32767 bytes; the stored record within
+  ``maxMessageSize``), with the same error class (``MessageIllegalError``) naming the row;
+* every message gets its own ``UNIQ_KEY`` (the msgId users see) from the SDK's :class:`UniqKeyGenerator`;
+* items are laid out by ``client.protocol.codec``'s send-batch format, at most :data:`MAX_BATCH_MESSAGES`
+  messages and about :data:`MAX_BATCH_BYTES` per request, one topic and queue per request;
+* queues come from the topic's route exactly as the SDK builds its publish info (writable queues of groups
+  with a master; the ``TBW102`` route when the topic does not exist yet, so brokers that auto-create topics
+  still do); rows without a queue go round-robin over them; a failed request is retried whole on a queue of
+  another broker group, ``retries`` times within ``sendTimeoutMs``, as the SDK does; rows with an explicit
+  queue get one attempt, as with the SDK.
+
+Up to ``sendConcurrency`` requests are in flight per task; a write task returns only after every request was
+answered, and any failure raises (Spark then fails or retries the task: at-least-once).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple, Protocol
+
+from client._producer_core import RETRY_RESPONSE_CODES, send_failed, validate_message
+from client._routing import DEFAULT_TOPIC, TopicPublishInfo, default_route_for, topic_route_to_publish_info
+from client.errors import (
+    BrokerError,
+    BrokerNotFoundError,
+    ClientError,
+    MessageIllegalError,
+    ProtocolViolationError,
+    RouteNotFoundError,
+)
+from client.protocol.codec import (
+    BATCH_ITEM_HEAD,
+    BATCH_MAGIC,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    UniqKeyGenerator,
+    body_crc,
+    record_size,
+)
+from client.protocol.message import Message, MessageQueue
+from client.protocol.properties import KEYS, MAX_PROPERTIES_BYTES, SYSTEM_KEYS, TAGS, UNIQ_KEY
+from client.protocol.route import TopicRouteData
+from client.protocol.wire import SendReply
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_MESSAGES",
+    "Chunk",
+    "ChunkBuilder",
+    "ItemEncoder",
+    "SendClient",
+    "Sender",
+    "encode_columns",
+]
+
+#: Messages and (approximate) bytes per send request.
+MAX_BATCH_MESSAGES = 512
+MAX_BATCH_BYTES = 1024 * 1024
+#: Queues per group when a topic borrows the ``TBW102`` route (the SDK's ``defaultTopicQueueNums``).
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+_STORED_CODES = frozenset({0, 10, 11, 12})  # SEND_OK and the stored-but-not-yet-durable statuses
+_U16 = 2
+
+
+class SendClient(Protocol):
+    """What the sender needs from a client (the pooled :class:`~spark_connector.transport.BrokerClient`)."""
+
+    def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData: ...
+
+    def send(
+        self, addr: str, mq: MessageQueue, group: str, body: bytes, *, timeout_s: float,
+        default_topic_queue_nums: int | None = None,
+    ) -> SendReply: ...
+
+
+class Chunk(NamedTuple):
+    """One send request: items of one topic for one queue (None: the sender picks the queue)."""
+
+    topic: str
+    queue: MessageQueue | None
+    body: bytes
+    messages: int
+
+
+def _check_text(row: int, what: str, value: str) -> None:
+    if "\x01" in value or "\x02" in value:
+        raise MessageIllegalError(f"row {row}: {what} {value[:40]!r} holds a reserved separator (\\x01 or \\x02)")
+
+
+class ItemEncoder:
+    """Validates rows and encodes each as one send-batch item (see the module docstring for the rules).
+
+    Args:
+        max_message_size: limit on each message's stored record size.
+        uniq: the ``UNIQ_KEY`` source (one per process).
+        clock_ms: wall clock in ms for ``BORNTIMESTAMP``.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        uniq: UniqKeyGenerator,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.max_message_size = max_message_size
+        self.uniq = uniq
+        self.clock_ms = clock_ms
+        self._topics: dict[str, int] = {}
+
+    def topic_len(self, row: int, topic: object) -> int:
+        """UTF-8 length of a legal, non-reserved topic (checked once per distinct topic)."""
+        if not isinstance(topic, str):
+            raise MessageIllegalError(f"row {row}: topic is {'null' if topic is None else type(topic).__name__}"
+                                      " and no topic option is set")
+        n = self._topics.get(topic)
+        if n is None:
+            try:
+                validate_message(Message(topic, b"-"), self.max_message_size)
+            except MessageIllegalError as e:
+                raise MessageIllegalError(f"row {row}: {e}") from None
+            n = self._topics[topic] = len(topic.encode())
+        return n
+
+    def properties(self, row: int, tags: str | None, keys: str | None,
+                   user: list[tuple[str, str]] | None) -> bytes:
+        """The ``k\\x01v\\x02`` property bytes of one row, with a fresh ``UNIQ_KEY``."""
+        parts: list[str] = []
+        if user:
+            for k, v in user:
+                if not isinstance(k, str) or not k or not isinstance(v, str):
+                    raise MessageIllegalError(f"row {row}: property {k!r}: names must be non-empty str, values str")
+                if k in SYSTEM_KEYS:
+                    raise MessageIllegalError(f"row {row}: property {k!r} is reserved; use the {k.lower()} column")
+                _check_text(row, "property", k)
+                _check_text(row, "property value", v)
+                parts.append(f"{k}\x01{v}\x02")
+        if tags:
+            _check_text(row, "tags", tags)
+            parts.append(f"{TAGS}\x01{tags}\x02")
+        if keys:
+            _check_text(row, "keys", keys)
+            joined = " ".join(keys.split())
+            if joined:
+                parts.append(f"{KEYS}\x01{joined}\x02")
+        parts.append(f"{UNIQ_KEY}\x01{self.uniq.next()}\x02")
+        data = "".join(parts).encode()
+        if len(data) > MAX_PROPERTIES_BYTES:
+            raise MessageIllegalError(f"row {row}: properties are {len(data)} bytes, more than {MAX_PROPERTIES_BYTES}")
+        return data
+
+    def item(self, row: int, topic_len: int, body: object, props: bytes, born_ms: int) -> bytes:
+        """One send-batch item: header, body, properties."""
+        if isinstance(body, str):
+            body = body.encode()
+        if not isinstance(body, bytes):
+            raise MessageIllegalError(f"row {row}: body is {'null' if body is None else type(body).__name__}; "
+                                      "it must be binary or string")
+        if not body:
+            raise MessageIllegalError(f"row {row}: body is empty")
+        size = record_size(len(body), topic_len, len(props))
+        if size > self.max_message_size:
+            raise MessageIllegalError(f"row {row}: the message is {size} bytes stored, more than maxMessageSize "
+                                      f"{self.max_message_size}")
+        head = BATCH_ITEM_HEAD.pack(BATCH_ITEM_HEAD.size + len(body) + _U16 + len(props), BATCH_MAGIC,
+                                    body_crc(body), 0, 0, born_ms, len(body))
+        return b"".join((head, body, len(props).to_bytes(2, "big"), props))
+
+
+class ChunkBuilder:
+    """Groups items by (topic, queue) and cuts them into requests of bounded size."""
+
+    def __init__(self, max_messages: int = MAX_BATCH_MESSAGES, max_bytes: int = MAX_BATCH_BYTES) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._open: dict[tuple[str, MessageQueue | None], tuple[list[bytes], list[int]]] = {}
+
+    def add(self, topic: str, queue: MessageQueue | None, item: bytes) -> Chunk | None:
+        """Add one item; returns a full chunk when this item completed one."""
+        key = (topic, queue)
+        entry = self._open.get(key)
+        if entry is None:
+            entry = self._open[key] = ([], [0])
+        items, size = entry
+        items.append(item)
+        size[0] += len(item)
+        if len(items) >= self.max_messages or size[0] >= self.max_bytes:
+            del self._open[key]
+            return Chunk(topic, queue, b"".join(items), len(items))
+        return None
+
+    def finish(self) -> list[Chunk]:
+        """Every partly filled chunk (the builder is empty afterwards)."""
+        out = [Chunk(t, q, b"".join(items), len(items)) for (t, q), (items, _) in self._open.items()]
+        self._open.clear()
+        return out
+
+
+class Sender:
+    """Sends chunks with bounded concurrency, SDK-style queue choice and retries (module docstring).
+
+    Args:
+        client: the pooled broker client (routes and HTTP).
+        group: the producer group named in requests.
+        send_timeout_s: the deadline of one chunk, all attempts included.
+        retries: extra attempts on another broker group (chunks without an explicit queue).
+        concurrency: requests in flight at most.
+        rng: picks the first queue of the round robin.
+    """
+
+    def __init__(self, client: SendClient, group: str, *, send_timeout_s: float, retries: int,
+                 concurrency: int, rng: random.Random | None = None) -> None:
+        self.client = client
+        self.group = group
+        self.send_timeout_s = send_timeout_s
+        self.retries = retries
+        self.concurrency = max(1, concurrency)
+        self._next = itertools.count((rng or random.Random()).randrange(1 << 16))
+        self._infos: dict[str, TopicPublishInfo] = {}
+        self._lock = threading.Lock()
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._inflight: deque[cf.Future[int]] = deque()
+        self.requests = 0
+        self.not_durable = 0
+
+    # --- routing ------------------------------------------------------------------------------------------
+
+    def publish_info(self, topic: str, *, refresh: bool = False) -> TopicPublishInfo:
+        """The topic's writable queues (cached; the ``TBW102`` route when the topic is unknown)."""
+        with self._lock:
+            info = self._infos.get(topic)
+        if info is not None and not refresh:
+            return info
+        try:
+            info = topic_route_to_publish_info(topic, self.client.route(topic, refresh=True))
+        except RouteNotFoundError:
+            info = None
+        if info is None or not info.ok:
+            default = default_route_for(self.client.route(DEFAULT_TOPIC, refresh=refresh), DEFAULT_TOPIC_QUEUE_NUMS)
+            info = topic_route_to_publish_info(topic, default, from_default_topic=True)
+        if not info.ok:
+            raise RouteNotFoundError(f"topic {topic} has no writable queue with a master (route and {DEFAULT_TOPIC})")
+        with self._lock:
+            self._infos[topic] = info
+        return info
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        """Writable queues of ``topic`` ordered by (brokerName, queueId): what a ``queueId`` column indexes."""
+        return sorted(self.publish_info(topic).message_queues)
+
+    def _pick(self, info: TopicPublishInfo, avoid: str | None) -> MessageQueue:
+        queues = info.message_queues
+        for _ in range(len(queues)):
+            mq = queues[next(self._next) % len(queues)]
+            if mq.broker_name != avoid:
+                return mq
+        return queues[next(self._next) % len(queues)]
+
+    # --- one request --------------------------------------------------------------------------------------
+
+    def _send_chunk(self, chunk: Chunk) -> int:
+        deadline = time.monotonic() + self.send_timeout_s
+        attempts: list[tuple[str, ClientError]] = []
+        last_broker: str | None = None
+        begin = time.monotonic()
+        for attempt in range(1 if chunk.queue is not None else 1 + self.retries):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise send_failed(chunk.topic, attempts, int((time.monotonic() - begin) * 1000), True)
+            info = self.publish_info(chunk.topic, refresh=attempt > 0)
+            mq = chunk.queue or self._pick(info, last_broker)
+            try:
+                return self._post(info, mq, chunk, left)
+            except ClientError as err:
+                attempts.append((mq.broker_name, err))
+                last_broker = mq.broker_name
+                retriable = err.code in RETRY_RESPONSE_CODES if isinstance(err, BrokerError) else err.retriable
+                if not retriable:
+                    raise
+                log.warning("send of %d messages to %s failed (attempt %d): %s", chunk.messages, mq, attempt + 1, err)
+        raise send_failed(chunk.topic, attempts, int((time.monotonic() - begin) * 1000), False)
+
+    def _post(self, info: TopicPublishInfo, mq: MessageQueue, chunk: Chunk, timeout_s: float) -> int:
+        data = info.route.broker_data(mq.broker_name)
+        addr = data.broker_addrs.get(0) if data is not None else None
+        if addr is None:
+            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist (no master for {mq})")
+        default_nums = (sum(1 for q in info.message_queues if q.broker_name == mq.broker_name)
+                        if info.from_default_topic else None)
+        reply = self.client.send(addr, mq, self.group, chunk.body, timeout_s=timeout_s,
+                                 default_topic_queue_nums=default_nums)
+        if len(reply.commit_log_offsets) != chunk.messages:
+            raise ProtocolViolationError(f"{addr} stored {len(reply.commit_log_offsets)} messages of a batch of "
+                                         f"{chunk.messages}", broker_addr=addr)
+        if reply.code not in _STORED_CODES:
+            raise BrokerError.for_code(reply.code, f"send answered code {reply.code}", broker_addr=addr)
+        if reply.code != 0:
+            log.warning("%s stored %d messages but answered code %d (not yet durable)", addr, chunk.messages, reply.code)
+            self.not_durable += chunk.messages
+        return chunk.messages
+
+    # --- the pipeline -------------------------------------------------------------------------------------
+
+    def submit(self, chunk: Chunk) -> None:
+        """Send ``chunk`` (in the background when concurrency > 1); raises an earlier request's failure."""
+        self.requests += 1
+        if self.concurrency == 1:
+            self._send_chunk(chunk)
+            return
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix="splitmq-spark-send")
+        while len(self._inflight) >= self.concurrency:
+            self._inflight.popleft().result()
+        self._inflight.append(self._pool.submit(self._send_chunk, chunk))
+
+    def flush(self) -> None:
+        """Wait for every request in flight; raises the first failure (the others still finish)."""
+        first: BaseException | None = None
+        while self._inflight:
+            try:
+                self._inflight.popleft().result()
+            except BaseException as e:  # collect the first, drain the rest so nothing runs unobserved
+                first = first or e
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        """Stop the worker threads (after :meth:`flush`, or on failure: queued requests are dropped)."""
+        for f in self._inflight:
+            f.cancel()
+        self._inflight.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def encode_columns(
+    columns: Mapping[str, list[Any]], n: int, *, topic_option: str | None, encoder: ItemEncoder,
+    builder: ChunkBuilder, queue_of: Callable[[int, str, Any, Any], MessageQueue | None],
+) -> Iterator[Chunk]:
+    """Encode ``n`` rows given as Python column lists; yields every chunk that fills up on the way.
+
+    Args:
+        columns: ``body`` plus any of ``topic``, ``tags``, ``keys``, ``properties``, ``queueId``, ``brokerName``.
+        n: the row count.
+        topic_option: the sink's ``topic`` option (beats the column).
+        encoder: validation and item layout.
+        builder: where items accumulate (call ``finish`` after the last batch).
+        queue_of: ``(row, topic, queueId, brokerName) -> MessageQueue | None``.
+    """
+    none = [None] * n
+    bodies = columns["body"]
+    topics = [topic_option] * n if topic_option else columns.get("topic", none)
+    tags, keys, props = columns.get("tags", none), columns.get("keys", none), columns.get("properties", none)
+    qids, brokers = columns.get("queueId", none), columns.get("brokerName", none)
+    born_ms = encoder.clock_ms()
+    for i in range(n):
+        topic = topics[i]
+        topic_len = encoder.topic_len(i, topic)
+        item = encoder.item(i, topic_len, bodies[i], encoder.properties(i, tags[i], keys[i], props[i]), born_ms)
+        queue = queue_of(i, topic, qids[i], brokers[i]) if qids[i] is not None else None
+        chunk = builder.add(topic, queue, item)
+        if chunk is not None:
+            yield chunk

@@ -1,0 +1,186 @@
+"""The sink's data path without Spark or a network: row encoding and validation, chunking, the sender."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+
+from client.errors import (
+    BrokerConnectError,
+    BrokerError,
+    MessageIllegalError,
+    RouteNotFoundError,
+    SendFailedError,
+)
+from client.protocol.codec import UniqKeyGenerator, decode_batch
+from client.protocol.codes import ResponseCode
+from client.protocol.message import MessageQueue
+from client.protocol.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
+from client.protocol.route import BrokerData, QueueData, TopicRouteData
+from client.protocol.wire import SendReply
+from spark_connector.send import Chunk, ChunkBuilder, ItemEncoder, Sender, encode_columns
+
+ROUTE = TopicRouteData(
+    (QueueData("broker-a", 2, 2), QueueData("broker-b", 2, 2)),
+    (BrokerData("C", "broker-a", {0: "a0:1", 1: "a1:1"}), BrokerData("C", "broker-b", {0: "b0:1"})),
+)
+DEFAULT_ROUTE = TopicRouteData(
+    (QueueData("broker-a", 8, 8),), (BrokerData("C", "broker-a", {0: "a0:1"}),),
+)
+
+
+def encode(columns: dict[str, list[Any]], *, topic: str | None = "T", max_messages: int = 512,
+           max_message_size: int = 4 << 20) -> list[Chunk]:
+    n = len(columns["body"])
+    enc = ItemEncoder(uniq=UniqKeyGenerator(), clock_ms=lambda: 1_700_000_000_000, max_message_size=max_message_size)
+    builder = ChunkBuilder(max_messages=max_messages)
+    chunks = list(encode_columns(columns, n, topic_option=topic, encoder=enc, builder=builder,
+                                 queue_of=lambda row, t, qid, broker: MessageQueue(t, broker or "broker-a", qid)))
+    return chunks + builder.finish()
+
+
+def test_rows_become_send_batch_items_with_sdk_properties() -> None:
+    chunks = encode({"body": [b"one", "two"], "tags": ["TagA", None], "keys": ["k1  k2", None],
+                     "properties": [[("color", "red")], None]})
+    assert len(chunks) == 1 and chunks[0].messages == 2 and chunks[0].queue is None
+    items = decode_batch(chunks[0].body, verify_crc=True)
+    assert [bytes(i.body) for i in items] == [b"one", b"two"]
+    first, second = (decode_properties(i.properties) for i in items)
+    assert (first[TAGS], first[KEYS], first["color"]) == ("TagA", "k1 k2", "red")
+    assert set(second) == {UNIQ_KEY}
+    assert len(first[UNIQ_KEY]) == 32 and first[UNIQ_KEY] != second[UNIQ_KEY]
+    assert items[0].born_timestamp == 1_700_000_000_000
+
+
+def test_rows_group_by_topic_and_queue_and_cut_at_the_message_cap() -> None:
+    chunks = encode({"body": [b"x"] * 7, "topic": ["A", "B", "A", "A", "B", "A", "A"],
+                     "queueId": [None, None, 1, None, None, None, None]}, topic=None, max_messages=2)
+    got = sorted((c.topic, c.queue.queue_id if c.queue else -1, c.messages) for c in chunks)
+    assert got == [("A", -1, 2), ("A", -1, 2), ("A", 1, 1), ("B", -1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("columns", "topic", "match"),
+    [
+        ({"body": [None]}, "T", "row 0: body is null"),
+        ({"body": [b"ok", b""]}, "T", "row 1: body is empty"),
+        ({"body": [b"x"], "topic": [None]}, None, "row 0: topic is null"),
+        ({"body": [b"x"]}, "bad topic", "row 0: .*characters outside"),
+        ({"body": [b"x"]}, "TBW102", "row 0: .*reserved"),
+        ({"body": [b"x"], "tags": ["a\x01b"]}, "T", "row 0: tags .*separator"),
+        ({"body": [b"x"], "keys": ["k\x02"]}, "T", "row 0: keys .*separator"),
+        ({"body": [b"x"], "properties": [[("KEYS", "v")]]}, "T", "row 0: property 'KEYS' is reserved"),
+        ({"body": [b"x"], "properties": [[("p", "v\x01")]]}, "T", "row 0: property value .*separator"),
+        ({"body": [b"x" * 300]}, "T", "row 0: .*more than maxMessageSize 256"),
+        ({"body": [b"x"], "properties": [[("p", "v" * 40_000)]]}, "T", "row 0: properties are .* bytes"),
+    ],
+)
+def test_bad_rows_are_rejected_naming_the_row(columns: dict[str, list[Any]], topic: str | None, match: str) -> None:
+    with pytest.raises(MessageIllegalError, match=match):
+        encode(columns, topic=topic, max_message_size=256)
+
+
+class FakeBrokers:
+    """Answers sends per master address; ``fail`` maps an address to the error it raises (``times`` times)."""
+
+    def __init__(self, fail: dict[str, Exception] | None = None, times: int = 1_000_000,
+                 known: frozenset[str] = frozenset({"T"})) -> None:
+        self.fail = fail or {}
+        self.times = times
+        self.known = known
+        self.sent: list[tuple[str, MessageQueue, int | None]] = []
+        self.lock = threading.Lock()
+
+    def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
+        if topic == "TBW102":
+            return DEFAULT_ROUTE
+        if topic not in self.known:
+            raise RouteNotFoundError(f"No route info of this topic: {topic}")
+        return ROUTE
+
+    def send(self, addr: str, mq: MessageQueue, group: str, body: bytes, *, timeout_s: float,
+             default_topic_queue_nums: int | None = None) -> SendReply:
+        with self.lock:
+            self.sent.append((addr, mq, default_topic_queue_nums))
+            err = self.fail.get(addr)
+            if err is not None and self.times > 0:
+                self.times -= 1
+                raise err
+        n = len(decode_batch(body))
+        return SendReply(0, mq.queue_id, 0, b"\x7f\x00\x00\x01\x00\x00\x00\x01", tuple(range(n)))
+
+
+def chunk(queue: MessageQueue | None = None, n: int = 3, topic: str = "T") -> Chunk:
+    built = encode({"body": [b"m"] * n}, topic=topic)[0]
+    return Chunk(topic, queue, built.body, built.messages)
+
+
+def sender(client: FakeBrokers, *, retries: int = 2, concurrency: int = 1) -> Sender:
+    return Sender(client, "G", send_timeout_s=5.0, retries=retries, concurrency=concurrency, rng=random.Random(0))
+
+
+def test_queues_go_round_robin_over_the_masters_writable_queues() -> None:
+    c = FakeBrokers()
+    s = sender(c)
+    for _ in range(8):
+        s.submit(chunk())
+    s.flush()
+    queues = [(mq.broker_name, mq.queue_id) for _, mq, _ in c.sent]
+    assert sorted(set(queues)) == [("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1)]
+    assert all(queues.count(q) == 2 for q in set(queues))
+    assert {addr for addr, _, _ in c.sent} == {"a0:1", "b0:1"}  # masters only
+
+
+def test_a_failed_send_is_retried_on_another_broker_group() -> None:
+    c = FakeBrokers(fail={"a0:1": BrokerConnectError("refused", broker_addr="a0:1")})
+    s = sender(c)
+    for _ in range(4):
+        s.submit(chunk())
+    s.flush()
+    stored = [mq.broker_name for addr, mq, _ in c.sent if addr == "b0:1"]
+    assert len(stored) == 4  # every chunk ended on broker-b
+    with pytest.raises(SendFailedError):
+        sender(FakeBrokers(fail={a: BrokerConnectError("refused") for a in ("a0:1", "b0:1")}), retries=1).submit(
+            chunk())
+
+
+def test_explicit_queue_gets_one_attempt_and_non_retriable_errors_raise_at_once() -> None:
+    c = FakeBrokers(fail={"a0:1": BrokerConnectError("refused", broker_addr="a0:1")})
+    with pytest.raises(SendFailedError):
+        sender(c).submit(chunk(MessageQueue("T", "broker-a", 1)))
+    assert len(c.sent) == 1
+    illegal = BrokerError.for_code(int(ResponseCode.MESSAGE_ILLEGAL), "bad batch", broker_addr="a0:1")
+    c = FakeBrokers(fail={"a0:1": illegal, "b0:1": illegal})
+    with pytest.raises(BrokerError, match="bad batch"):
+        sender(c).submit(chunk())
+    assert len(c.sent) == 1
+
+
+def test_unknown_topic_borrows_the_default_route_like_the_sdk() -> None:
+    c = FakeBrokers(known=frozenset())
+    s = sender(c)
+    s.submit(chunk(topic="NewTopic"))
+    s.flush()
+    addr, mq, nums = c.sent[0]
+    assert addr == "a0:1" and mq.topic == "NewTopic" and 0 <= mq.queue_id < 4 and nums == 4
+    assert s.queues("NewTopic") == [MessageQueue("NewTopic", "broker-a", i) for i in range(4)]
+
+
+def test_concurrent_sends_all_complete_and_a_failure_surfaces_at_flush() -> None:
+    c = FakeBrokers()
+    s = sender(c, concurrency=3)
+    for _ in range(20):
+        s.submit(chunk())
+    s.flush()
+    s.close()
+    assert len(c.sent) == 20 and s.requests == 20
+    bad = FakeBrokers(fail={a: BrokerConnectError("refused") for a in ("a0:1", "b0:1")}, times=1_000)
+    s = sender(bad, concurrency=3, retries=0)
+    with pytest.raises(SendFailedError):
+        for _ in range(5):
+            s.submit(chunk())
+        s.flush()
+    s.close()
