@@ -56,14 +56,39 @@ def key_hash(key: str) -> int:
     return _abs_hash(java_hash(key))
 
 
+#: A client unique id is 32 hex characters whose first 20 (ip, pid, random) are the same for every message of a
+#: producer process: their hash is cached, so only the last 12 are hashed per message.
+_UNIQ_LEN = 32
+_UNIQ_STABLE = 20
+_UNIQ_CACHE_MAX = 4096
+
+
 class _TopicHasher:
     """Hashes ``topic#key`` from bytes, reusing the hash of the ``topic#`` prefix (keys are mostly ASCII)."""
 
-    __slots__ = ("prefix_hash", "topic")
+    __slots__ = ("_uniq_heads", "prefix_hash", "topic")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self.prefix_hash = java_hash(topic + "#")
+        self._uniq_heads: dict[bytes, int] = {}
+
+    def uniq(self, key: bytes) -> int:
+        """:meth:`__call__` for a unique id, with the producer-constant head's share of the hash cached."""
+        if len(key) != _UNIQ_LEN or not key.isascii():
+            return self(key)
+        head = key[:_UNIQ_STABLE]
+        part = self._uniq_heads.get(head)
+        if part is None:
+            if len(self._uniq_heads) >= _UNIQ_CACHE_MAX:
+                self._uniq_heads.clear()
+            weights, shift = _powers(_UNIQ_STABLE)
+            tail_shift = _powers(_UNIQ_LEN - _UNIQ_STABLE)[1]
+            part = self._uniq_heads[head] = (
+                self.prefix_hash * _powers(_UNIQ_LEN)[1] + sum(map(mul, head, weights)) * tail_shift
+            ) & _MASK
+        weights, _ = _powers(_UNIQ_LEN - _UNIQ_STABLE)
+        return _abs_hash(part + sum(map(mul, key[_UNIQ_STABLE:], weights)))
 
     def __call__(self, key: bytes) -> int:
         n = len(key)
@@ -230,7 +255,7 @@ class IndexService:
         hasher = self._hashers.get(topic)
         if hasher is None:
             hasher = self._hashers[topic] = _TopicHasher(topic.decode("utf-8", "replace"))
-        hashes = [hasher(uniq)] if uniq else []
+        hashes = [hasher.uniq(uniq)] if uniq else []
         if keys:
             hashes.extend(hasher(k) for k in keys.split(b" ") if k)
         for h in hashes:

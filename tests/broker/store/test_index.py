@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from broker.store.index import IndexFile, key_hash
+from broker.store.index import IndexFile, _TopicHasher, key_hash
+from client.protocol.codec import UniqKeyGenerator
 
 from .conftest import BORN_HOST, StoreFactory, batch
 
@@ -33,3 +34,11 @@ def test_file_layout_header_slots_items(make_store: StoreFactory) -> None:
     item_h, phy, diff, _prev = struct.unpack_from(">iqii", mm, 40 + 16 * 4 + slot_value * 20)
     assert (item_h, phy, diff) == (h, r.wrote_offset, 0)
     assert slot_count in (1, 2)
+
+
+def test_unique_id_hash_with_cached_head_equals_the_plain_java_hash() -> None:
+    hasher = _TopicHasher("TopicA")
+    gen = UniqKeyGenerator()
+    for key in [gen.next() for _ in range(500)] + ["short", "x" * 32, "é" * 16]:
+        raw = key.encode()
+        assert hasher.uniq(raw) == key_hash(f"TopicA#{key}") == hasher(raw), key
