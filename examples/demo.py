@@ -15,6 +15,7 @@ Run: ``python examples/demo.py [--messages N] [--no-spark] [--root DIR]``.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -89,6 +90,9 @@ def spark_read(namesrv: str) -> tuple[int, float] | None:
     except ImportError as e:
         print(f"   (skipped: {e})")
         return None
+    # Spark's Python workers must run this interpreter (the one with pyarrow and the connector installed).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     spark = (SparkSession.builder.master("local[2]").appName("splitmq-demo")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC").getOrCreate())
