@@ -18,6 +18,7 @@ __all__ = ["ENTRIES", "Row", "format_table", "load_entry", "run_entries"]
 #: name -> "module:function". Add a line here to add an entry.
 ENTRIES: dict[str, str] = {
     "client": "benchmarks.client_bench:run",
+    "consumer": "benchmarks.consumer_bench:run",
     "ha": "benchmarks.ha_bench:run_rows",
     "spark": "benchmarks.spark_bench:run",
     "store": "benchmarks.store_bench:run",

@@ -201,6 +201,8 @@ class SyncEngine:
         self.rebalance_count = 0
         self.pull_count = 0
         """Pull requests sent (flow control shows as this count standing still)."""
+        self.pulled_messages = 0
+        """Messages the pulls brought (before the tag re-check)."""
         self.flow_control_count = 0
         """Times a queue's pull was put off because its cache was over a threshold."""
         self._soon_gap_s = _SOON_FIRST_S
@@ -282,7 +284,8 @@ class SyncEngine:
             pqs = list(self.core.pqs.values())
             cached = sum(pq.msg_count for pq in pqs)
             cached_bytes = sum(pq.msg_size_bytes for pq in pqs)
-        return {"pulls": self.pull_count, "flowControlled": self.flow_control_count,
+        return {"pulls": self.pull_count, "pulledMessages": self.pulled_messages,
+                "flowControlled": self.flow_control_count,
                 "rebalances": self.rebalance_count, "queues": len(pqs), "cachedMessages": cached,
                 "cachedBytes": cached_bytes}
 
@@ -522,6 +525,7 @@ class SyncEngine:
         if self._stop.is_set():
             return 0.0  # closed while the pull was parked: its answer is dropped, nothing is delivered
         if r.pull_status is PullStatus.FOUND:
+            self.pulled_messages += len(r.msg_found_list)
             added = core.on_pulled(pq, gen, r.msg_found_list, r.next_begin_offset, self.group)
             if added:
                 self._deliver(pq, gen, added)

@@ -19,6 +19,7 @@ consume side (RocketMQ ``ConsumeMessageConcurrentlyService`` / ``ConsumeMessageO
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import enum
 import logging
@@ -163,6 +164,10 @@ class PushConsumer:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._busy: set[int] = set()  # orderly: ids of queues with a consume task running or scheduled
         self._inflight = 0
+        # Consume tasks wait here, not as one pool future each (a future costs about 1 KiB per cached message);
+        # at most consume_thread_nums pool jobs drain it.
+        self._ready: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
+        self._drainers = 0
         self._idle = threading.Condition()
         self.callback_errors = 0
         """Callbacks that raised or returned something other than a ConsumeStatus."""
@@ -230,6 +235,9 @@ class PushConsumer:
                 if self._inflight > 0:
                     log.warning("%s closing with %d callbacks still running after %.1f s", self.group,
                                 self._inflight, bound)
+        with self._idle:  # what has not started by now is not run: the queues re-deliver it after a restart
+            self._inflight -= len(self._ready)
+            self._ready.clear()
         self._engine.close(deadline)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -249,18 +257,29 @@ class PushConsumer:
             return
         with self._idle:
             self._inflight += 1
+            self._ready.append((fn, args))
+            if self._drainers >= self.consume_thread_nums:
+                return
+            self._drainers += 1
         try:
-            pool.submit(self._run, fn, *args)
-        except RuntimeError:  # the pool shut down meanwhile
-            self._done()
+            pool.submit(self._drain)
+        except RuntimeError:  # the pool shut down meanwhile: close() dropped the queued tasks
+            with self._idle:
+                self._drainers -= 1
 
-    def _run(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as e:
-            log.error("consume task of %s failed: %s", self.group, e)
-        finally:
-            self._done()
+    def _drain(self) -> None:
+        while True:
+            with self._idle:
+                if not self._ready:
+                    self._drainers -= 1
+                    return
+                fn, args = self._ready.popleft()
+            try:
+                fn(*args)
+            except Exception as e:
+                log.error("consume task of %s failed: %s", self.group, e)
+            finally:
+                self._done()
 
     def _done(self) -> None:
         with self._idle:

@@ -82,7 +82,7 @@ class _TopicHasher:
         if part is None:
             if len(self._uniq_heads) >= _UNIQ_CACHE_MAX:
                 self._uniq_heads.clear()
-            weights, shift = _powers(_UNIQ_STABLE)
+            weights = _powers(_UNIQ_STABLE)[0]
             tail_shift = _powers(_UNIQ_LEN - _UNIQ_STABLE)[1]
             part = self._uniq_heads[head] = (
                 self.prefix_hash * _powers(_UNIQ_LEN)[1] + sum(map(mul, head, weights)) * tail_shift

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from client import Admin, Message, MessageExt, Producer, PullConsumer, PullStatus
+from client._group_consumer import GroupConsumer
 from client._push_consumer import ConsumeStatus, InvalidConsumeStatusError, PushConsumer
 from client.cluster import LocalCluster
 from client.errors import InvalidParameterError
@@ -125,3 +126,80 @@ def test_orderly_keeps_queue_order_and_close_is_bounded(cluster: LocalCluster) -
     finally:
         release.set()
         c.close()
+
+
+@pytest.mark.integration
+def test_retry_comes_back_after_its_delay_with_the_default_rebalance_interval(cluster: LocalCluster) -> None:
+    """The retry topic's queue is held from the start (the heartbeat creates ``%RETRY%<group>``, the missing
+    route is looked at again within a second), so a retry is consumed about one delay level (1 s here) after
+    the failure -- not at the next 20 s rebalance."""
+    setup_topic(cluster, "PcRetryFast")
+    calls: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def on_messages(msgs: list[MessageExt]) -> ConsumeStatus:
+        calls.append((time.monotonic(), msgs[0].reconsume_times))
+        if msgs[0].reconsume_times == 0:
+            return ConsumeStatus.RECONSUME_LATER
+        done.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    c = PushConsumer("g_retry_fast", cluster.namesrv_addr, on_messages, consume_from_where="FIRST_OFFSET")
+    assert c.config.rebalance_interval_s == 20.0
+    c.subscribe("PcRetryFast")
+    began = time.monotonic()
+    with c:
+        deadline = began + 10
+        while len({mq.topic for mq in c.assignment()}) < 2:
+            assert time.monotonic() < deadline, f"held after 10 s: {c.assignment()}"
+            time.sleep(0.05)  # polling the assignment with a deadline
+        held_s = time.monotonic() - began
+        send(cluster, "PcRetryFast", [b"again"])
+        assert done.wait(15), f"calls {calls}"
+    retry_s = calls[1][0] - calls[0][0]
+    print(f"queues held {held_s:.2f} s after start; retry consumed {retry_s:.2f} s after the failure")
+    assert [rt for _, rt in calls] == [0, 1]
+    assert held_s < 5.0
+    assert 1.0 <= retry_s < 2.5, f"retry after {retry_s:.2f} s (delay level 1 s)"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["group", "push"])
+def test_close_with_a_parked_long_poll_is_prompt(cluster: LocalCluster, kind: str) -> None:
+    """Closing while every pull is parked on the broker (nothing to read, pull_suspend_s=5) returns within a
+    second; the abandoned pull threads end when the broker answers and deliver nothing."""
+    setup_topic(cluster, f"PcClose{kind}", queues=2)
+    got: list[MessageExt] = []
+
+    def record(msgs: list[MessageExt]) -> ConsumeStatus:
+        got.extend(msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    c: GroupConsumer | PushConsumer
+    if kind == "group":
+        c = GroupConsumer(f"g_close_{kind}", cluster.namesrv_addr, consume_from_where="FIRST_OFFSET",
+                          rebalance_interval_s=1.0, pull_suspend_s=5.0)
+    else:
+        c = PushConsumer(f"g_close_{kind}", cluster.namesrv_addr, record, consume_from_where="FIRST_OFFSET",
+                         rebalance_interval_s=1.0, pull_suspend_s=5.0)
+    c.subscribe(f"PcClose{kind}")
+    c.start()
+    engine = c._engine
+    try:
+        deadline = time.monotonic() + 10
+        while len(c.assignment()) < 2 or engine.stats()["pulls"] < 2:
+            assert time.monotonic() < deadline, f"no parked pulls: {engine.stats()}"
+            time.sleep(0.05)  # polling the consumer with a deadline
+        time.sleep(0.3)  # let the pulls reach the broker and park there (the thing under test)
+    finally:
+        began = time.monotonic()
+        c.close()
+        took = time.monotonic() - began
+    print(f"{kind} close took {took:.3f} s")
+    assert took < 1.0, f"close took {took:.2f} s with parked pulls"
+    send(cluster, f"PcClose{kind}", [b"after close"])  # wakes the parked pulls: their answer is dropped
+    threads = [t for t in engine._threads if t.is_alive()]
+    for t in threads:
+        t.join(8.0)
+    assert not any(t.is_alive() for t in threads), [t.name for t in threads if t.is_alive()]
+    assert got == []
