@@ -14,6 +14,7 @@ The commit-offset bit of a pull is set only when the pull goes to the master.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ import httpx
 from client import _requests as rq
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState, _InstanceCore
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
+from client._rebalance import TagFilter
 from client._requests import PullResult
 from client._routing import PullNodeTable, choose_pull_broker_id
 from client.errors import (
@@ -127,6 +129,14 @@ def _check_pull_args(mq: object, offset: int, max_nums: int) -> MessageQueue:
     return mq
 
 
+@functools.lru_cache(maxsize=256)
+def _tag_filter(sub_expression: str) -> TagFilter:
+    try:
+        return TagFilter.parse(sub_expression)
+    except ValueError as e:
+        raise InvalidParameterError(str(e)) from None
+
+
 class _ConsumerBase:
     _kind = "consumer"
 
@@ -167,6 +177,16 @@ class _ConsumerBase:
     def _pull_timeout(self, timeout_s: float | None, suspend_timeout_s: float | None) -> float:
         base = timeout_s if timeout_s is not None else self.config.pull_timeout_s
         return base + (suspend_timeout_s or 0.0)
+
+    def _finish_pull(self, mq: MessageQueue, result: PullResult, sub_expression: str) -> PullResult:
+        """Remember the suggested member, and re-check tags: the broker filters by tag hash, so a tag whose Java
+        hash collides with a subscribed one gets through (RocketMQ's ``processPullResult`` filters again)."""
+        self._nodes.update(mq, result.suggest_which_broker_id)
+        tags = _tag_filter(sub_expression).tags
+        if tags is None or not result.msg_found_list:
+            return result
+        kept = [m for m in result.msg_found_list if m.tags in tags]
+        return result if len(kept) == len(result.msg_found_list) else attrs.evolve(result, msg_found_list=kept)
 
     def _role(self, t: _Target) -> str:
         return "slave" if t.slave else "master"
@@ -254,9 +274,7 @@ class PullConsumer(SyncLifecycle, _ConsumerBase):
                                                          f"[{t.broker_id}] {t.addr}")
                 log.info("%s", error)
                 continue
-            result = rq.parse_pull(resp, t.addr, mq)
-            self._nodes.update(mq, result.suggest_which_broker_id)
-            return result
+            return self._finish_pull(mq, rq.parse_pull(resp, t.addr, mq), sub_expression)
         assert error is not None
         raise error
 
@@ -372,9 +390,7 @@ class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
                                                          f"[{t.broker_id}] {t.addr}")
                 log.info("%s", error)
                 continue
-            result = rq.parse_pull(resp, t.addr, mq)
-            self._nodes.update(mq, result.suggest_which_broker_id)
-            return result
+            return self._finish_pull(mq, rq.parse_pull(resp, t.addr, mq), sub_expression)
         assert error is not None
         raise error
 
