@@ -62,6 +62,7 @@ class AdminProcessor:
             ("GET", "/offset/min"): self.min_offset,
             ("GET", "/offset/max"): self.max_offset,
             ("GET", "/offset/search"): self.search_offset,
+            ("GET", "/offset/storetime"): self.store_time,
             ("GET", "/message"): self.message_by_id,
             ("GET", "/message/key"): self.messages_by_key,
             ("GET", "/message/uniq"): self.messages_by_uniq_key,
@@ -121,6 +122,16 @@ class AdminProcessor:
         topic, queue_id = self._queue_args(request)
         ts = request.int_arg("timestamp", lo=0, hi=INT64_MAX)
         return json_response({"offset": self._ctrl.store.get_offset_in_queue_by_time(topic, queue_id, ts)})
+
+    async def store_time(self, request: Request) -> Response:
+        """``{"timestamp": ms}``: when the message at ``offset`` of the queue was stored (22 when absent)."""
+        topic, queue_id = self._queue_args(request)
+        offset = request.int_arg("offset", lo=0, hi=INT64_MAX)
+        ts = self._ctrl.store.get_store_timestamp(topic, queue_id, offset)
+        if ts < 0:
+            raise QueryNotFoundError(f"no message at offset {offset} of {topic}:{queue_id} on broker "
+                                     f"{self._ctrl.config.broker_name} ({self._ctrl.addr})")
+        return json_response({"timestamp": ts})
 
     # --- messages -----------------------------------------------------------------------------------------
 

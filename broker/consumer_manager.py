@@ -20,7 +20,7 @@ from client.protocol.asgi import ArgumentError, Request, Response, json_response
 if TYPE_CHECKING:
     from broker.controller import BrokerController
 
-__all__ = ["CLIENT_EXPIRE_MS", "ConsumerIdsProcessor", "live_client_ids"]
+__all__ = ["CLIENT_EXPIRE_MS", "ConsumerIdsProcessor", "LastPulls", "live_client_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,29 @@ def live_client_ids(clients: Mapping[str, ClientInfo], now_ms: int, expire_ms: i
     """
     return sorted(cid for cid, info in clients.items()
                   if info.last_seen_ms >= now_ms - min(info.timeout_ms, expire_ms))
+
+
+class LastPulls:
+    """When each group last pulled each queue from this broker (``consumer progress`` asks every member of a
+    group and shows which one served the newest pull: read/write splitting seen from the operator's side).
+
+    Bounded: past ``max_keys`` (group, topic) pairs the table is cleared rather than grown.
+    """
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self._max_keys = max_keys
+        self._table: dict[tuple[str, str], dict[int, int]] = {}
+
+    def record(self, group: str, topic: str, queue_id: int, now_ms: int) -> None:
+        queues = self._table.get((group, topic))
+        if queues is None:
+            if len(self._table) >= self._max_keys:
+                self._table.clear()
+            queues = self._table[(group, topic)] = {}
+        queues[queue_id] = now_ms
+
+    def for_topic(self, group: str, topic: str) -> dict[int, int]:
+        return dict(self._table.get((group, topic), {}))
 
 
 class ConsumerIdsProcessor:
@@ -54,7 +77,15 @@ class ConsumerIdsProcessor:
         self._expire_ms = expire_ms
 
     def routes(self) -> dict[tuple[str, str], Any]:
-        return {("GET", "/consumer/ids"): self.handle, ("POST", "/client/unregister"): self.unregister}
+        return {("GET", "/consumer/ids"): self.handle, ("POST", "/client/unregister"): self.unregister,
+                ("GET", "/consumer/pulls"): self.last_pulls}
+
+    async def last_pulls(self, request: Request) -> Response:
+        """``{"lastPullTimestamp": {"QUEUE_ID": ms}}``: the group's last pull of each queue of ``topic`` here."""
+        group = checked_name("group", request.arg("group"))
+        topic = checked_name("topic", request.arg("topic"))
+        pulls = self._ctrl.last_pulls.for_topic(group, topic)
+        return json_response({"lastPullTimestamp": {str(q): ms for q, ms in sorted(pulls.items())}})
 
     async def unregister(self, request: Request) -> Response:
         """``{"clientId", "producerGroups": [..], "consumerGroups": [..]}`` -> ``{"removed": n}``."""

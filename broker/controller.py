@@ -25,7 +25,7 @@ import httpx
 from broker.admin_processor import AdminProcessor
 from broker.clients import ClientTable
 from broker.config import BrokerConfig
-from broker.consumer_manager import ConsumerIdsProcessor
+from broker.consumer_manager import ConsumerIdsProcessor, LastPulls
 from broker.ha_glue import HAClientLike, HAServiceLike, create_ha
 from broker.long_polling import PullHoldService
 from broker.metadata import (
@@ -104,6 +104,7 @@ class BrokerController:
                                                clock_ms=self._clock_ms)
         self.delay_offsets = DelayOffsetManager(cfg_dir)
         self.clients = ClientTable(clock_ms=self._clock_ms)
+        self.last_pulls = LastPulls()
         self.hold = PullHoldService(config.max_parked_pulls)
         self.metrics = BrokerMetrics(config.broker_cluster_name, f"{config.broker_name}-{config.broker_id}",
                                      self.role_name, self.metrics_state)
@@ -146,6 +147,10 @@ class BrokerController:
     @property
     def role_name(self) -> str:
         return self.config.broker_role.value
+
+    def now_ms(self) -> int:
+        """The broker's wall clock (injected in tests)."""
+        return self._clock_ms()
 
     def master_link_up(self) -> bool:
         """On a slave: whether the HA link to the master is connected (decision 6)."""

@@ -166,6 +166,7 @@ class PullProcessor:
             )
         result: GetMessageResult = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums,
                                                      req.max_bytes, tag_filter)
+        ctrl.last_pulls.record(req.group, req.topic, req.queue_id, ctrl.now_ms())
         suggest = decide_pull_route(
             is_slave=cfg.is_slave, slave_read_enable=cfg.slave_read_enable, master_link_up=ctrl.master_link_up(),
             suggest_pulling_from_slave=result.suggest_pulling_from_slave, group_broker_id=group.broker_id,

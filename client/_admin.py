@@ -79,6 +79,9 @@ class QueueProgress:
     """The group's committed offset (-1 when never committed)."""
     lag: int
     """Messages not yet consumed: ``broker_offset - max(consumer_offset, 0)``."""
+    last_pull_broker_id: int | None = None
+    """The member of the broker group that served the group's newest pull of this queue (0 = master), from the
+    brokers' memory since they started; None when none of them saw a pull."""
 
 
 class Admin:
@@ -285,17 +288,53 @@ class Admin:
         validate_group(group)
         route = self.topic_route(topic)
         out = []
+        last_pulls: dict[str, dict[int, int]] = {}
         for qd in route.queue_datas:
             bd = route.broker_data(qd.broker_name)
             if bd is None or not Perm.readable(qd.perm):
                 continue
+            last_pulls[qd.broker_name] = self._last_pull_members(group, topic, bd.broker_addrs)
             for qid in range(qd.read_queue_nums):
                 mq = MessageQueue(topic, qd.broker_name, qid)
                 broker_off = self._queue_offset(bd.broker_addrs, partial(rq.offset_url, kind="max", mq=mq), None)
                 consumer_off = self._queue_offset(
                     bd.broker_addrs, partial(rq.offset_url, kind="consumer", mq=mq, group=group), -1)
-                out.append(QueueProgress(mq, broker_off, consumer_off, broker_off - max(consumer_off, 0)))
+                out.append(QueueProgress(mq, broker_off, consumer_off, broker_off - max(consumer_off, 0),
+                                         last_pulls.get(qd.broker_name, {}).get(qid)))
         return out
+
+    def _last_pull_members(self, group: str, topic: str, members: Mapping[int, str]) -> dict[int, int]:
+        """``queue id -> member id`` that served the newest pull of ``group`` (members that cannot be asked are
+        skipped: a dead master simply has no say)."""
+        newest: dict[int, tuple[int, int]] = {}
+        for bid, addr in sorted(members.items()):
+            try:
+                obj = rq.json_of(self.client.http.get(
+                    f"http://{addr}/consumer/pulls?group={rq.q(group)}&topic={rq.q(topic)}"), addr)
+                for qid, ms in dict(obj.get("lastPullTimestamp", {})).items():
+                    if int(ms) > newest.get(int(qid), (-1, -1))[0]:
+                        newest[int(qid)] = (int(ms), bid)
+            except (httpx.HTTPError, ClientError, ValueError, TypeError, AttributeError) as e:
+                log.debug("last pulls of %s at %s: %s", group, addr, e)
+        return {qid: bid for qid, (_, bid) in newest.items()}
+
+    def queue_store_time(self, mq: MessageQueue, offset: int) -> int | None:
+        """When the message at ``offset`` of ``mq`` was stored (ms), asked of the master, else a slave; None when
+        no member has it."""
+        route = self.topic_route(mq.topic)
+        bd = route.broker_data(mq.broker_name)
+        if bd is None:
+            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
+        for _, addr in sorted(bd.broker_addrs.items()):
+            url = (f"http://{addr}/offset/storetime?topic={rq.q(mq.topic)}&queueId={mq.queue_id}"
+                   f"&offset={int(offset)}")
+            try:
+                return int(rq.json_of(self.client.http.get(url), addr)["timestamp"])
+            except QueryNotFoundError:
+                return None
+            except httpx.HTTPError:
+                continue
+        return None
 
     # --- messages ---
 

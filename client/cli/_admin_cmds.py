@@ -17,7 +17,7 @@ from client._consumer import PullConsumer
 from client.cli._common import client_config, namesrv_of, open_admin
 from client.cli._output import NA, Output, fmt_time_ms
 from client.errors import BrokerNotFoundError, ClientError
-from client.protocol.codes import MASTER_ID, PullStatus
+from client.protocol.codes import MASTER_ID
 from client.protocol.message import MessageQueue
 
 __all__ = [
@@ -112,19 +112,6 @@ def cmd_topic_route(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _last_store_time(consumer: PullConsumer, mq: MessageQueue, max_offset: int, timeout_s: float) -> int | None:
-    """Store time of the last message of ``mq``, or None when it cannot be read (empty, unreadable)."""
-    if max_offset <= 0:
-        return None
-    try:
-        res = consumer.pull(mq, max_offset - 1, 1, timeout_s=timeout_s)
-    except ClientError:
-        return None
-    if res.pull_status is PullStatus.FOUND and res.msg_found_list:
-        return res.msg_found_list[-1].store_timestamp
-    return None
-
-
 def cmd_topic_status(args: argparse.Namespace, out: Output) -> int:
     """Per queue: min and max offset (master, else a slave) and the store time of its last message."""
     with open_admin(args) as adm:
@@ -137,8 +124,9 @@ def cmd_topic_status(args: argparse.Namespace, out: Output) -> int:
                 for qid in range(max(qd.read_queue_nums, qd.write_queue_nums)):
                     mq = MessageQueue(args.topic, qd.broker_name, qid)
                     lo, hi = consumer.min_offset(mq), consumer.max_offset(mq)
+                    last = adm.queue_store_time(mq, hi - 1) if hi > 0 else None
                     rows.append({"brokerName": qd.broker_name, "queueId": qid, "minOffset": lo, "maxOffset": hi,
-                                 "lastUpdateTimestamp": _last_store_time(consumer, mq, hi, args.timeout)})
+                                 "lastUpdateTimestamp": last})
         finally:
             consumer.close()
     if out.json_mode:
@@ -248,8 +236,14 @@ def _group_topics(adm: Admin, group: str) -> list[str]:
     return sorted(topics)
 
 
+def _node(broker_id: int | None) -> str:
+    if broker_id is None:
+        return NA
+    return f"{broker_id}:master" if broker_id == 0 else f"{broker_id}:slave"
+
+
 def cmd_consumer_progress(args: argparse.Namespace, out: Output) -> int:
-    """Per queue: broker max offset, the group's committed offset, lag; the last pull's member is not recorded."""
+    """Per queue: broker max offset, the group's committed offset, lag, and the member that served the newest pull."""
     with open_admin(args) as adm:
         topics = [args.topic] if args.topic else _group_topics(adm, args.group)
         if not topics:
@@ -258,14 +252,14 @@ def cmd_consumer_progress(args: argparse.Namespace, out: Output) -> int:
         progress = [qp for t in topics for qp in adm.consumer_progress(args.group, t)]
     rows: list[dict[str, Any]] = [{"topic": qp.message_queue.topic, "brokerName": qp.message_queue.broker_name,
              "queueId": qp.message_queue.queue_id, "brokerOffset": qp.broker_offset,
-             "consumerOffset": qp.consumer_offset, "lag": qp.lag, "lastPullBrokerId": None} for qp in progress]
+             "consumerOffset": qp.consumer_offset, "lag": qp.lag, "lastPullBrokerId": qp.last_pull_broker_id} for qp in progress]
     total = sum(qp.lag for qp in progress)
     if out.json_mode:
         out.json({"group": args.group, "queues": rows, "totalLag": total})
         return 0
     out.table(("TOPIC", "BROKER", "QUEUE", "BROKER_OFFSET", "CONSUMER_OFFSET", "LAG", "LAST_PULL_NODE"),
-              [(r["topic"], r["brokerName"], r["queueId"], r["brokerOffset"], r["consumerOffset"], r["lag"], NA)
-               for r in rows])
+              [(r["topic"], r["brokerName"], r["queueId"], r["brokerOffset"], r["consumerOffset"], r["lag"],
+                _node(r["lastPullBrokerId"])) for r in rows])
     out.line(f"total lag: {total}")
     return 0
 

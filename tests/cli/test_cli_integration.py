@@ -239,6 +239,8 @@ def test_consume_from_slave_is_served_by_slave(cluster: LocalCluster, ns: str) -
     msgs = json_lines(out)
     assert sorted(m["body"] for m in msgs) == ["a", "b", "c", "d"]
     assert {m["servedBy"] for m in msgs} == {1}
+    prog = ok_json("consumer", "progress", "-n", ns, "-g", "CliGroupSl", "-t", "CliTopicSl")
+    assert {q["lastPullBrokerId"] for q in prog["queues"] if q["brokerOffset"]} == {1}  # read off the slave
 
 
 def test_consumer_progress_after_commit(ns: str) -> None:
@@ -252,12 +254,12 @@ def test_consumer_progress_after_commit(ns: str) -> None:
     assert sum(max(q["consumerOffset"], 0) for q in queues) == 4
     assert prog["totalLag"] == 2
     assert all(q["lag"] == q["brokerOffset"] - max(q["consumerOffset"], 0) for q in queues)
-    assert all(q["lastPullBrokerId"] is None for q in queues)
+    assert {q["lastPullBrokerId"] for q in queues} == {0}  # the consumer pulled from the master
     # Without -t the topics come from the group's committed offsets.
     text = ok("consumer", "progress", "-n", ns, "-g", "CliGroupCp")
     rows = table(text, "TOPIC")
     assert {r["TOPIC"] for r in rows} == {"CliTopicCp"}
-    assert {r["LAST_PULL_NODE"] for r in rows} == {"n/a"}
+    assert {r["LAST_PULL_NODE"] for r in rows} == {"0:master"}
     assert "total lag: 2" in text
 
 
