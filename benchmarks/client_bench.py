@@ -290,8 +290,20 @@ def httpx_share(fn: Callable[[], object]) -> float:
     return in_httpx / total if total else 0.0
 
 
+def _median_of(runs: int, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """Run ``fn`` ``runs`` times and return the run with the median ``msgs_per_s`` (two cores shared with the
+    broker make single runs swing by tens of percent); ``best_msgs_per_s`` records the best run."""
+    results = sorted((fn() for _ in range(runs)), key=lambda r: r["msgs_per_s"])
+    mid = dict(results[len(results) // 2])
+    mid["best_msgs_per_s"] = results[-1]["msgs_per_s"]
+    return mid
+
+
 def run(quick: bool) -> list[Row]:
-    """Runner entry: a one-group cluster (no slave), the SDK figures with CPU per message and raw baselines."""
+    """Runner entry: a one-group cluster (no slave), the SDK figures with CPU per message and raw baselines.
+
+    Throughput rows are the median of three runs (one in quick mode); the best run follows each as a row.
+    """
     from client.cluster import LocalCluster
 
     scale = 4 if quick else 1
@@ -300,17 +312,19 @@ def run(quick: bool) -> list[Row]:
         meter = CpuMeter(cluster.broker("broker-a", 0).pid)
         bench_send_batch(ns, batches=20)  # creates the commit-log file; its pre-faulting runs in the background
         meter.settle()
-        raw_send = bench_raw_send(ns, requests=300 // scale)
+        runs = 1 if quick else 3
+        raw_send = statistics.median(bench_raw_send(ns, requests=300 // scale) for _ in range(runs))
         raw_one = bench_raw_send(ns, batch=1, requests=3000 // scale)
         lat = bench_send_latency(ns, messages=3000 // scale, meter=meter)
         share = httpx_share(lambda: bench_send_latency(ns, messages=300 // scale))
-        batch = bench_send_batch(ns, batches=600 // scale, meter=meter)
-        conc = bench_async_concurrent(ns, messages=40_000 // scale, meter=meter)
-        conc_uv = bench_async_concurrent(ns, messages=40_000 // scale, loop="uvloop", meter=meter)
+        batch = _median_of(runs, lambda: bench_send_batch(ns, batches=600 // scale, meter=meter))
+        conc = _median_of(runs, lambda: bench_async_concurrent(ns, messages=40_000 // scale, meter=meter))
+        conc_uv = _median_of(runs, lambda: bench_async_concurrent(ns, messages=40_000 // scale, loop="uvloop",
+                                                                  meter=meter))
         topic = fill_pull_topic(ns, messages=64_000 // scale)
         meter.settle()
         raw_pull = bench_raw_pull(ns, topic, requests=1000 // scale)
-        pull = bench_pull(ns, topic, meter=meter)
+        pull = _median_of(runs, lambda: bench_pull(ns, topic, meter=meter))
         pull1 = bench_pull(ns, topic, threads=1, meter=meter)
     raw = "raw socket, prebuilt 64-msg POST"
     rawp = "raw socket GET of a 32-msg pull, undecoded"
@@ -320,14 +334,19 @@ def run(quick: bool) -> list[Row]:
         Row("send, 1 thread", lat["msgs_per_s"], "msgs/s", "raw socket, prebuilt 1-msg POST", raw_one),
         *_cpu_rows("send, 1 thread", lat),
         Row("send, 1 thread: httpx share of client CPU", share * 100, "%"),
-        Row("send_batch of 64", batch["msgs_per_s"], "msgs/s", raw, raw_send, ">= 60000"),
+        Row("send_batch of 64 (median of runs)", batch["msgs_per_s"], "msgs/s", raw, raw_send, ">= 60000"),
+        Row("send_batch of 64 (best run)", batch["best_msgs_per_s"], "msgs/s"),
         *_cpu_rows("send_batch of 64", batch),
-        Row("AsyncProducer, 64 senders, asyncio loop", conc["msgs_per_s"], "msgs/s", raw, raw_send, ">= 50000"),
+        Row("AsyncProducer, 64 senders, asyncio loop (median)", conc["msgs_per_s"], "msgs/s", raw, raw_send,
+            ">= 50000"),
+        Row("AsyncProducer, 64 senders, asyncio loop (best run)", conc["best_msgs_per_s"], "msgs/s"),
         *_cpu_rows("AsyncProducer, asyncio loop", conc),
-        Row("AsyncProducer, 64 senders, uvloop", conc_uv["msgs_per_s"], "msgs/s", raw, raw_send, ">= 50000"),
+        Row("AsyncProducer, 64 senders, uvloop (median)", conc_uv["msgs_per_s"], "msgs/s", raw, raw_send,
+            ">= 50000"),
+        Row("AsyncProducer, 64 senders, uvloop (best run)", conc_uv["best_msgs_per_s"], "msgs/s"),
         *_cpu_rows("AsyncProducer, uvloop", conc_uv),
-        Row(f"pull 32/request, decoded, {PULL_QUEUES} queues x 1 thread", pull["msgs_per_s"], "msgs/s", rawp,
-            raw_pull, ">= 100000"),
+        Row(f"pull 32/request, decoded, {PULL_QUEUES} queues x 1 thread (median)", pull["msgs_per_s"], "msgs/s",
+            rawp, raw_pull, ">= 100000"),
         *_cpu_rows("pull, 4 threads", pull),
         Row("pull 32/request, decoded, 1 thread", pull1["msgs_per_s"], "msgs/s", rawp, raw_pull),
         *_cpu_rows("pull, 1 thread", pull1),
