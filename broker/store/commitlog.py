@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from broker.store.api import StoreCorruptError, StoreError
-from broker.store.io import FileIO
+from broker.store.io import FileIO, prefault
 from broker.store.mapped_file import MappedFile, file_name, list_offset_files
 from client.errors import ProtocolViolationError
 from client.protocol.codec import (
@@ -189,12 +189,16 @@ class CommitLog:
                 exc.creating_file = True  # type: ignore[attr-defined]
                 raise
         if self._preallocate:
-            self._prep_thread = threading.Thread(target=self._prepare, args=(mf.end,), name="commitlog-allocate",
+            self._prep_thread = threading.Thread(target=self._prepare, args=(mf,), name="commitlog-allocate",
                                                  daemon=True)
             self._prep_thread.start()
         return mf
 
-    def _prepare(self, start: int) -> None:
+    def _prepare(self, current: MappedFile) -> None:
+        """Background: fault in the rest of the file being written (a fresh first file has no prepared pages),
+        then create and fault in the next one, so appends never take page faults."""
+        prefault(current.mm, current.wrote, current.size)
+        start = current.end
         path = os.path.join(self.directory, file_name(start))
         try:
             self._prepared = MappedFile.open(self.io, path, start, self.file_size, create=True, populate=True)
