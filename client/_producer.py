@@ -128,6 +128,55 @@ class _ProducerBase:
                 p.result = results[i]
 
 
+class _SendAttempts:
+    """The retry loop of one send (SEMANTICS.md 4.6) without its I/O: which queue next, when to stop, what to
+    record. The sync and async producers drive it with their own requests."""
+
+    def __init__(self, producer: _ProducerBase, info: TopicPublishInfo, topic: str, fixed: MessageQueue | None,
+                 deadline: float) -> None:
+        self._p = producer
+        self.info = info
+        self._topic = topic
+        self._fixed = fixed
+        self._deadline = deadline
+        self._left_attempts = producer._attempts_total(fixed)
+        self._begin = time.monotonic()
+        self._last_broker: str | None = None
+        self._timed_out = False
+        self._started_ms = 0
+        self.attempts: list[tuple[str, ClientError]] = []
+
+    def next(self) -> tuple[MessageQueue, float] | None:
+        """The queue and time budget of the next attempt, or None when attempts or time ran out."""
+        if self._left_attempts <= 0:
+            return None
+        self._left_attempts -= 1
+        mq = self._p._choose(self.info, self._fixed, self._last_broker)
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            self._timed_out = True
+            return None
+        self._started_ms = _now_ms()
+        return mq, left
+
+    def target(self, mq: MessageQueue) -> str:
+        return self._p._target(self.info, mq)
+
+    def succeeded(self, mq: MessageQueue) -> None:
+        self._p._fault.update_fault_item(mq.broker_name, _now_ms() - self._started_ms, isolation=False,
+                                         now_ms=_now_ms())
+
+    def failed(self, mq: MessageQueue, err: ClientError) -> bool:
+        """Record a failed attempt; True when another may follow (else the caller re-raises ``err``)."""
+        self.attempts.append((mq.broker_name, err))
+        self._last_broker = mq.broker_name
+        return self._p._on_error(mq, self._started_ms, err)
+
+    def exhausted(self) -> ClientError:
+        return send_failed(self._topic, self.attempts, int((time.monotonic() - self._begin) * 1000),
+                           self._timed_out)
+
+
 class Producer(SyncLifecycle, _ProducerBase):
     """A synchronous producer; safe to share between threads (their concurrent sends are batched together).
 
@@ -263,18 +312,9 @@ class Producer(SyncLifecycle, _ProducerBase):
 
     def _send_body(self, client: ClientInstance, topic: str, body: bytes, uniq_keys: list[str],
                    fixed: MessageQueue | None, deadline: float) -> list[SendResult]:
-        info = client.try_to_find_topic_publish_info(topic)
-        attempts: list[tuple[str, ClientError]] = []
-        begin = time.monotonic()
-        last_broker: str | None = None
-        timed_out = False
-        for _ in range(self._attempts_total(fixed)):
-            mq = self._choose(info, fixed, last_broker)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            started = _now_ms()
+        run = _SendAttempts(self, client.try_to_find_topic_publish_info(topic), topic, fixed, deadline)
+        while (step := run.next()) is not None:
+            mq, left = step
             try:
                 addr = client.find_broker_address_in_publish(mq.broker_name)
                 if addr is None:
@@ -283,19 +323,17 @@ class Producer(SyncLifecycle, _ProducerBase):
                 if addr is None:
                     raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
                 try:
-                    resp = client.exchange("POST", addr, self._target(info, mq), body, timeout=left)
+                    resp = client.exchange("POST", addr, run.target(mq), body, timeout=left)
                 except httpx.HTTPError as e:
                     raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
                 reply = rq.parse_send(resp, addr, len(uniq_keys))
             except ClientError as err:
-                attempts.append((mq.broker_name, err))
-                last_broker = mq.broker_name
-                if not self._on_error(mq, started, err):
+                if not run.failed(mq, err):
                     raise
                 continue
-            self._fault.update_fault_item(mq.broker_name, _now_ms() - started, isolation=False, now_ms=_now_ms())
+            run.succeeded(mq)
             return rq.send_results(reply, mq, uniq_keys)
-        raise send_failed(topic, attempts, int((time.monotonic() - begin) * 1000), timed_out)
+        raise run.exhausted()
 
     def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
                    message_queue: MessageQueue | None = None) -> list[SendResult]:
@@ -441,18 +479,9 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
 
     async def _send_body(self, client: AsyncClientInstance, topic: str, body: bytes, uniq_keys: list[str],
                          fixed: MessageQueue | None, deadline: float) -> list[SendResult]:
-        info = await client.try_to_find_topic_publish_info(topic)
-        attempts: list[tuple[str, ClientError]] = []
-        begin = time.monotonic()
-        last_broker: str | None = None
-        timed_out = False
-        for _ in range(self._attempts_total(fixed)):
-            mq = self._choose(info, fixed, last_broker)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            started = _now_ms()
+        run = _SendAttempts(self, await client.try_to_find_topic_publish_info(topic), topic, fixed, deadline)
+        while (step := run.next()) is not None:
+            mq, left = step
             try:
                 addr = client.find_broker_address_in_publish(mq.broker_name)
                 if addr is None:
@@ -461,19 +490,17 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                 if addr is None:
                     raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
                 try:
-                    resp = await client.exchange("POST", addr, self._target(info, mq), body, timeout=left)
+                    resp = await client.exchange("POST", addr, run.target(mq), body, timeout=left)
                 except httpx.HTTPError as e:
                     raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
                 reply = rq.parse_send(resp, addr, len(uniq_keys))
             except ClientError as err:
-                attempts.append((mq.broker_name, err))
-                last_broker = mq.broker_name
-                if not self._on_error(mq, started, err):
+                if not run.failed(mq, err):
                     raise
                 continue
-            self._fault.update_fault_item(mq.broker_name, _now_ms() - started, isolation=False, now_ms=_now_ms())
+            run.succeeded(mq)
             return rq.send_results(reply, mq, uniq_keys)
-        raise send_failed(topic, attempts, int((time.monotonic() - begin) * 1000), timed_out)
+        raise run.exhausted()
 
     async def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
                          message_queue: MessageQueue | None = None) -> list[SendResult]:
