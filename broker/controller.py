@@ -52,7 +52,7 @@ __all__ = ["DISPATCH_CHUNK_BYTES", "BrokerController"]
 log = logging.getLogger(__name__)
 
 #: Bytes of commit log dispatched before yielding to the loop (keeps request latency bounded under load).
-DISPATCH_CHUNK_BYTES = 1 << 20
+DISPATCH_CHUNK_BYTES = 128 << 10
 CLIENT_EXPIRE_CHECK_S = 10.0
 #: Bound of the whole graceful stop's network part (unregister, HA stop).
 STOP_NETWORK_TIMEOUT_S = 5.0
