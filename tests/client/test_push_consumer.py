@@ -70,20 +70,26 @@ def test_fail_twice_then_succeed_sees_reconsume_times_0_1_2(cluster: LocalCluste
 
 
 @pytest.mark.integration
-def test_always_failing_goes_to_dlq_after_max_reconsume_times(cluster: LocalCluster) -> None:
-    setup_topic(cluster, "PcDlq")
+@pytest.mark.parametrize("max_reconsume_times", [2, -1], ids=["max2", "default16"])
+def test_always_failing_goes_to_dlq_after_max_reconsume_times(cluster: LocalCluster, max_reconsume_times: int
+                                                               ) -> None:
+    """-1 is RocketMQ's default: 16 retries (every delay level is 1 s in this cluster, so about 17 s)."""
+    expected_retries = 16 if max_reconsume_times < 0 else max_reconsume_times
+    topic, group = f"PcDlq{expected_retries}", f"g_dlq{expected_retries}"
+    setup_topic(cluster, topic)
     seen: list[int] = []
 
     def on_messages(msgs: list[MessageExt]) -> ConsumeStatus:
         seen.extend(m.reconsume_times for m in msgs)
         return ConsumeStatus.RECONSUME_LATER
 
-    with PushConsumer("g_dlq", cluster.namesrv_addr, on_messages, max_reconsume_times=2, **FAST) as c:  # type: ignore[arg-type]
-        c.subscribe("PcDlq")
-        send(cluster, "PcDlq", [b"poison"])
-        dlq = MessageQueue("%DLQ%g_dlq", "broker-a", 0)
+    with PushConsumer(group, cluster.namesrv_addr, on_messages, max_reconsume_times=max_reconsume_times,
+                      **FAST) as c:  # type: ignore[arg-type]
+        c.subscribe(topic)
+        send(cluster, topic, [b"poison"])
+        dlq = MessageQueue(f"%DLQ%{group}", "broker-a", 0)
         with PullConsumer("g_dlq_reader", cluster.namesrv_addr) as reader:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 15 + 3 * expected_retries
             while True:
                 try:
                     r = reader.pull(dlq, 0, 32)
@@ -94,7 +100,8 @@ def test_always_failing_goes_to_dlq_after_max_reconsume_times(cluster: LocalClus
                 assert time.monotonic() < deadline, f"nothing in {dlq}; callback saw reconsume times {seen}"
                 time.sleep(0.1)  # polling the DLQ with a deadline
         assert [m.body for m in r.msg_found_list] == [b"poison"]
-        assert seen == [0, 1, 2]
+        assert r.msg_found_list[0].reconsume_times == expected_retries + 1
+        assert seen == list(range(expected_retries + 1))
 
 
 @pytest.mark.integration
