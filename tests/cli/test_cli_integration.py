@@ -187,6 +187,25 @@ def test_ha_status_shows_slave_in_sync(cluster: LocalCluster, ns: str) -> None:
     assert table(text, "ID")[0]["CONNECTED"] == "yes"
 
 
+def test_ha_status_shows_a_lagging_slave_behind_then_in_sync(cluster: LocalCluster, ns: str) -> None:
+    create_topic(ns, "CliTopicLag")
+    cluster.wait_slave_caught_up("broker-a", timeout_s=10)
+    slave = cluster.broker("broker-a", 1)
+    slave.pause()  # the slave stops reading: everything produced now is replication lag
+    try:
+        ok("produce", "-n", ns, "-t", "CliTopicLag", "--count", "2000", "--size", "1024")
+        behind = table(ok("ha", "status", "-n", ns, "-b", "broker-a"), "SLAVE_ADDR")[0]
+        assert int(behind["DIFF_BYTES"]) >= 2000 * 1024, behind
+    finally:
+        slave.resume()
+
+    def caught_up() -> dict[str, str] | None:
+        row = table(ok("ha", "status", "-n", ns, "-b", "broker-a"), "SLAVE_ADDR")[0]
+        return row if row["DIFF_BYTES"] == "0" and row["IN_SYNC"] == "yes" else None
+
+    poll_until(caught_up, 15, "ha status DIFF 0 after the slave resumed")
+
+
 def test_broker_status(cluster: LocalCluster, ns: str) -> None:
     rt = ok_json("broker", "status", "-n", ns, "-b", "broker-a")
     assert (rt["brokerName"], rt["brokerId"], rt["role"]) == ("broker-a", 0, "ASYNC_MASTER")
