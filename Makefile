@@ -27,7 +27,7 @@ test: $(STAMP_ALL)
 
 lint: $(STAMP_CORE)
 	$(BIN)/ruff check .
-	$(BIN)/mypy client
+	$(BIN)/mypy client broker nameserver spark_connector
 
 bench: $(STAMP_CORE)
 	$(BIN)/python -m benchmarks all
