@@ -205,6 +205,14 @@ class CommitLog:
         except OSError as exc:
             log.warning("preallocating commit log file %s failed (will retry on demand): %s", path, exc)
 
+    def wait_prepared(self, timeout_s: float) -> bool:
+        """Wait for the background preparation (pre-faulting, next file) to finish; True when it did."""
+        thread = self._prep_thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
     def _take_prepared(self, start: int) -> MappedFile | None:
         thread = self._prep_thread
         if thread is not None:
