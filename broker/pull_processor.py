@@ -112,6 +112,11 @@ class PullProcessor:
         if not group.consume_enable:
             raise NoPermissionError(f"subscription group [{req.group}] has consumeEnable=false on {where}")
         tc = ctrl.topics.get(req.topic)
+        if tc is None and cfg.is_slave and ctrl.store.get_max_offset_in_queue(req.topic, req.queue_id) > 0:
+            # The replicated commit log already holds this queue but the 10 s metadata sync has not brought the
+            # topic's config yet (a topic created just before its master died): serve what was replicated
+            # rather than refuse it (RocketMQ answers TOPIC_NOT_EXIST until the sync).
+            return group
         if tc is None:
             raise TopicNotExistError(f"topic[{req.topic}] not exist on {where}, apply first please!")
         if not Perm.readable(tc.perm):

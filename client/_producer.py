@@ -414,7 +414,8 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
         key: Hashable = fixed if fixed is not None else msg.topic
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.config.send_timeout_s
-        await self._wait_room(len(item), deadline, loop)
+        if not self._acc.has_room(len(item)):  # the common case skips a coroutine call
+            await self._wait_room(len(item), deadline, loop)
         me = Pending(item, uniq, deadline, loop.create_future())
         batch = self._acc.offer(key, me)
         if batch is None:

@@ -195,6 +195,18 @@ def test_slave_with_read_enable_serves_and_suggests(tmp_path: Path) -> None:
                     slave_read_enable=True)
 
 
+def test_slave_serves_a_replicated_queue_before_the_topic_config_is_synced(tmp_path: Path) -> None:
+    async def scenario(ctrl: Any, client: Any) -> None:
+        assert ctrl.topics.get("T") is None  # the metadata sync has not run yet
+        head, msgs = await pull(client, 0)
+        assert (head.code, len(msgs)) == (C.SUCCESS, 3)
+        r = await client.get("/pull", params={"group": "cg", "topic": "T", "queueId": 1, "offset": 0})
+        assert error(r)[:2] == (404, C.TOPIC_NOT_EXIST)  # no replicated data in that queue: still unknown
+
+    run_with_broker(tmp_path, scenario, role=BrokerRole.SLAVE, store=_slave_store_with_messages(3),
+                    slave_read_enable=True)
+
+
 def test_master_suggests_slave_for_lagging_consumer(tmp_path: Path) -> None:
     async def scenario(ctrl: Any, client: Any) -> None:
         await put(ctrl, client, n=2)
