@@ -426,7 +426,9 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                     raise me.error
                 return me.result
             batch = lead
-        elif self.config.batch_linger_s > 0:
+        else:
+            # One turn of the loop even without a linger: senders woken by the last reply are runnable now and
+            # join this batch instead of waiting a whole round trip behind a batch of one.
             await asyncio.sleep(self.config.batch_linger_s)
             batch = self._acc.join_pending(key, batch)
         await self._lead(client, key, msg.topic, fixed, batch)

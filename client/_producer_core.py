@@ -2,9 +2,12 @@
 
 No I/O here. The accumulator implements automatic batching of concurrent sends as *group commit*:
 
-* a send whose key (topic, or queue for explicit-queue sends) has fewer than ``max_in_flight_per_queue``
-  requests in flight goes out at once, alone -- one caller never waits for a linger;
-* otherwise it joins the key's pending list and waits;
+* a send whose key (topic, or queue for explicit-queue sends) has nothing in flight goes out at once, alone --
+  one caller never waits for a linger;
+* otherwise it joins the key's pending list and waits; when the pending list has grown to a full batch and
+  fewer than ``max_in_flight_per_queue`` requests are in flight, the newcomer sends it at once (a second
+  request in flight then only carries a full batch: a woken sender that went out alone right after each
+  completion kept batches at a third of their size);
 * when a request completes, its sender takes the pending messages (up to ``batch_max_messages`` /
   ``batch_max_bytes``) as the next batch and hands the lead to the first of them, which sends it and hands on
   in turn. Batches thus grow with concurrency, and each caller gets its own SendResult from the batch's reply.
@@ -75,7 +78,7 @@ class ProducerConfig:
     buffer_max_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)
     """Encoded bytes waiting in the accumulator at most (back-pressure beyond it)."""
     max_in_flight_per_queue: int = attrs.field(default=2, validator=_positive)
-    """Requests in flight per topic (or per explicit queue) before sends start to batch."""
+    """Requests in flight per topic (or per explicit queue) at most; beyond the first, only full batches."""
     close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
     """Bound on waiting for in-flight sends at close."""
 
@@ -144,11 +147,18 @@ class Accumulator:
         st = self._keys.get(key)
         if st is None:
             st = self._keys[key] = _KeyState()
-        if st.in_flight < self._cfg.max_in_flight_per_queue and not st.pending:
+        if st.in_flight == 0 and not st.pending:
             st.in_flight += 1
             return [p]
         st.pending.append(p)
         self.pending_bytes += len(p.item)
+        if st.in_flight < self._cfg.max_in_flight_per_queue and len(st.pending) >= self._cfg.batch_max_messages:
+            st.pending.pop()  # p leads the batch: it must come first
+            self.pending_bytes -= len(p.item)
+            batch = [p]
+            self._fill(st, batch, len(p.item))
+            st.in_flight += 1
+            return batch
         return None
 
     def join_pending(self, key: Hashable, batch: list[Pending]) -> list[Pending]:
