@@ -287,6 +287,10 @@ class BrokerController:
         assert event is not None
         while True:
             await event.wait()
+            # Two loop turns first: I/O that is ready now (the rest of a replication stream, slave acks, send
+            # replies) runs before this CPU-heavy work, so the replication round trip does not wait behind it.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
             event.clear()
             try:
                 while self.store.dispatch_available(DISPATCH_CHUNK_BYTES) > 0:
