@@ -117,30 +117,28 @@ def _batch_rate_threads(p: Producer, msgs: list[Message], seconds: float, thread
 
 def bench_send_batch_sync_vs_async(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bool = False
                                    ) -> list[dict[str, Any]]:
-    """``send_batch`` of 64 x 1 KiB, ASYNC_MASTER vs SYNC_MASTER (each with a slave), from one thread (each send
-    waits out the slave's round trip alone: latency-bound) and from 4 threads sharing a producer (the round trip
-    overlaps other sends, as with RocketMQ's multi-threaded producers the seeds measured: throughput-bound)."""
-    seconds, rounds = (0.7, 2) if quick else (1.5, 4)
+    """``send_batch`` of 64 x 1 KiB, ASYNC_MASTER vs SYNC_MASTER (each with a slave), from 1, 4 and 16 threads
+    sharing one producer, rounds interleaved. A SYNC send waits one more round trip (master -> slave -> master),
+    so with few senders in flight the master idles while waiting and the ratio is latency-bound; with many (as
+    in RocketMQ's own benchmark tool, 64 producer threads by default, where the seeds measured about a 10 %
+    loss) the waits overlap and the ratio shows the extra work. The target row is the 16-thread one."""
+    seconds, rounds = (0.7, 1) if quick else (1.5, 3)
+    rows: list[dict[str, Any]] = []
     with _cluster(tmp_dir, "async", mode="async") as ca, _cluster(tmp_dir, "sync", mode="sync") as cs:
         ta, ts = _topic(ca, 4), _topic(cs, 4)
         with Producer("bench_ha_a", ca.namesrv_addr) as pa, Producer("bench_ha_s", cs.namesrv_addr) as ps:
             ma, ms = [Message(ta, BODY) for _ in range(64)], [Message(ts, BODY) for _ in range(64)]
             _batch_rate(pa, ma, 0.3)
             _batch_rate(ps, ms, 0.3)
-            a1, s1, a4, s4 = [], [], [], []
-            for _ in range(rounds):  # interleaved, so machine noise hits both alike
-                a1.append(_batch_rate(pa, ma, seconds))
-                s1.append(_batch_rate(ps, ms, seconds))
-                a4.append(_batch_rate_threads(pa, ma, seconds, 4))
-                s4.append(_batch_rate_threads(ps, ms, seconds, 4))
-    return [
-        _row("send_batch 64 x 1 KiB, ASYNC_MASTER + slave, 1 thread", max(a1), "msgs/s"),
-        _row("send_batch 64 x 1 KiB, SYNC_MASTER + slave, 1 thread", max(s1), "msgs/s", "same, ASYNC_MASTER",
-             max(a1)),
-        _row("send_batch 64 x 1 KiB, ASYNC_MASTER + slave, 4 threads", max(a4), "msgs/s"),
-        _row("send_batch 64 x 1 KiB, SYNC_MASTER + slave, 4 threads", max(s4), "msgs/s", "same, ASYNC_MASTER",
-             max(a4), "ratio >= 0.85"),
-    ]
+            for threads in (1, 4, 16):
+                a, s = [], []
+                for _ in range(rounds):  # interleaved, so machine noise hits both alike
+                    a.append(_batch_rate_threads(pa, ma, seconds, threads))
+                    s.append(_batch_rate_threads(ps, ms, seconds, threads))
+                rows.append(_row(f"send_batch 64 x 1 KiB, ASYNC_MASTER + slave, {threads} threads", max(a), "msgs/s"))
+                rows.append(_row(f"send_batch 64 x 1 KiB, SYNC_MASTER + slave, {threads} threads", max(s), "msgs/s",
+                                 "same, ASYNC_MASTER", max(a), "ratio >= 0.85" if threads == 16 else ""))
+    return rows
 
 
 def _percentile(values: list[float], q: float) -> float:
