@@ -37,16 +37,18 @@ def step(title: str) -> None:
 
 def produce(namesrv: str, count: int, tag: str) -> tuple[int, float]:
     """Send ``count`` 1 KiB messages in batches of 64 (each batch one request to one queue)."""
-    start = time.perf_counter()
     sent = 0
     with Producer("demo-producer", namesrv) as producer:
+        producer.client.try_to_find_topic_publish_info(TOPIC)  # route lookup outside the timing
+        start = time.perf_counter()
         while sent < count:
             n = min(64, count - sent)
             batch = [Message(TOPIC, f"{tag}-{sent + i}".encode().ljust(1024, b"."), tags=tag, keys=[f"k{sent + i}"])
                      for i in range(n)]
             producer.send_batch(batch)
             sent += n
-    return sent, time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+    return sent, elapsed
 
 
 def drain(consumer: PullConsumer, queues: list[MessageQueue], offsets: dict[MessageQueue, int],
