@@ -8,13 +8,13 @@ Groups are created on first use when ``autoCreateSubscriptionGroup`` is on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from broker.metadata.json_file import JsonFile
+from broker.metadata.versioned import VersionedTable, decode_versioned_table
 from client.protocol.route import DataVersion
 
 __all__ = ["SubscriptionGroupConfig", "SubscriptionGroupManager", "decode_group_table"]
@@ -76,7 +76,7 @@ class SubscriptionGroupConfig:
         return cls(**kwargs)
 
 
-class SubscriptionGroupManager:
+class SubscriptionGroupManager(VersionedTable[SubscriptionGroupConfig]):
     """The broker's subscription groups.
 
     Args:
@@ -86,30 +86,14 @@ class SubscriptionGroupManager:
     """
 
     def __init__(self, config_dir: Path, *, auto_create: bool = True, clock_ms: Callable[[], int]) -> None:
-        self._file = JsonFile(config_dir / "subscriptionGroup.json")
+        super().__init__(config_dir / "subscriptionGroup.json", clock_ms=clock_ms)
         self._auto_create = auto_create
-        self._clock_ms = clock_ms
-        self._table: dict[str, SubscriptionGroupConfig] = {}
-        self.data_version = DataVersion()
 
-    @property
-    def path(self) -> Path:
-        return self._file.path
+    table_key = "subscriptionGroupTable"
 
-    def load(self) -> None:
-        obj = self._file.load()
-        if obj is not None:
-            self._table, self.data_version = decode_group_table(obj)
-
-    def persist(self) -> None:
-        self._file.save(self.to_json())
-
-    def to_json(self) -> dict[str, Any]:
-        return {"dataVersion": self.data_version.to_json(),
-                "subscriptionGroupTable": {n: g.to_json() for n, g in sorted(self._table.items())}}
-
-    def get(self, group: str) -> SubscriptionGroupConfig | None:
-        return self._table.get(group)
+    @classmethod
+    def decode(cls, obj: Mapping[str, Any]) -> tuple[dict[str, SubscriptionGroupConfig], DataVersion]:
+        return decode_group_table(obj)
 
     def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
         """The group's config; created with defaults when absent and auto-creation is on, else None."""
@@ -122,25 +106,7 @@ class SubscriptionGroupManager:
         return g
 
     def update(self, config: SubscriptionGroupConfig) -> None:
-        if self._table.get(config.group_name) != config:
-            self._table[config.group_name] = config
-            self._changed()
-
-    def __iter__(self) -> Iterator[SubscriptionGroupConfig]:
-        return iter(list(self._table.values()))
-
-    def table(self) -> dict[str, SubscriptionGroupConfig]:
-        return dict(self._table)
-
-    def replace_all(self, table: Mapping[str, SubscriptionGroupConfig], version: DataVersion) -> None:
-        """Slave sync: adopt the master's table and version (4.9.3: clear, then put all)."""
-        self._table = dict(table)
-        self.data_version = version
-        self.persist()
-
-    def _changed(self) -> None:
-        self.data_version = self.data_version.next(self._clock_ms())
-        self.persist()
+        self._put(config.group_name, config)
 
 
 def decode_group_table(obj: Mapping[str, Any]) -> tuple[dict[str, SubscriptionGroupConfig], DataVersion]:
@@ -149,16 +115,4 @@ def decode_group_table(obj: Mapping[str, Any]) -> tuple[dict[str, SubscriptionGr
     Raises:
         ValueError: malformed entry (named in the message).
     """
-    raw = obj.get("subscriptionGroupTable")
-    raw = {} if raw is None else raw
-    if not isinstance(raw, Mapping):
-        raise ValueError("subscriptionGroupTable is not an object")
-    table: dict[str, SubscriptionGroupConfig] = {}
-    for name, entry in raw.items():
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"subscriptionGroupTable[{name!r}] is not an object")
-        try:
-            table[str(name)] = SubscriptionGroupConfig.from_json(entry)
-        except ValueError as e:
-            raise ValueError(f"subscriptionGroupTable[{name!r}]: {e}") from None
-    return table, DataVersion.from_json(obj.get("dataVersion"))
+    return decode_versioned_table(obj, SubscriptionGroupManager.table_key, SubscriptionGroupConfig.from_json)

@@ -8,11 +8,11 @@ when ``autoCreateTopicEnable``), ``SCHEDULE_TOPIC_XXXX`` (one queue per delay le
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from broker.metadata.json_file import JsonFile
+from broker.metadata.versioned import VersionedTable, decode_versioned_table
 from client.protocol.codes import Perm
 from client.protocol.route import DataVersion, TopicConfig
 
@@ -28,7 +28,7 @@ SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC, SCHEDULE_TOPIC, OFFSET_MOVED_EVENT
 NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, OFFSET_MOVED_EVENT})
 
 
-class TopicConfigManager:
+class TopicConfigManager(VersionedTable[TopicConfig]):
     """The broker's topics, persisted to ``config_dir/topics.json``.
 
     Args:
@@ -48,58 +48,22 @@ class TopicConfigManager:
         delay_level_count: int = 18,
         clock_ms: Callable[[], int],
     ) -> None:
-        self._file = JsonFile(config_dir / "topics.json")
-        self._clock_ms = clock_ms
-        self._table: dict[str, TopicConfig] = {}
-        self.data_version = DataVersion()
+        super().__init__(config_dir / "topics.json", clock_ms=clock_ms)
         if auto_create_topic_enable:
             n = default_topic_queue_nums
             self._table[AUTO_CREATE_TOPIC] = TopicConfig(AUTO_CREATE_TOPIC, n, n, int(Perm.INHERIT | Perm.READ | Perm.WRITE))
         self._table[SCHEDULE_TOPIC] = TopicConfig(SCHEDULE_TOPIC, delay_level_count, delay_level_count)
         self._table[OFFSET_MOVED_EVENT] = TopicConfig(OFFSET_MOVED_EVENT, 1, 1)
 
-    @property
-    def path(self) -> Path:
-        return self._file.path
+    table_key = "topicConfigTable"
 
-    def load(self) -> None:
-        """Read the file (or its ``.bak``); stored topics override the built-in ones."""
-        obj = self._file.load()
-        if obj is None:
-            return
-        table, version = decode_topic_table(obj)
-        self._table.update(table)
-        self.data_version = version
-
-    def persist(self) -> None:
-        self._file.save(self.to_json())
-
-    def to_json(self) -> dict[str, Any]:
-        return {"dataVersion": self.data_version.to_json(),
-                "topicConfigTable": {name: tc.to_json() for name, tc in sorted(self._table.items())}}
-
-    def get(self, topic: str) -> TopicConfig | None:
-        return self._table.get(topic)
-
-    def __contains__(self, topic: str) -> bool:
-        return topic in self._table
-
-    def __iter__(self) -> Iterator[TopicConfig]:
-        return iter(list(self._table.values()))
-
-    def __len__(self) -> int:
-        return len(self._table)
-
-    def table(self) -> dict[str, TopicConfig]:
-        return dict(self._table)
+    @classmethod
+    def decode(cls, obj: Mapping[str, Any]) -> tuple[dict[str, TopicConfig], DataVersion]:
+        return decode_topic_table(obj)
 
     def update(self, tc: TopicConfig) -> bool:
         """Create or replace one topic; returns True when something changed (then version bumped, persisted)."""
-        if self._table.get(tc.topic_name) == tc:
-            return False
-        self._table[tc.topic_name] = tc
-        self._changed()
-        return True
+        return self._put(tc.topic_name, tc)
 
     def create_in_send(self, topic: str, client_default_queue_nums: int, default_topic_queue_nums: int
                        ) -> TopicConfig | None:
@@ -125,16 +89,6 @@ class TopicConfigManager:
         self._changed()
         return tc
 
-    def replace_all(self, table: Mapping[str, TopicConfig], version: DataVersion) -> None:
-        """Slave sync: adopt the master's table and version (4.9.3: clear, then put all)."""
-        self._table = dict(table)
-        self.data_version = version
-        self.persist()
-
-    def _changed(self) -> None:
-        self.data_version = self.data_version.next(self._clock_ms())
-        self.persist()
-
 
 def decode_topic_table(obj: Mapping[str, Any]) -> tuple[dict[str, TopicConfig], DataVersion]:
     """``topics.json`` / ``GET /topics`` JSON -> (table, version).
@@ -142,14 +96,4 @@ def decode_topic_table(obj: Mapping[str, Any]) -> tuple[dict[str, TopicConfig], 
     Raises:
         ValueError: the object does not have the expected shape (the message names the entry).
     """
-    raw = obj.get("topicConfigTable")
-    raw = {} if raw is None else raw
-    if not isinstance(raw, Mapping):
-        raise ValueError("topicConfigTable is not an object")
-    table: dict[str, TopicConfig] = {}
-    for name, entry in raw.items():
-        try:
-            table[str(name)] = TopicConfig.from_json(entry)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"topicConfigTable[{name!r}] is malformed: {e}") from None
-    return table, DataVersion.from_json(obj.get("dataVersion"))
+    return decode_versioned_table(obj, TopicConfigManager.table_key, TopicConfig.from_json)
