@@ -11,13 +11,14 @@ in sync, ``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``); the replica status
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from broker.durability import await_durability
 from broker.metadata.topics import NOT_ALLOWED_SEND_TOPICS
+from broker.sendback import DLQ_QUEUE_NUMS, RETRY_GROUP_TOPIC_PREFIX, reroute_retry_batch
 from broker.store.api import AppendResult, PutMessageStatus
 from client.errors import (
     BrokerError,
@@ -31,7 +32,7 @@ from client.errors import (
 )
 from client.protocol.asgi import ArgumentError, Request, Response
 from client.protocol.codec import BatchItem, decode_batch, pack_host, record_size
-from client.protocol.codes import BrokerRole, FlushDiskType, Perm, ResponseCode
+from client.protocol.codes import BrokerRole, Perm, ResponseCode
 from client.protocol.properties import WAIT, decode_properties, validate_group, validate_topic
 from client.protocol.route import TopicConfig
 from client.protocol.wire import encode_send_reply
@@ -39,14 +40,11 @@ from client.protocol.wire import encode_send_reply
 if TYPE_CHECKING:
     from broker.controller import BrokerController
 
-__all__ = ["RETRY_GROUP_TOPIC_PREFIX", "SendProcessor", "await_durability"]
+__all__ = ["SendProcessor"]
 
 log = logging.getLogger(__name__)
 
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 _WAIT_FALSE = f"{WAIT}\x01false".encode()
-#: Extra bound on top of the store's / HA's own timeouts, in case one of them never completes its future.
-_WAIT_SLACK_S = 5.0
 _LOOPBACK_HOST = pack_host("127.0.0.1", 0)
 
 _FAILURES: dict[PutMessageStatus, type[BrokerError]] = {
@@ -148,8 +146,6 @@ class SendProcessor:
     def _maybe_dead_letter(self, topic: str, tc: TopicConfig, queue_id: int, items: list[BatchItem],
                            reconsume_times: int) -> tuple[str, TopicConfig, int, list[BatchItem]]:
         """A batch sent straight to ``%RETRY%<group>`` past its retry limit goes to ``%DLQ%<group>`` (8.3)."""
-        from broker.sendback import DLQ_QUEUE_NUMS, reroute_retry_batch  # sendback imports this module
-
         ctrl = self._ctrl
         group = ctrl.groups.find_or_create(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
         max_times = group.retry_max_times if group is not None else 16
@@ -190,49 +186,3 @@ class SendProcessor:
         cls = _FAILURES.get(result.status, BrokerSystemError)
         ctrl.metrics.count_request(cls.code, pull=False)
         raise cls(remark)
-
-
-async def await_durability(ctrl: BrokerController, result: AppendResult) -> ResponseCode:
-    """Wait as the broker's flush / replication mode asks for ``result`` and return the send code.
-
-    SYNC_FLUSH waits for the flush (FLUSH_DISK_TIMEOUT); SYNC_MASTER waits for one slave ack (SLAVE_NOT_AVAILABLE
-    at once when no slave is in sync, FLUSH_SLAVE_TIMEOUT after ``syncFlushTimeout``); the replica status wins
-    when both fail (SEMANTICS.md 2.9.3). Shared by ``/send`` and ``/consumer/sendback``.
-    """
-    cfg = ctrl.config
-    timeout_s = cfg.sync_flush_timeout_ms / 1000.0
-    end = result.end_offset
-    waits: list[asyncio.Future[bool]] = []
-    flush_fut: asyncio.Future[bool] | None = None
-    ack_fut: asyncio.Future[bool] | None = None
-    replica_code = ResponseCode.SUCCESS
-    if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-        flush_fut = asyncio.wrap_future(ctrl.store.flush_future(end))
-        waits.append(flush_fut)
-    if cfg.broker_role is BrokerRole.SYNC_MASTER:
-        if ctrl.ha_service.is_slave_ok(end):
-            ack_fut = ctrl.ha_service.wait_for_ack(end, timeout_s)
-            waits.append(ack_fut)
-        else:
-            replica_code = ResponseCode.SLAVE_NOT_AVAILABLE
-    if waits:
-        await asyncio.wait(waits, timeout=timeout_s + _WAIT_SLACK_S)
-    code = ResponseCode.SUCCESS
-    if flush_fut is not None and not _true(flush_fut):
-        code = ResponseCode.FLUSH_DISK_TIMEOUT
-    if ack_fut is not None and not _true(ack_fut):
-        replica_code = ResponseCode.FLUSH_SLAVE_TIMEOUT
-    if replica_code is not ResponseCode.SUCCESS:
-        code = replica_code
-    if code is not ResponseCode.SUCCESS:
-        log.warning("put ending at offset %d answered %s", end, code.name)
-    return code
-
-
-def _true(fut: asyncio.Future[bool]) -> bool:
-    if not fut.done():
-        fut.cancel()
-        return False
-    if fut.cancelled() or fut.exception() is not None:
-        return False
-    return bool(fut.result())

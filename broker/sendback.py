@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker.send_processor import RETRY_GROUP_TOPIC_PREFIX, await_durability
+from broker.durability import await_durability
 from broker.store.api import PutMessageStatus
 from client.errors import (
     BrokerSystemError,
@@ -69,14 +69,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 #: Queues of a ``%DLQ%`` topic (RocketMQ's ``DLQ_NUMS_PER_GROUP``).
 DLQ_QUEUE_NUMS = 1
 #: Delay level of the first retry minus one: reconsumeTimes 0 -> level 3 (10 s with the default levels).
 RETRY_BASE_DELAY_LEVEL = 3
 _DELAY_KEY = f"{DELAY}\x01".encode()
-#: Extra bound on top of ``syncFlushTimeout`` in case a flush / ack future never completes.
-_WAIT_SLACK_S = 5.0
 
 
 def retry_topic(group: str) -> str:
