@@ -128,6 +128,15 @@ class _ProducerBase:
                 p.result = results[i]
 
 
+def _live_members(batch: list[Pending], topic: str) -> list[Pending]:
+    """The members still within their send timeout; the others get their timeout error now."""
+    now = time.monotonic()
+    for p in batch:
+        if p.deadline <= now:
+            p.error = RequestTimeoutError(f"send to {topic} waited past send_timeout_s in the accumulator")
+    return [p for p in batch if p.deadline > now]
+
+
 class _SendAttempts:
     """The retry loop of one send (SEMANTICS.md 4.6) without its I/O: which queue next, when to stop, what to
     record. The sync and async producers drive it with their own requests."""
@@ -287,11 +296,7 @@ class Producer(SyncLifecycle, _ProducerBase):
               batch: list[Pending]) -> None:
         """Send ``batch``, deliver each member's result, then hand the lead of the next batches on."""
         try:
-            now = time.monotonic()
-            live = [p for p in batch if p.deadline > now]
-            for p in batch:
-                if p.deadline <= now:
-                    p.error = RequestTimeoutError(f"send to {topic} waited past send_timeout_s in the accumulator")
+            live = _live_members(batch, topic)
             if live:
                 body = b"".join(p.item for p in live)
                 try:
@@ -454,11 +459,7 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
     async def _lead(self, client: AsyncClientInstance, key: Hashable, topic: str, fixed: MessageQueue | None,
                     batch: list[Pending]) -> None:
         try:
-            now = time.monotonic()
-            live = [p for p in batch if p.deadline > now]
-            for p in batch:
-                if p.deadline <= now:
-                    p.error = RequestTimeoutError(f"send to {topic} waited past send_timeout_s in the accumulator")
+            live = _live_members(batch, topic)
             if live:
                 body = b"".join(p.item for p in live)
                 try:

@@ -191,6 +191,16 @@ def _origin(request: httpx.Request) -> tuple[str, int]:
     return url.host, url.port or 80
 
 
+def _retry_or_raise(e: _Incomplete, reused: bool, attempt: int, origin: tuple[str, int]) -> None:
+    """Return when the request may go again on a new connection: the server closed an idle keep-alive
+    connection under us before answering anything (first attempt only); else raise."""
+    if reused and not e.got_bytes and attempt == 0:
+        return
+    raise httpx.RemoteProtocolError(
+        f"{origin[0]}:{origin[1]} closed the connection without a complete response"
+    ) from None
+
+
 # --- sync ------------------------------------------------------------------------------------------------
 
 
@@ -355,11 +365,8 @@ class SyncTransport(httpx.BaseTransport):
                 parser = conn.roundtrip(head, body, timeouts, no_body)
             except _Incomplete as e:
                 self._put_back(pool, conn, False)
-                if reused and not e.got_bytes and attempt == 0:
-                    continue  # the server closed an idle keep-alive connection under us
-                raise httpx.RemoteProtocolError(
-                    f"{origin[0]}:{origin[1]} closed the connection without a complete response"
-                ) from None
+                _retry_or_raise(e, reused, attempt, origin)
+                continue
             except BaseException:
                 self._put_back(pool, conn, False)
                 raise
@@ -557,11 +564,8 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 parser = await conn.roundtrip(head, body, timeouts, no_body)
             except _Incomplete as e:
                 self._put_back(pool, conn, False)
-                if reused and not e.got_bytes and attempt == 0:
-                    continue
-                raise httpx.RemoteProtocolError(
-                    f"{origin[0]}:{origin[1]} closed the connection without a complete response"
-                ) from None
+                _retry_or_raise(e, reused, attempt, origin)
+                continue
             except BaseException:
                 self._put_back(pool, conn, False)
                 raise
