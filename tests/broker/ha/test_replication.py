@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import pytest
+import uvloop
 
 from broker.ha import HAClient, HAConfig, HAService
 from broker.ha.memlog import MemoryCommitLog
@@ -422,7 +423,6 @@ def test_wait_for_ack_bound_and_cancellation(run: Run, stores: Callable[[str], A
 
 def test_replication_on_uvloop(kind: Any, stores: Callable[[str], Any], fast_config: HAConfig) -> None:
     """The broker may run on uvloop: the raw-socket channel must work there too."""
-    uvloop = pytest.importorskip("uvloop")
     master, slave = stores("master"), stores("slave")
     kind.write(master, 100, 1000)
     start = last_file_start(master)
