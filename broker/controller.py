@@ -300,6 +300,22 @@ class BrokerController:
                 await asyncio.sleep(1.0)  # back-off before the retry, not a synchronisation
                 event.set()
 
+    def catch_up_dispatch(self, max_bytes: int = 8 * DISPATCH_CHUNK_BYTES) -> bool:
+        """Dispatch what is pending now, up to ``max_bytes``; True when nothing is left behind.
+
+        The pull path calls this before answering "no message", so a message whose send returned is visible
+        to the next pull (read-your-writes) even when the dispatch task has not had its turn yet. It runs on
+        the loop thread, as the dispatch task does, so the two never overlap.
+        """
+        store = self.store
+        done = 0
+        while done < max_bytes:
+            step = store.dispatch_available(DISPATCH_CHUNK_BYTES)
+            if step == 0:
+                return True
+            done += step
+        return store.dispatch_behind_bytes == 0
+
     def notify_appended(self) -> None:
         """Called by the send path after a successful append (wakes the HA transfer loops)."""
         self.put_rate.add(1)

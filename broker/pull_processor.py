@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from broker.read_split import code_for_status, decide_pull_route, rewrite_offset_moved
-from broker.store.api import GetMessageResult, TagFilter
+from broker.store.api import GetMessageResult, GetMessageStatus, TagFilter
 from broker.tag_filter import build_tag_filter
 from client.errors import (
     InvalidParameterError,
@@ -42,6 +42,11 @@ INT64_MAX = 2**63 - 1
 DEFAULT_SUSPEND_TIMEOUT_MS = 15_000
 #: Default of ``maxBytes``: RocketMQ 5's ``maxTotalMsgSize`` (the store's own batch limits apply first).
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
+#: Store answers that may only mean "the dispatcher has not reached it yet".
+_AT_QUEUE_END = frozenset({
+    GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+    GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MATCHED_MESSAGE,
+})
 
 
 def checked_name(kind: str, value: str) -> str:
@@ -171,6 +176,10 @@ class PullProcessor:
             )
         result: GetMessageResult = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums,
                                                      req.max_bytes, tag_filter)
+        if result.status in _AT_QUEUE_END and store.dispatch_behind_bytes > 0:
+            ctrl.catch_up_dispatch()  # a stored message not yet in its queue must not read as "no message"
+            result = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums, req.max_bytes,
+                                       tag_filter)
         ctrl.last_pulls.record(req.group, req.topic, req.queue_id, ctrl.now_ms())
         suggest = decide_pull_route(
             is_slave=cfg.is_slave, slave_read_enable=cfg.slave_read_enable, master_link_up=ctrl.master_link_up(),

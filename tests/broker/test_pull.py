@@ -236,6 +236,32 @@ def test_offset_moved_on_slave_becomes_retry(tmp_path: Path) -> None:
 SUSPEND = int(PullSysFlag.SUSPEND)
 
 
+def test_a_stored_but_undispatched_message_is_pulled_not_reported_missing(tmp_path: Path) -> None:
+    """Read-your-writes: the pull path dispatches what is pending before it answers "no message"."""
+
+    async def scenario(ctrl: Any, client: Any) -> None:
+        await put(ctrl, client, n=1)
+        ctrl.store.append_listeners.clear()  # the dispatch task is never woken again: dispatch is left to pulls
+        for i in range(3):
+            body = encode_batch([Message("T", b"fresh%d" % i)], born_timestamp_ms=1)
+            r = await client.post("/send", params={"topic": "T", "queueId": 0 if i < 2 else 3}, content=body)
+            assert r.status_code == 200, r.text
+        assert ctrl.store.dispatch_behind_bytes > 0
+        r = await client.get("/offset/max", params={"topic": "T", "queueId": 0})
+        assert r.json() == {"offset": 3}  # /offset/max dispatched what was pending
+        body = encode_batch([Message("T", b"fresh-q1")], born_timestamp_ms=1)
+        assert (await client.post("/send", params={"topic": "T", "queueId": 1}, content=body)).status_code == 200
+        head, msgs = await pull(client, 1)
+        assert (head.code, head.next_begin_offset, [m.body for m in msgs]) == (C.SUCCESS, 3, [b"fresh0", b"fresh1"])
+        head, msgs = await pull(client, 0, queue_id=3)  # a queue that did not exist before the send
+        assert (head.code, [m.body for m in msgs]) == (C.SUCCESS, [b"fresh2"])
+        head, msgs = await pull(client, 0, queue_id=1)
+        assert [m.body for m in msgs] == [b"fresh-q1"]
+        assert ctrl.store.dispatch_behind_bytes == 0
+
+    run_with_broker(tmp_path, scenario)
+
+
 def test_long_poll_woken_by_new_message(tmp_path: Path) -> None:
     async def scenario(ctrl: Any, client: Any) -> None:
         await put(ctrl, client, n=1)
