@@ -19,7 +19,7 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 
-__all__ = ["SocketChannel", "advance_buffers"]
+__all__ = ["Buffer", "SocketChannel", "advance_buffers"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,30 @@ class SocketChannel:
             self.close(str(exc))
 
     # writing --------------------------------------------------------------------------------------------
+    @property
+    def is_writing(self) -> bool:
+        """A :meth:`send_all` is waiting for socket space, or :meth:`send_nowait` bytes are queued."""
+        return self._write_waiter is not None or bool(self._backlog)
+
+    def send_some(self, bufs: Sequence[Buffer]) -> list[Buffer]:
+        """Send what the socket takes now, without waiting; return the part not sent (views, no copies).
+
+        Only when not :attr:`is_writing` (the bytes would overtake queued ones). A failed write closes the
+        channel and returns ``[]`` (the closed future says why).
+        """
+        if self.is_writing:
+            raise RuntimeError(f"{self.name}: send_some while a write is pending")
+        if self.closed.done():
+            return []
+        try:
+            sent = self._sock.sendmsg(bufs)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self.close(f"write failed: {exc}")
+            return []
+        return advance_buffers(bufs, sent)
+
     async def send_all(self, bufs: Sequence[Buffer]) -> None:
         """Send every byte of ``bufs`` in order, waiting for socket space as needed (no copies).
 

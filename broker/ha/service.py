@@ -7,8 +7,11 @@ under the GIL). Per slave connection:
 * the socket's reader callback parses offset reports and feeds :class:`ReplicationState`; an ack completes the
   ``wait_for_ack`` futures it covers right there (no polling);
 * one writer task streams ``[phyOffset][size] + body`` frames, several per ``sendmsg``, and when caught up waits
-  on an event set by :meth:`HAService.notify_new_data` (bounded by the heartbeat interval, after which an idle
-  link gets a heartbeat frame).
+  on an event (bounded by the heartbeat interval, after which an idle link gets a heartbeat frame);
+* while the writer waits, :meth:`HAService.notify_new_data` sends an append's frames itself, from the send
+  request (``push_now``): the SYNC_MASTER ack round trip starts before the loop runs the other requests that
+  are ready, which measured about +10 points of sync/async throughput ratio. What the socket does not take
+  is carried over to the writer, which sends it first.
 
 One housekeeping task per service drops slaves that sent nothing for ``ha_housekeeping_interval_ms``.
 """
@@ -24,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.ha.channel import SocketChannel
+from broker.ha.channel import Buffer, SocketChannel
 from broker.ha.config import HAConfig
 from broker.ha.progress import (
     AckWaiter,
@@ -68,6 +71,11 @@ class _SlaveConnection:
         self.new_data = asyncio.Event()
         self.first_report = asyncio.Event()
         self.speed_bytes_per_s = 0.0
+        self.sent_to = 0
+        """Commit-log offset up to which frames were handed to the socket."""
+        self.last_write = 0.0
+        self._idle = False  # the writer task is caught up and waiting for new data
+        self._carry: list[Buffer] = []
         self._speed_mark = (self.last_read_ms, 0)
         self._reports = ReportDecoder()
         self._rbuf = memoryview(bytearray(_MASTER_READ_BUFFER_BYTES))
@@ -110,33 +118,39 @@ class _SlaveConnection:
     async def _stream(self) -> None:
         svc = self.service
         cfg, loop = svc._config, svc._require_loop()
-        next_offset = svc._start_offset(self.progress.request_offset)
+        self.sent_to = svc._start_offset(self.progress.request_offset)
         log.info("ha-transfer->%s: first report %d, streaming from %d", self.addr, self.progress.request_offset,
-                 next_offset)
+                 self.sent_to)
         heartbeat_s = cfg.ha_send_heartbeat_interval_ms / 1000.0
-        last_write = loop.time()
+        self.last_write = loop.time()
         while True:
             # Clear before looking for data: an append after this point sets the event again.
             self.new_data.clear()
-            sent_to = await self._send_available(next_offset)
-            if sent_to > next_offset:
-                next_offset = sent_to
-                last_write = loop.time()
+            if self._carry:  # the unsent tail of a frame push_now started
+                carry, self._carry = self._carry, []
+                await self.channel.send_all(carry)
+                self.last_write = loop.time()
                 continue
-            self._warn_if_unservable(next_offset)
-            idle_s = loop.time() - last_write
+            if await self._send_available():
+                self.last_write = loop.time()
+                continue
+            self._warn_if_unservable(self.sent_to)
+            idle_s = loop.time() - self.last_write
             if idle_s >= heartbeat_s:
-                await self.channel.send_all([encode_frame_header(next_offset, 0)])
-                last_write = loop.time()
+                await self.channel.send_all([encode_frame_header(self.sent_to, 0)])
+                self.last_write = loop.time()
                 continue
+            self._idle = True  # push_now may send from here on
             try:
                 await asyncio.wait_for(self.new_data.wait(), heartbeat_s - idle_s)
             except TimeoutError:
                 pass
+            finally:
+                self._idle = False
 
-    async def _send_available(self, offset: int) -> int:
-        """Send every frame available from ``offset`` up to ``ha_send_gather_bytes`` in one ``sendmsg``; return
-        the offset after the last byte sent (``offset`` when nothing was available)."""
+    def _frames(self, offset: int) -> tuple[list[bytes | memoryview], int]:
+        """Frames of every byte available from ``offset``, up to ``ha_send_gather_bytes``, and their payload
+        size (0 when nothing is available)."""
         cfg, store = self.service._config, self.service._store
         bufs: list[bytes | memoryview] = []
         total = 0
@@ -148,11 +162,36 @@ class _SlaveConnection:
             bufs.append(FRAME_HEADER.pack(offset + total, size))
             bufs.append(data[:size] if size < len(data) else data)
             total += size
-        if not bufs:
-            return offset
+        return bufs, total
+
+    async def _send_available(self) -> bool:
+        """Send the frames available from ``sent_to`` in one ``sendmsg``; False when there were none."""
+        bufs, total = self._frames(self.sent_to)
+        if not total:
+            return False
         await self.channel.send_all(bufs)
+        self.sent_to += total
         self.progress.transferred_bytes += total
-        return offset + total
+        return True
+
+    def push_now(self) -> None:
+        """New bytes were appended (loop thread): when the writer is idle, send them from here, now.
+
+        The SYNC_MASTER round trip starts at once instead of after every request already queued in this loop
+        turn has run. What the socket does not take now is left to the writer task, which goes on with it.
+        """
+        if not self._idle or self._carry or self.channel.is_writing:
+            self.new_data.set()
+            return
+        bufs, total = self._frames(self.sent_to)
+        if not total:
+            return
+        self._carry = self.channel.send_some(bufs)
+        self.sent_to += total
+        self.progress.transferred_bytes += total
+        self.last_write = self.service._require_loop().time()
+        if self._carry or total >= self.service._config.ha_send_gather_bytes:
+            self.new_data.set()  # the writer sends the rest
 
     def _warn_if_unservable(self, next_offset: int) -> None:
         """Nothing to send: say so once when that is because the slave wants bytes the master does not have
@@ -266,8 +305,8 @@ class HAService:
             loop.call_soon_threadsafe(self._wake_writers)
 
     def _wake_writers(self) -> None:
-        for conn in self._conns.values():
-            conn.new_data.set()
+        for conn in list(self._conns.values()):
+            conn.push_now()
 
     def is_slave_ok(self, master_put_where: int) -> bool:
         """SEMANTICS 2.8: a slave is connected and ``master_put_where - push2SlaveMaxOffset < haMaxGapNotInSync``."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -469,5 +470,94 @@ def test_notify_new_data_from_another_thread(run: Run) -> None:
             assert await service.wait_for_ack(end, 3.0) is True
             service.notify_new_data()  # no connections waiting: harmless
         service.notify_new_data()  # after stop: a no-op
+
+    run(scenario())
+
+
+def _writers_idle(service: HAService) -> bool:
+    return bool(service._conns) and all(c._idle for c in service._conns.values())
+
+
+def _read_frames(sock: socket.socket, begin: int, end: int) -> bytes:
+    """Blocking reads of the data frames from ``begin`` until ``end``; fails on a gap or the socket timeout."""
+    decoder = FrameDecoder(1 << 22)
+    out = bytearray()
+    pos = begin
+    while pos < end:
+        for frame in decoder.feed(memoryview(sock.recv(1 << 20))):
+            if frame.body:
+                assert frame.phy_offset == pos, f"frame at {frame.phy_offset}, expected {pos}"
+                out += frame.body
+                pos += len(frame.body)
+    return bytes(out)
+
+
+def test_an_append_is_sent_to_an_idle_slave_before_the_loop_turns(
+    run: Run, kind: Any, stores: Callable[[str], Any]
+) -> None:
+    """The SYNC_MASTER round trip starts inside the append: the bytes are on the wire while this coroutine still
+    holds the loop, so the writer task cannot have sent them."""
+    config = HAConfig(ha_send_heartbeat_interval_ms=60_000, ha_housekeeping_interval_ms=120_000)
+    master = stores("master")
+    begin = kind.write(master, 5, 500)
+
+    async def scenario() -> None:
+        async with master_service(master, config) as service:
+            with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
+                sock.sendall(encode_report(begin))
+                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
+                end = kind.write(master, 3, 1000)
+                sock.settimeout(2.0)  # blocking the loop: only a send made inside the append can arrive
+                assert _read_frames(sock, begin, end) == kind.read_range(master, begin, end)
+
+    run(scenario())
+
+
+def test_a_push_the_socket_cannot_take_whole_is_finished_by_the_writer_in_order(
+    run: Run, kind: Any, stores: Callable[[str], Any]
+) -> None:
+    """Tiny socket buffers and a slave that does not read: pushes are cut short; the stream stays contiguous."""
+    config = HAConfig(ha_send_heartbeat_interval_ms=60_000, ha_housekeeping_interval_ms=120_000)
+    master = stores("master")
+    begin = kind.write(master, 2, 500)
+
+    async def scenario() -> None:
+        async with master_service(master, config) as service:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", service.port))
+            with sock:
+                sock.sendall(encode_report(begin))
+                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
+                conn = next(iter(service._conns.values()))
+                conn.channel._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                cut_short = []
+                send_some = conn.channel.send_some
+
+                def recording(bufs: Any) -> Any:
+                    rest = send_some(bufs)
+                    cut_short.append(bool(rest))
+                    return rest
+
+                conn.channel.send_some = recording  # type: ignore[method-assign]
+                for _ in range(20):
+                    kind.write(master, 4, 1000)
+                    await asyncio.sleep(0)
+                end = master.max_physical_offset
+                assert any(cut_short), "no push was cut short: the test did not exercise the carry"
+                sock.setblocking(False)
+                loop = asyncio.get_running_loop()
+                got = bytearray()
+                decoder = FrameDecoder(1 << 22)
+                pos = begin
+                while pos < end:
+                    data = await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), DEADLINE_S)
+                    assert data, "master closed the connection"
+                    for frame in decoder.feed(memoryview(data)):
+                        if frame.body:
+                            assert frame.phy_offset == pos, f"frame at {frame.phy_offset}, expected {pos}"
+                            got += frame.body
+                            pos += len(frame.body)
+                assert bytes(got) == kind.read_range(master, begin, end)
 
     run(scenario())
