@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile
@@ -22,10 +23,12 @@ SIZE = 4096
 
 
 class Checkpoint:
-    """In-memory values; :meth:`flush` writes and msyncs them."""
+    """In-memory values; :meth:`flush` writes and msyncs them (callable from several threads: the flush
+    thread, and a truncation on the loop thread)."""
 
     def __init__(self, io: FileIO, path: str) -> None:
         self.mf = MappedFile.open(io, path, 0, SIZE, create=True)
+        self._lock = threading.Lock()
         (self.physic_ts, self.logics_ts, self.index_ts, self.flushed_offset,
          self.confirm_offset) = _FIELDS.unpack_from(self.mf.mm, 0)
 
@@ -38,11 +41,12 @@ class Checkpoint:
 
     def flush(self) -> None:
         mf = self.mf
-        if mf.closed:
-            return
-        mf.write(0, _FIELDS.pack(self.physic_ts, self.logics_ts, self.index_ts, self.flushed_offset,
-                                 self.confirm_offset))
-        mf.io.flush(mf.mm, mf.path, 0, SIZE)
+        with self._lock:  # the values are read inside: the last flush to finish writes the latest ones
+            if mf.closed:
+                return
+            mf.write(0, _FIELDS.pack(self.physic_ts, self.logics_ts, self.index_ts, self.flushed_offset,
+                                     self.confirm_offset))
+            mf.io.flush(mf.mm, mf.path, 0, SIZE)
 
     def close(self) -> None:
         self.mf.close()

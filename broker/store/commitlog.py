@@ -381,21 +381,36 @@ class CommitLog:
     # -- flush ------------------------------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> int:
         """msync written bytes; with ``least_pages`` skip the last file when fewer dirty pages. Returns the
-        flushed offset."""
+        flushed offset.
+
+        The msync runs without ``lock``: it waits for the disk, and the writer takes the lock to add a file at
+        a roll, so holding it would stall the put path for the whole disk write. The ranges are taken under the
+        lock; a range is only marked flushed when nothing truncated the file meanwhile.
+        """
         with self.lock:
             files = self.files
             if not files:
                 self.flushed_where = self._base
                 return self._base
             last = files[-1]
+            todo: list[tuple[MappedFile, int, int]] = []
             for mf in files:
                 if mf.flushed >= mf.wrote:
                     continue
                 if least_pages and mf is last and (mf.wrote >> 12) - (mf.flushed >> 12) < least_pages:
                     break
-                mf.flush()
+                todo.append((mf, mf.flushed, mf.wrote))
+        for mf, begin, end in todo:
+            try:
+                mf.io.flush(mf.mm, mf.path, begin, end)
+            except ValueError:  # closed meanwhile (deleted or truncated away)
+                continue
+        with self.lock:
+            for mf, begin, end in todo:
+                if not mf.closed and mf.flushed == begin:
+                    mf.flushed = min(end, mf.wrote)
             where = self.max_offset
-            for mf in files:
+            for mf in self.files:
                 if mf.flushed < mf.wrote:
                     where = mf.start + mf.flushed
                     break

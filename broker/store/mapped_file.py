@@ -97,10 +97,12 @@ class MappedFile:
 
     def flush(self, upto: int | None = None) -> int:
         """msync up to ``upto`` (default: the write position); returns the flushed position."""
+        begin = self.flushed
         target = self.wrote if upto is None else upto
-        if target > self.flushed and not self.closed:
-            self.io.flush(self.mm, self.path, self.flushed, target)
-            self.flushed = target
+        if target > begin and not self.closed:
+            self.io.flush(self.mm, self.path, begin, target)
+            if self.flushed == begin:  # else a truncation reset it while the msync ran (no lock held)
+                self.flushed = target
         return self.flushed
 
     def close(self) -> None:

@@ -141,3 +141,46 @@ def test_truncate_drops_bytes_and_queue_units(make_store: StoreFactory) -> None:
     assert store.look_message_by_offset(cut) is None
     r = store.append_batch("T", 0, batch("T", 1), born_host=BORN_HOST)
     assert r.queue_offset == 80 and r.wrote_offset == cut
+
+
+def test_appends_and_a_file_roll_go_on_while_a_flush_waits_for_the_disk(make_store: StoreFactory) -> None:
+    """The msync runs without the commit log's lock: a slow disk must not stall the put path at a roll."""
+    import threading
+
+    from broker.store.io import FileIO
+
+    class SlowDisk(FileIO):
+        def __init__(self) -> None:
+            self.in_flush = threading.Event()
+            self.release = threading.Event()
+
+        def flush(self, mm, path, start, end) -> None:  # type: ignore[no-untyped-def]
+            if "commitlog" in path:
+                self.in_flush.set()
+                assert self.release.wait(20), "the test never released the flush"
+            super().flush(mm, path, start, end)
+
+    io = SlowDisk()
+    store = make_store(io=io, start=False)  # no flush thread: the test drives the one flush
+    first = store.append_batch("T", 0, batch("T", 1, body=b"a" * 1000), born_host=BORN_HOST)
+    flusher = threading.Thread(target=store.commitlog.flush)
+    flusher.start()
+    try:
+        assert io.in_flush.wait(10)
+
+        def fill_past_a_roll() -> None:
+            n = 1
+            while store.max_physical_offset < FILE + 1:
+                r = store.append_batch("T", 0, batch("T", 1, body=b"a" * 1000, start=n), born_host=BORN_HOST)
+                assert r.status is PutMessageStatus.PUT_OK
+                n += 1
+
+        writer = threading.Thread(target=fill_past_a_roll)
+        writer.start()
+        writer.join(10)
+        assert not writer.is_alive(), "the put path waited for the flush's msync"
+        assert len(store.commitlog.files) == 2
+    finally:
+        io.release.set()
+        flusher.join(10)
+    assert store.commitlog.flushed_where == first.end_offset  # what was there when the flush began

@@ -70,3 +70,69 @@ def test_sync_flush_times_out_with_false(make_store: StoreFactory) -> None:
     assert fut.result(timeout=5) is False
     assert time.monotonic() - t0 < 1.2, "the watcher must not wait for the slow fsync"
     io.fsync_delay_s = 0.0
+
+
+def test_flush_calls_libc_msync_which_runs_without_the_gil(tmp_path, monkeypatch) -> None:
+    """CPython 3.11's ``mmap.flush`` holds the GIL for the whole disk write (the broker's loop froze ~100 ms per
+    periodic flush); a ctypes call to libc releases it. The flush must go through libc, over the right range."""
+    import mmap
+    import os
+
+    from broker.store import io as store_io
+
+    assert store_io._libc_msync is not None, "libc msync not found on this POSIX system"
+    calls: list[tuple[int, int]] = []
+    real = store_io._libc_msync
+
+    def spy(addr: int, length: int, flags: int) -> int:
+        calls.append((addr, length))
+        return real(addr, length, flags)
+
+    monkeypatch.setattr(store_io, "_libc_msync", spy)
+    path = tmp_path / "f"
+    size = 4 * mmap.PAGESIZE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(fd, size)
+    mm = mmap.mmap(fd, size)
+    try:
+        mm[mmap.PAGESIZE + 10:mmap.PAGESIZE + 15] = b"hello"
+        store_io.FileIO().flush(mm, str(path), mmap.PAGESIZE + 10, mmap.PAGESIZE + 15)
+        assert [length for _, length in calls] == [15]  # from the page start to the end
+        assert os.pread(fd, 5, mmap.PAGESIZE + 10) == b"hello"
+        mm.close()  # the buffer export of the call is gone: the map closes
+    finally:
+        os.close(fd)
+
+
+def test_prefault_calls_libc_madvise_step_by_step_and_stops_at_a_closed_map(tmp_path, monkeypatch) -> None:
+    """Populating pages goes through libc (the GIL is free meanwhile), 1 MiB at a time, and ends quietly once
+    the map is closed."""
+    import mmap
+    import os
+
+    from broker.store import io as store_io
+
+    assert store_io._libc_madvise is not None, "libc madvise not found on this POSIX system"
+    real = store_io._libc_madvise
+    lengths: list[int] = []
+    path = tmp_path / "f"
+    size = 3 * (1 << 20) + mmap.PAGESIZE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(fd, size)
+    mm = mmap.mmap(fd, size)
+
+    def spy(addr: int, length: int, advice: int) -> int:
+        lengths.append(length)
+        return real(addr, length, advice)
+
+    monkeypatch.setattr(store_io, "_libc_madvise", spy)
+    try:
+        store_io.prefault(mm, 10, size)
+        # Kernels before 5.14 refuse MADV_POPULATE_WRITE: one refused call, then it stops.
+        assert lengths in ([1 << 20] * 3 + [mmap.PAGESIZE], [1 << 20]), lengths
+        mm.close()
+        lengths.clear()
+        store_io.prefault(mm, 0, size)  # closed: nothing, no error
+        assert lengths == []
+    finally:
+        os.close(fd)
