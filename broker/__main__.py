@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import json
 import logging
@@ -187,6 +188,7 @@ async def run_broker(config: BrokerConfig) -> int:
     server = _Server(uv_config)
     serve_task = loop.create_task(server.serve(sockets=[sock]), name="http")
     await _wait_started(server, serve_task)
+    _freeze_startup_objects()
     print(f"broker ready name={config.broker_name} id={config.broker_id} role={config.broker_role.value} "
           f"listen={addr} ha={ctrl.ha_addr}", flush=True)
     stop_wait = loop.create_task(stop.wait())
@@ -201,6 +203,17 @@ async def run_broker(config: BrokerConfig) -> int:
     stop_wait.cancel()
     await ctrl.stop()
     return 0
+
+
+def _freeze_startup_objects() -> None:
+    """Move everything allocated so far (modules, classes, config, metadata) out of the collector's sight.
+
+    Those ~45,000 objects live as long as the process, and every full collection walked them all: 20-60 ms
+    with the event loop stopped, a dozen times in ten seconds at full load, while finding nothing to free.
+    Garbage made later is still collected.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
