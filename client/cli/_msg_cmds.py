@@ -176,8 +176,7 @@ def _produce_generated(args: argparse.Namespace, producer: Producer, out: Output
         gen.stop.set()
         for t in gen.threads:  # each in-flight send ends within its send timeout
             t.join(2 * args.timeout)
-    if interrupted or gen.error is not None:
-        out.progress(f"sent {gen.sent}/{args.count}")
+    out.progress(f"sent {gen.sent}/{args.count}")  # the final count: the last threads may end between two lines
     out.end_progress()
     secs = max(time.monotonic() - started, 1e-9)
     rate = gen.sent / secs
