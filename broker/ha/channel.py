@@ -131,6 +131,17 @@ class SocketChannel:
         """A :meth:`send_all` is waiting for socket space, or :meth:`send_nowait` bytes are queued."""
         return self._write_waiter is not None or bool(self._backlog)
 
+    def _sendmsg(self, bufs: Sequence[Buffer]) -> int:
+        """One non-blocking ``sendmsg``: the bytes the kernel took, or -1 when the write failed (the channel is
+        closed then, with the reason)."""
+        try:
+            return self._sock.sendmsg(bufs)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            self.close(f"write failed: {exc}")
+            return -1
+
     def send_some(self, bufs: Sequence[Buffer]) -> list[Buffer]:
         """Send what the socket takes now, without waiting; return the part not sent (views, no copies).
 
@@ -141,14 +152,8 @@ class SocketChannel:
             raise RuntimeError(f"{self.name}: send_some while a write is pending")
         if self.closed.done():
             return []
-        try:
-            sent = self._sock.sendmsg(bufs)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError as exc:
-            self.close(f"write failed: {exc}")
-            return []
-        return advance_buffers(bufs, sent)
+        sent = self._sendmsg(bufs)
+        return advance_buffers(bufs, sent) if sent >= 0 else []
 
     async def send_all(self, bufs: Sequence[Buffer]) -> None:
         """Send every byte of ``bufs`` in order, waiting for socket space as needed (no copies).
@@ -160,13 +165,9 @@ class SocketChannel:
         while pending:
             if self.closed.done():
                 raise ConnectionResetError(f"{self.name}: {self.close_reason}")
-            try:
-                sent = self._sock.sendmsg(pending)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                self.close(f"write failed: {exc}")
-                raise ConnectionResetError(f"{self.name}: write failed: {exc}") from exc
+            sent = self._sendmsg(pending)
+            if sent < 0:
+                raise ConnectionResetError(f"{self.name}: {self.close_reason}")
             pending = advance_buffers(pending, sent)
             if pending:
                 await self._wait_writable()
