@@ -7,17 +7,9 @@ from concurrent.futures import wait
 
 from broker.store.io import FaultyIO
 from client.protocol.codes import FlushDiskType
+from tests.waiting import poll_until
 
 from .conftest import BORN_HOST, StoreFactory, batch
-
-
-def _poll(pred, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
 
 
 def test_async_flush_future_is_already_done(make_store: StoreFactory) -> None:
@@ -30,20 +22,32 @@ def test_async_flush_future_is_already_done(make_store: StoreFactory) -> None:
 def test_async_flush_thread_flushes_and_updates_checkpoint(make_store: StoreFactory) -> None:
     store = make_store(flush_commitlog_least_pages=0)
     r = store.append_batch("T", 0, batch("T", 3), born_host=BORN_HOST)
-    assert _poll(lambda: store.flushed_physical_offset == r.end_offset), store.flushed_physical_offset
+    poll_until(lambda: store.flushed_physical_offset == r.end_offset, 5, "the flush thread flushing the append")
     cp = store.checkpoint
     assert cp is not None
-    assert _poll(lambda: cp.flushed_offset == r.end_offset and cp.physic_ts > 0)
+    poll_until(lambda: cp.flushed_offset == r.end_offset and cp.physic_ts > 0, 5, "the checkpoint update")
 
 
 def test_async_flush_waits_for_least_pages(make_store: StoreFactory) -> None:
-    io = FaultyIO()
-    store = make_store(io=io, flush_commitlog_least_pages=4, flush_commitlog_thorough_interval_ms=60_000)
+    """Fewer dirty pages than ``flushCommitLogLeastPages``: the flush thread takes its turns and flushes nothing;
+    enough pages: the next turn flushes them."""
+    store = make_store(io=FaultyIO(), flush_commitlog_least_pages=4, flush_commitlog_thorough_interval_ms=60_000)
+    turns: list[tuple[int, int]] = []  # (least_pages asked, flushed offset after the turn)
+    real_flush = store.commitlog.flush
+
+    def counted(least_pages: int = 0) -> int:
+        flushed = real_flush(least_pages)
+        turns.append((least_pages, flushed))
+        return flushed
+
+    store.commitlog.flush = counted  # type: ignore[method-assign]  # the flush thread looks it up per turn
     store.append_batch("T", 0, batch("T", 1), born_host=BORN_HOST)
-    time.sleep(0.2)  # several flush intervals (20 ms) pass without 4 dirty pages
-    assert store.flushed_physical_offset == 0
+    seen = len(turns)
+    poll_until(lambda: len(turns) >= seen + 3, 5, "three turns of the flush thread after the append")
+    assert all(least == 4 for least, _ in turns), turns
+    assert store.flushed_physical_offset == 0 and all(flushed == 0 for _, flushed in turns[seen:]), turns
     r = store.append_batch("T", 0, batch("T", 40, body=b"p" * 500), born_host=BORN_HOST)
-    assert _poll(lambda: store.flushed_physical_offset == r.end_offset)
+    poll_until(lambda: store.flushed_physical_offset == r.end_offset, 5, "the flush of 4+ dirty pages")
 
 
 def test_sync_flush_group_commit_shares_flushes(make_store: StoreFactory) -> None:
