@@ -35,6 +35,7 @@ from tests.broker.delay_support import (
     put_delayed,
     read_all,
 )
+from tests.waiting import wait_until
 
 LEVELS_MS = (1000, 2000, 3000)
 
@@ -382,43 +383,42 @@ def test_start_twice_and_stop_twice(tmp_path: Path, clock: FakeClock, store: Fil
 
 
 def test_notify_from_another_thread_wakes_the_task(tmp_path: Path, clock: FakeClock, store: FileMessageStore) -> None:
-    async def main() -> int:
-        svc, _ = make_service(store, tmp_path, clock, max_wait_ms=60_000)
+    """The task asleep for its 60 s bound is woken by a dispatch notification from another thread."""
+    async def main() -> None:
+        delivered = asyncio.Event()
+        svc, _ = make_service(store, tmp_path, clock, max_wait_ms=60_000, on_put=lambda *_: delivered.set())
         await svc.start()
         try:
-            await asyncio.sleep(0.05)  # let the first pass run and go to sleep for the 60 s bound
-            assert svc.wait_ms() == 60_000
+            await wait_until(lambda: svc.wait_ms() == 60_000, 5, "the first pass, then a sleep for the 60 s bound")
             put(store, "T", b"x", level=1, props={UNIQ_KEY: "n1"})
             clock.advance(1000)
             await asyncio.to_thread(drain, store)  # the listener fires in a worker thread
-            deadline = time.monotonic() + 5
-            while svc.delivered == 0 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            return svc.delivered
+            await asyncio.wait_for(delivered.wait(), 5)  # long before the 60 s bound: the notification woke it
+            assert svc.delivered == 1
         finally:
             await svc.stop()
 
-    assert asyncio.run(main()) == 1
+    asyncio.run(main())
 
 
 def test_bounded_wait_finds_units_without_a_notification(tmp_path: Path, clock: FakeClock,
                                                          store: FileMessageStore) -> None:
     """A lost dispatch notification costs at most ``max_wait_ms``, not the message."""
-    async def main() -> int:
+    async def main() -> None:
+        delivered = asyncio.Event()
         offsets_only = make_service(store, tmp_path, clock, max_wait_ms=50)[0]
         svc = ScheduleMessageService(store, offsets_only._offsets, delay_levels_ms=LEVELS_MS, clock_ms=clock,
-                                     max_wait_ms=50)  # not wired to the dispatch listener
+                                     max_wait_ms=50, on_put=lambda *_: delivered.set())  # no dispatch listener
         await svc.start()
         try:
-            await asyncio.sleep(0.02)
+            # The first pass looks at every level; the unit must come after it, found only by the bounded wait.
+            await wait_until(lambda: svc.wait_ms() > 0, 5, "the first pass over every level")
             put(store, "T", b"x", level=1, props={UNIQ_KEY: "lost"})
             drain(store)
             clock.advance(1000)
-            deadline = time.monotonic() + 5
-            while svc.delivered == 0 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            return svc.delivered
+            await asyncio.wait_for(delivered.wait(), 5)
+            assert svc.delivered == 1
         finally:
             await svc.stop()
 
-    assert asyncio.run(main()) == 1
+    asyncio.run(main())
