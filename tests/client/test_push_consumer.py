@@ -7,15 +7,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from client import Admin, Message, MessageExt, Producer, PullConsumer, PullStatus
+from client import Admin, Message, MessageExt, Producer, PullConsumer, PullResult, PullStatus
 from client._group_consumer import GroupConsumer
 from client._push_consumer import ConsumeStatus, InvalidConsumeStatusError, PushConsumer
 from client.cluster import LocalCluster
 from client.errors import InvalidParameterError
 from client.protocol.message import MessageQueue
+from tests.waiting import poll_until
 
 FAST = {"rebalance_interval_s": 1.0, "heartbeat_interval_s": 1.0, "pull_suspend_s": 1.0,
         "consume_from_where": "FIRST_OFFSET"}
@@ -192,21 +194,35 @@ def test_close_with_a_parked_long_poll_is_prompt(cluster: LocalCluster, kind: st
     c.subscribe(f"PcClose{kind}")
     c.start()
     engine = c._engine
+    answers: list[PullStatus] = []  # what the broker answered the pull threads, recorded before the engine sees it
+    assert engine.puller is not None
+    real_pull = engine.puller.pull
+
+    def recorded(*args: Any, **kwargs: Any) -> PullResult:
+        r = real_pull(*args, **kwargs)
+        answers.append(r.pull_status)
+        return r
+
+    engine.puller.pull = recorded  # type: ignore[method-assign]
+    broker = cluster.broker("broker-a", 0)
+
+    def every_held_queue_parked() -> bool:
+        held = len(c.assignment())
+        return held >= 2 and broker.runtime()["parkedPulls"] >= held
+
     try:
-        deadline = time.monotonic() + 10
-        while len(c.assignment()) < 2 or engine.stats()["pulls"] < 2:
-            assert time.monotonic() < deadline, f"no parked pulls: {engine.stats()}"
-            time.sleep(0.05)  # polling the consumer with a deadline
-        time.sleep(0.3)  # let the pulls reach the broker and park there (the thing under test)
+        # The thing under test: the broker holds a pull of every held queue, seen from the broker itself.
+        poll_until(every_held_queue_parked, 10, "a parked pull of each held queue")
     finally:
         began = time.monotonic()
         c.close()
         took = time.monotonic() - began
     print(f"{kind} close took {took:.3f} s")
     assert took < 1.0, f"close took {took:.2f} s with parked pulls"
-    send(cluster, f"PcClose{kind}", [b"after close"])  # wakes the parked pulls: their answer is dropped
+    send(cluster, f"PcClose{kind}", [b"after close"])  # wakes a parked pull: its answer is dropped
     threads = [t for t in engine._threads if t.is_alive()]
     for t in threads:
         t.join(8.0)
     assert not any(t.is_alive() for t in threads), [t.name for t in threads if t.is_alive()]
-    assert got == []
+    assert PullStatus.FOUND in answers, f"the message never reached an abandoned pull: {answers}"
+    assert got == [] and engine.stats()["pulledMessages"] == 0, (got, engine.stats())
