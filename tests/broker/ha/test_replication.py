@@ -16,6 +16,7 @@ import uvloop
 from broker.ha import HAClient, HAConfig, HAService
 from broker.ha.memlog import MemoryCommitLog
 from broker.ha.protocol import REPORT, FrameDecoder, encode_frame_header, encode_report
+from tests import waiting
 
 pytestmark = pytest.mark.ha
 
@@ -24,13 +25,8 @@ DEADLINE_S = 20.0
 
 
 async def wait_until(pred: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S) -> None:
-    """Poll ``pred`` until true; fail naming ``what`` after ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.005)
+    """The suite's :func:`tests.waiting.wait_until` with this file's deadline."""
+    await waiting.wait_until(pred, timeout_s, what)
 
 
 @contextlib.asynccontextmanager
@@ -300,7 +296,11 @@ def test_heartbeats_keep_an_idle_link_alive(run: Run, kind: Any, stores: Callabl
     async def scenario() -> None:
         async with master_service(master, config) as service, slave_client(slave, config, service.port) as client:
             await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset, "catch-up")
-            await asyncio.sleep(1.5)  # idle for 3 housekeeping intervals: heartbeats must keep both ends up
+            # Idle for 3 housekeeping intervals: only heartbeats cross the link, and they must keep both ends up
+            # (a silent end is dropped after one interval, and the slave's reconnect would count).
+            idle_until = client.last_read_ms + 3 * config.ha_housekeeping_interval_ms
+            await wait_until(lambda: client.last_read_ms >= idle_until, "bytes from the master after 3 intervals",
+                             timeout_s=5)
             assert client.connect_count == 1 and client.is_connected
             assert service.connection_count == 1
             status = client.status()
