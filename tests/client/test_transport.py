@@ -23,6 +23,7 @@ class TinyServer:
         self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
         self.connections = 0
         self.release = threading.Event()
+        self.hung_up = threading.Event()
         self._stop = False
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -72,6 +73,9 @@ class TinyServer:
         extra = b"Connection: close\r\n" if path.startswith("/close") else b""
         payload = body if path.startswith("/echo") else path.encode()
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (len(payload), extra) + payload)
+        if path.startswith("/hangup"):
+            conn.close()
+            self.hung_up.set()  # the client's pooled connection is stale from here on
         return not (path.startswith("/close") or path.startswith("/hangup"))
 
     def close(self) -> None:
@@ -129,11 +133,10 @@ def test_connection_close_header_then_new_connection(server: TinyServer) -> None
 def test_server_hangs_up_idle_connection(server: TinyServer) -> None:
     with sync_client() as c:
         assert c.get(f"http://{server.addr}/hangup").content == b"/hangup"
-        deadline = time.monotonic() + 5
-        while server.connections < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert server.hung_up.wait(5), "the server did not hang up"
         for _ in range(3):  # the stale connection is detected or the request retried on a new one
             assert c.get(f"http://{server.addr}/y").content == b"/y"
+    assert server.connections == 2, "the requests after the hang-up did not go over one new connection"
 
 
 def test_read_timeout_is_bounded(server: TinyServer) -> None:
@@ -216,6 +219,7 @@ def test_async_failures(server: TinyServer, refused_addr: str) -> None:
                 await c.get(f"http://{server.addr}/drop")
             assert (await c.get(f"http://{server.addr}/close")).content == b"/close"
             assert (await c.get(f"http://{server.addr}/hangup")).content == b"/hangup"
+            assert await asyncio.to_thread(server.hung_up.wait, 5), "the server did not hang up"
             for _ in range(3):
                 assert (await c.get(f"http://{server.addr}/z")).content == b"/z"
 
