@@ -15,6 +15,7 @@ from client.protocol.codes import BrokerRole, PullSysFlag, ResponseCode
 from client.protocol.message import Message
 from client.protocol.wire import PULL_HEAD, PullHeader, decode_pull_header
 from tests.broker.fakes import FakeHAClient, FakeStore, run_with_broker
+from tests.waiting import wait_until
 
 C = ResponseCode
 
@@ -267,10 +268,7 @@ def test_long_poll_woken_by_new_message(tmp_path: Path) -> None:
         await put(ctrl, client, n=1)
         t0 = time.monotonic()
         waiter = asyncio.create_task(pull(client, 1, sysFlag=SUSPEND, suspendTimeoutMs=20_000))
-        for _ in range(200):
-            if ctrl.hold.parked_count:
-                break
-            await asyncio.sleep(0.005)
+        await wait_until(lambda: ctrl.hold.parked_count, 5, "the pull to park")
         assert ctrl.hold.parked_count == 1
         body = encode_batch([Message("T", b"late")], born_timestamp_ms=1)
         await client.post("/send", params={"topic": "T", "queueId": 0}, content=body)  # dispatch task wakes it
@@ -301,10 +299,7 @@ def test_parked_pull_bound(tmp_path: Path) -> None:
     async def scenario(ctrl: Any, client: Any) -> None:
         await put(ctrl, client, n=1)
         first = asyncio.create_task(pull(client, 1, sysFlag=SUSPEND, suspendTimeoutMs=2000))
-        for _ in range(200):
-            if ctrl.hold.parked_count:
-                break
-            await asyncio.sleep(0.005)
+        await wait_until(lambda: ctrl.hold.parked_count, 5, "the first pull to park")
         t0 = time.monotonic()
         head, _ = await pull(client, 1, sysFlag=SUSPEND, suspendTimeoutMs=2000)
         assert head.code == C.PULL_NOT_FOUND and time.monotonic() - t0 < 1
