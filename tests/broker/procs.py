@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -141,10 +140,3 @@ class Servers:
                 sp.proc.stdout.close()
 
 
-def poll_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until true; AssertionError naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)

@@ -17,6 +17,7 @@ from client.protocol.codes import BrokerRole
 from client.protocol.message import Message
 from client.protocol.route import DataVersion, TopicConfig
 from tests.broker.fakes import STORE_HOST, FakeHAClient, run_with_broker
+from tests.waiting import wait_until
 
 
 async def put(ctrl: Any, client: Any, *msgs: Message, queue_id: int = 0) -> list[int]:
@@ -206,12 +207,6 @@ def test_pick_register_result() -> None:
     assert pick_register_result([None, None]) is None
 
 
-async def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
 class FakeNameservers:
     def __init__(self, answer: dict[str, Any] | None = None, fail: set[str] | None = None) -> None:
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
@@ -274,7 +269,7 @@ def test_slave_follows_master_from_registration(tmp_path: Path) -> None:
     link = FakeHAClient(connected=False)
 
     async def scenario(ctrl: Any, client: Any) -> None:
-        await wait_until(lambda: ctrl.registrar.rounds >= 1)
+        await wait_until(lambda: ctrl.registrar.rounds >= 1, 5, "a registration round")
         assert ctrl.master_addr == "10.0.0.9:10911"
         assert link.master == "10.0.0.9:10912"
 
@@ -287,7 +282,7 @@ def test_slave_with_fixed_ha_master_ignores_registration(tmp_path: Path) -> None
     link = FakeHAClient(connected=False)
 
     async def scenario(ctrl: Any, client: Any) -> None:
-        await wait_until(lambda: ctrl.registrar.rounds >= 1)
+        await wait_until(lambda: ctrl.registrar.rounds >= 1, 5, "a registration round")
         assert ctrl.master_addr == "10.0.0.9:10911" and link.master is None
 
     run_with_broker(tmp_path, scenario, http_client=ns.client(), namesrv_addr=("10.0.0.1:9876",),

@@ -18,7 +18,8 @@ from client.protocol.codec import decode_records, encode_batch
 from client.protocol.codes import PullSysFlag, ResponseCode
 from client.protocol.message import Message
 from client.protocol.wire import PULL_HEAD, decode_pull_header, decode_send_reply
-from tests.broker.procs import ServerProcess, Servers, poll_until, write_properties
+from tests.broker.procs import ServerProcess, Servers, write_properties
+from tests.waiting import poll_until
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,6 @@ a slave's lag while it is paused and none once it caught up."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import httpx
@@ -12,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client import Admin, Message, MessageQueue, Producer, PullConsumer
 from client.cluster import LocalCluster
+from tests.waiting import poll_until
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +36,6 @@ def scrape(addr: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def total(m: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
     return sum(v for lab, v in m.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
-
-
-def poll(what: str, cond: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def test_metrics_move_with_traffic_and_show_slave_lag(cluster_factory: Callable[..., LocalCluster]) -> None:
@@ -70,14 +63,15 @@ def test_metrics_move_with_traffic_and_show_slave_lag(cluster_factory: Callable[
             assert total(lagging, "splitmq_ha_slave_diff_bytes") > 64 * 1024
         finally:
             slave.resume()
-        poll("slave catching up in the metrics", lambda: total(scrape(master.addr), "splitmq_ha_slave_diff_bytes") == 0)
+        poll_until(lambda: total(scrape(master.addr), "splitmq_ha_slave_diff_bytes") == 0, 15,
+                   "slave catching up in the metrics")
 
     mq = MessageQueue("MetricsT", "broker-a", 0)
     with PullConsumer("gm", cluster.namesrv_addr) as c:
         r = c.pull(mq, 0, max_nums=32)
         c.update_consume_offset(mq, r.next_begin_offset)
-    poll("consumer lag gauge", lambda: total(scrape(master.addr), "rocketmq_consumer_lag_messages",
-                                             consumer_group="gm", topic="MetricsT") == 128 - r.next_begin_offset)
+    poll_until(lambda: total(scrape(master.addr), "rocketmq_consumer_lag_messages", consumer_group="gm",
+                             topic="MetricsT") == 128 - r.next_begin_offset, 15, "consumer lag gauge")
     served = scrape(master.addr)
     assert total(served, "rocketmq_messages_out_total", topic="MetricsT") >= len(r.msg_found_list)
     assert total(served, "splitmq_pull_served_total", role="ASYNC_MASTER") >= len(r.msg_found_list)

@@ -16,18 +16,20 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from client.cluster import LocalCluster
+from tests.waiting import poll_until
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
+#: A command or request failing while the cluster settles means "not yet" to a poll.
+NOT_YET = (Exception,)
 
 
 def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None,
@@ -69,22 +71,6 @@ def table(text: str, header_first: str, *, has: str | None = None) -> list[dict[
     return rows
 
 
-def poll_until(fn: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while True:
-        try:
-            value = fn()
-            if value:
-                return value
-            last = value
-        except Exception as e:  # not yet
-            last = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {timeout_s} s; last: {last!r}")
-        time.sleep(0.05)
-
-
 def http_json(addr: str, path: str) -> Any:
     with urllib.request.urlopen(f"http://{addr}{path}", timeout=5) as resp:
         return json.loads(resp.read())
@@ -113,7 +99,8 @@ def create_topic(ns: str, topic: str, queues: int = 2) -> None:
 
 def wait_topic_on_slave(cluster: LocalCluster, topic: str) -> None:
     slave = cluster.broker("broker-a", 1)
-    poll_until(lambda: topic in http_json(slave.addr, "/topics")["topicConfigTable"], 10, f"{topic} on the slave")
+    poll_until(lambda: topic in http_json(slave.addr, "/topics")["topicConfigTable"], 10, f"{topic} on the slave",
+               ignore=NOT_YET)
 
 
 # --- topics, groups, cluster ---------------------------------------------------------------------------------
@@ -180,7 +167,7 @@ def test_ha_status_shows_slave_in_sync(cluster: LocalCluster, ns: str) -> None:
         text = ok("ha", "status", "-n", ns, "-b", "broker-a")
         return text if table(text, "SLAVE_ADDR")[0]["IN_SYNC"] == "yes" else None
 
-    text = poll_until(in_sync, 10, "ha status IN_SYNC yes")
+    text = poll_until(in_sync, 10, "ha status IN_SYNC yes", ignore=NOT_YET)
     row = table(text, "SLAVE_ADDR")[0]
     assert int(row["ACK_OFFSET"]) >= want
     assert re.search(r"^masterMaxOffset:\s+\d+$", text, re.M)
@@ -203,7 +190,7 @@ def test_ha_status_shows_a_lagging_slave_behind_then_in_sync(cluster: LocalClust
         row = table(ok("ha", "status", "-n", ns, "-b", "broker-a"), "SLAVE_ADDR")[0]
         return row if row["DIFF_BYTES"] == "0" and row["IN_SYNC"] == "yes" else None
 
-    poll_until(caught_up, 15, "ha status DIFF 0 after the slave resumed")
+    poll_until(caught_up, 15, "ha status DIFF 0 after the slave resumed", ignore=NOT_YET)
 
 
 def test_broker_status(cluster: LocalCluster, ns: str) -> None:

@@ -6,7 +6,6 @@ slave and by clients within about a second; anything slower would make the kill 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +15,7 @@ import httpx
 from client import Admin, MessageExt
 from client.cluster import BrokerHandle, LocalCluster
 from client.protocol.codec import decode_records
+from tests import waiting
 
 T = TypeVar("T")
 
@@ -41,21 +41,10 @@ def fast(**extra: str) -> dict[str, str]:
 
 
 def poll_until(fn: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.02) -> T:
-    """Call ``fn`` until it returns a truthy value (returned) or ``timeout_s`` passes (AssertionError naming
-    ``what`` and the last value or error). Exceptions from ``fn`` count as "not yet"."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while True:
-        try:
-            value = fn()
-            if value:
-                return value
-            last = value
-        except (httpx.HTTPError, OSError, KeyError, ValueError) as e:
-            last = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
-        time.sleep(interval_s)  # polling a server with a deadline
+    """:func:`tests.waiting.poll_until` where a server not answering yet (HTTP or socket error, a missing key or a
+    bad value in its answer) counts as "not yet"."""
+    return waiting.poll_until(fn, timeout_s, what, interval_s=interval_s,
+                              ignore=(httpx.HTTPError, OSError, KeyError, ValueError))
 
 
 def get_json(addr: str, path: str, **params: Any) -> Any:

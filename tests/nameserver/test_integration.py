@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -14,6 +13,8 @@ from typing import Any, Protocol
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.waiting import poll_until
 
 
 class NamesrvProcess(Protocol):
@@ -41,14 +42,6 @@ def broker_body(addr: str, broker_id: int, ha: str, counter: int = 1) -> dict[st
     return {"clusterName": "DefaultCluster", "brokerAddr": addr, "brokerName": "broker-a", "brokerId": broker_id,
             "haServerAddr": ha, "dataVersion": {"timestamp": 1, "counter": counter},
             "topicConfigTable": TOPIC_TABLE}
-
-
-def poll_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_register_route_unregister_cycle(start_nameserver: Callable[..., NamesrvProcess]) -> None:
