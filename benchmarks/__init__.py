@@ -20,6 +20,7 @@ ENTRIES: dict[str, str] = {
     "client": "benchmarks.client_bench:run",
     "consumer": "benchmarks.consumer_bench:run",
     "ha": "benchmarks.ha_bench:run_rows",
+    "replication": "benchmarks.replication_bench:run",
     "spark": "benchmarks.spark_bench:run",
     "store": "benchmarks.store_bench:run",
 }

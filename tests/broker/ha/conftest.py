@@ -1,5 +1,5 @@
-"""Fixtures for HA tests: stores on both sides (the in-memory commit log, and the real file store once it is
-importable) and a way to run a coroutine in a fresh loop from a sync test (no pytest-asyncio)."""
+"""Fixtures for HA tests: stores on both sides (the in-memory commit log of :mod:`tests.broker.ha.memlog`, and the
+real file store) and a way to run a coroutine in a fresh loop from a sync test (no pytest-asyncio)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import pytest
 
 from broker.ha.config import HAConfig
-from broker.ha.memlog import MemoryCommitLog
+from tests.broker.ha.memlog import MemoryCommitLog
 
 FILE_SIZE = 64 * 1024
 

@@ -14,9 +14,9 @@ import pytest
 import uvloop
 
 from broker.ha import HAClient, HAConfig, HAService
-from broker.ha.memlog import MemoryCommitLog
 from broker.ha.protocol import REPORT, FrameDecoder, encode_frame_header, encode_report
 from tests import waiting
+from tests.broker.ha.memlog import MemoryCommitLog
 
 pytestmark = pytest.mark.ha
 

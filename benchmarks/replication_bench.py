@@ -1,6 +1,6 @@
-"""Replication micro benchmark: a master and a slave in one event loop over loopback TCP.
+"""Replication micro benchmark: a master and a slave file store in one event loop over loopback TCP.
 
-Three figures, each measured end to end through the real HA code (socket, framing, store append):
+Figures, each measured end to end through the real HA code (socket, framing, store append):
 
 * ``master_append_only_mb_per_s`` - the master's own append rate (no replication): the live phase's ceiling;
 * ``catchup_mb_per_s`` - an empty slave copying a prefilled master (one big last file);
@@ -8,97 +8,70 @@ Three figures, each measured end to end through the real HA code (socket, framin
 * ``sync_batches_per_s`` / ``sync_ack_ms_avg`` - SYNC_MASTER style: append a batch, wait for the slave's ack.
 
 Both ends share one core's worth of event loop here, so the figures are a lower bound for two processes.
-Uses the file store when :mod:`broker.store.file_store` is importable, else :class:`MemoryCommitLog`.
+``python -m benchmarks replication`` runs it (``--quick`` with small sizes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import logging
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
-from broker.ha.client import HAClient
-from broker.ha.config import HAConfig
-from broker.ha.memlog import MemoryCommitLog
-from broker.ha.service import HAService
+from benchmarks import Row
+from broker.ha import HAClient, HAConfig, HAService
+from broker.store.config import StoreConfig
+from broker.store.file_store import FileMessageStore
+from client.protocol.codec import decode_batch, encode_batch
+from client.protocol.message import Message
 
-__all__ = ["run_replication_bench"]
-
-log = logging.getLogger(__name__)
+__all__ = ["run", "run_replication_bench"]
 
 _MIB = 1 << 20
 _ACK_TIMEOUT_S = 120.0
 _SYNC_ROUNDS_MAX = 300
+_BORN_HOST = b"\x7f\x00\x00\x01\x00\x00\x27\x10"
 
 
 class _Stores:
-    """Makes master/slave stores and writes batches, for the file store or the memory log."""
+    """Makes the master and slave stores and writes batches to the master."""
 
-    def __init__(self, tmpdir: str, file_size: int, prefer_file_store: bool) -> None:
+    def __init__(self, tmpdir: str, file_size: int) -> None:
         self.tmpdir = tmpdir
         self.file_size = file_size
-        self.made: list[Any] = []
-        self.kind = "memory"
-        self._file_store_cls: Any = None
-        if prefer_file_store:
-            try:
-                self._file_store_cls = importlib.import_module("broker.store.file_store").FileMessageStore
-                self.kind = "file"
-            except ImportError:
-                log.info("broker.store.file_store not importable: benchmarking on the memory commit log")
+        self.made: list[FileMessageStore] = []
 
-    def make(self, name: str) -> Any:
-        if self._file_store_cls is None:
-            store: Any = MemoryCommitLog(self.file_size)
-        else:
-            from broker.store.config import StoreConfig
-
-            config = StoreConfig(
-                store_path_root_dir=os.path.join(self.tmpdir, name),
-                mapped_file_size_commitlog=self.file_size,
-                dispatch_in_thread=False,  # measure replication, not consume-queue building
-            )
-            store = self._file_store_cls(config)
-            store.load()
-            store.start()
+    def make(self, name: str) -> FileMessageStore:
+        config = StoreConfig(store_path_root_dir=os.path.join(self.tmpdir, name),
+                             mapped_file_size_commitlog=self.file_size,
+                             dispatch_in_thread=False)  # measure replication, not consume-queue building
+        store = FileMessageStore(config)
+        store.load()
+        store.start()
         self.made.append(store)
         return store
 
-    def batch_writer(self, store: Any, batch: int, message_size: int) -> Any:
+    @staticmethod
+    def batch_writer(store: FileMessageStore, batch: int, message_size: int) -> Callable[[], int]:
         """A callable appending one batch and returning the new end offset."""
-        if self._file_store_cls is None:
-            payload = os.urandom(message_size)
-
-            def write_memory() -> int:
-                for _ in range(batch):
-                    store.append_record(payload)
-                return int(store.max_physical_offset)
-
-            return write_memory
-        from client.protocol.codec import decode_batch, encode_batch
-        from client.protocol.message import Message
-
         body = encode_batch([Message("BenchTopic", os.urandom(message_size)) for _ in range(batch)],
                             born_timestamp_ms=int(time.time() * 1000))
         items = decode_batch(body)
-        host = b"\x7f\x00\x00\x01\x00\x00\x27\x10"
 
-        def write_file() -> int:
-            result = store.append_batch("BenchTopic", 0, items, born_host=host)
+        def write() -> int:
+            result = store.append_batch("BenchTopic", 0, items, born_host=_BORN_HOST)
             if result.status.name != "PUT_OK":
                 raise RuntimeError(f"bench append failed: {result.status.name} {result.remark}")
             return int(result.end_offset)
 
-        return write_file
+        return write
 
     def close(self) -> None:
         for store in self.made:
-            shutdown = getattr(store, "shutdown", None)
-            if shutdown is not None:
-                shutdown()
+            store.shutdown()
 
 
 async def _catch_up(service: HAService, end: int) -> None:
@@ -147,7 +120,6 @@ async def _bench(stores: _Stores, total_bytes: int, batch: int, message_size: in
         await client.stop()
         await service.stop()
     return {
-        "store": stores.kind,
         "total_bytes": total_bytes,
         "batch": f"{batch}x{message_size}B",
         "master_append_only_mb_per_s": round(end_prefill / _MIB / append_s, 1),
@@ -169,17 +141,15 @@ def run_replication_bench(
     *,
     batch: int = 64,
     message_size: int = 1024,
-    prefer_file_store: bool = True,
     use_uvloop: bool = False,
 ) -> dict[str, Any]:
     """Measure replication throughput in-process (see the module docstring).
 
     Args:
-        tmpdir: an empty directory for the two stores (file store only).
+        tmpdir: an empty directory for the two stores.
         total_bytes: bytes for the catch-up phase and again for the live phase.
         batch: messages per append (a producer's send batch).
         message_size: body bytes per message.
-        prefer_file_store: use the file store when it is importable.
         use_uvloop: run on uvloop instead of the default asyncio loop.
 
     Returns:
@@ -189,7 +159,7 @@ def run_replication_bench(
         raise ValueError(f"total_bytes must be > 0, got {total_bytes}")
     # One file large enough for the prefill: an empty slave only receives the master's last file.
     file_size = 1 << max(26, (total_bytes + 4 * _MIB).bit_length())
-    stores = _Stores(tmpdir, file_size, prefer_file_store)
+    stores = _Stores(tmpdir, file_size)
     try:
         if use_uvloop:
             import uvloop
@@ -198,3 +168,19 @@ def run_replication_bench(
         return asyncio.run(_bench(stores, total_bytes, batch, message_size))
     finally:
         stores.close()
+
+
+def run(quick: bool) -> list[Row]:
+    """The ``replication`` benchmark entry (on uvloop, as the broker runs)."""
+    root = tempfile.mkdtemp(prefix="splitmq-bench-repl-")
+    try:
+        r = run_replication_bench(root, (16 if quick else 256) * _MIB, use_uvloop=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    ceiling = "master append-only, same batches"
+    append = float(r["master_append_only_mb_per_s"])
+    return [
+        Row(f"slave catch-up {r['batch']}", float(r["catchup_mb_per_s"]), "MB/s", ceiling, append),
+        Row(f"live replication {r['batch']}", float(r["live_mb_per_s"]), "MB/s", ceiling, append),
+        Row(f"append + wait for the ack {r['batch']}", float(r["sync_ack_ms_avg"]), "ms"),
+    ]

@@ -1,17 +1,16 @@
 """An in-memory commit log with just the store methods HA uses, laid out like RocketMQ's: fixed-size files, a
 record never crosses a file, a file that cannot take the next record gets a blank marker and its tail counts as
-written. For HA tests and the replication benchmark when no file store is at hand; not a message store."""
+written. For the HA tests (beside the real file store); not a message store."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
+
+from client.protocol.codec import BLANK_MAGIC, MAGIC_V1, RECORD_PREFIX
 
 __all__ = ["MemoryCommitLog"]
 
-_PREFIX = struct.Struct(">ii")
-_BLANK_MAGIC = -875286124  # 0xCBD43194 as int32 (END_OF_FILE)
-_RECORD_MAGIC = -626843481  # 0xDAA320A7 as int32 (MESSAGE_MAGIC_CODE v1)
+_PREFIX = RECORD_PREFIX
 
 
 class MemoryCommitLog:
@@ -78,9 +77,9 @@ class MemoryCommitLog:
         if self._last >= 0:
             wrote = self._wrote[self._last]
             if wrote + total + _PREFIX.size > size:
-                _PREFIX.pack_into(self._files[self._last], wrote, size - wrote, _BLANK_MAGIC)
+                _PREFIX.pack_into(self._files[self._last], wrote, size - wrote, BLANK_MAGIC)
                 self._wrote[self._last] = size
-        self._write(_PREFIX.pack(total, _RECORD_MAGIC) + bytes(payload))
+        self._write(_PREFIX.pack(total, MAGIC_V1) + bytes(payload))
         return self.max_physical_offset
 
     def read_range(self, begin: int, end: int) -> bytes:
