@@ -74,6 +74,13 @@ class BrokerConfig:
     ha_transfer_batch_size: int = 32_768
     ha_max_gap_not_in_sync: int = 268_435_456
     """``haMaxGapNotInSync`` (4.x: ``haSlaveFallbehindMax``), bytes."""
+    in_sync_replicas: int = 2
+    """``inSyncReplicas``: copies of a SYNC_MASTER put before SEND_OK, the master's counted (RocketMQ 5's default
+    is 1, no slave wait; 2 keeps 4.9.3's one-slave wait, decision 5)."""
+    min_in_sync_replicas: int = 1
+    """``minInSyncReplicas``: the fewest copies with ``enableAutoInSyncReplicas``."""
+    enable_auto_in_sync_replicas: bool = False
+    """``enableAutoInSyncReplicas``: wait for as many copies as replicas are in sync, between the two above."""
     register_name_server_period_ms: int = 30_000
     register_name_server_period_min_ms: int = 10_000
     """``registerNameServerPeriodMinMs`` (SplitMQ, for tests): lower clamp of the registration period."""
@@ -202,6 +209,9 @@ class BrokerConfig:
             ha_housekeeping_interval_ms=self.ha_housekeeping_interval_ms,
             ha_transfer_batch_size=self.ha_transfer_batch_size,
             ha_max_gap_not_in_sync=self.ha_max_gap_not_in_sync,
+            in_sync_replicas=self.in_sync_replicas,
+            min_in_sync_replicas=self.min_in_sync_replicas,
+            enable_auto_in_sync_replicas=self.enable_auto_in_sync_replicas,
         )
 
 
@@ -314,6 +324,9 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "haTransferBatchSize": ("ha_transfer_batch_size", _P),
     "haMaxGapNotInSync": ("ha_max_gap_not_in_sync", _P),
     "haSlaveFallbehindMax": ("ha_max_gap_not_in_sync", _P),
+    "inSyncReplicas": ("in_sync_replicas", _P),
+    "minInSyncReplicas": ("min_in_sync_replicas", _P),
+    "enableAutoInSyncReplicas": ("enable_auto_in_sync_replicas", _bool),
     "registerNameServerPeriod": ("register_name_server_period_ms", _P),
     "registerNameServerPeriodMinMs": ("register_name_server_period_min_ms", _P),
     "registerBrokerTimeoutMills": ("register_broker_timeout_ms", _P),
@@ -353,7 +366,7 @@ KEY_DOCS: dict[str, str] = {
     "brokerClusterName": "Cluster the broker registers under (the nameserver's `clusterAddrTable` key).",
     "brokerName": "Broker group name; a master and its slaves share it.",
     "brokerId": "0 for the master; a slave needs an id > 0. Masters are forced to 0 whatever the file says.",
-    "brokerRole": "`ASYNC_MASTER`, `SYNC_MASTER` (a send waits for one slave ack) or `SLAVE`.",
+    "brokerRole": "`ASYNC_MASTER`, `SYNC_MASTER` (a send waits for slave acks, see `inSyncReplicas`) or `SLAVE`.",
     "flushDiskType": "`ASYNC_FLUSH` (flush in the background) or `SYNC_FLUSH` (a send waits for the fsync).",
     "namesrvAddr": "Nameservers, `host:port` separated by `;` (default: the `NAMESRV_ADDR` environment variable).",
     "brokerIP1": "IP registered for clients: the broker's address is `brokerIP1:listenPort`.",
@@ -367,11 +380,14 @@ KEY_DOCS: dict[str, str] = {
     "mappedFileSizeConsumeQueue": "Size in bytes of each consume-queue file (rounded up to a multiple of the 20-byte unit).",
     "slaveReadEnable": "Slaves serve pulls, and a master sends consumers that fall behind to a slave.",
     "accessMessageInMemoryMaxRatio": "Percent of RAM: a pull further than this behind the newest message counts as cold (suggest a slave).",
-    "syncFlushTimeout": "Milliseconds a send waits for a SYNC_FLUSH fsync or a SYNC_MASTER slave ack before answering a timeout code.",
+    "syncFlushTimeout": "Milliseconds a send waits for a SYNC_FLUSH fsync or SYNC_MASTER slave acks before answering FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT.",
     "haSendHeartbeatInterval": "Milliseconds between a slave's idle offset reports and the master's heartbeat frames.",
     "haHousekeepingInterval": "Milliseconds without bytes from the other side after which an HA connection is dropped.",
     "haTransferBatchSize": "Largest body in bytes of one master-to-slave HA frame.",
-    "haMaxGapNotInSync": "Bytes a slave may lag and still count as in sync (a SYNC_MASTER waits only for in-sync slaves).",
+    "haMaxGapNotInSync": "A slave is in sync while it is connected and its own last ack is less than this many bytes behind a put; only in-sync slaves let a SYNC_MASTER send wait (see `inSyncReplicas`).",
+    "inSyncReplicas": "SYNC_MASTER: copies a send needs before SEND_OK, the master's counted: 2 waits for one slave's ack, 1 for none (RocketMQ 5's default is 1). Fewer replicas in sync than that: SLAVE_NOT_AVAILABLE at once.",
+    "minInSyncReplicas": "With `enableAutoInSyncReplicas`: the fewest copies (master counted) a SYNC_MASTER send settles for; must be <= `inSyncReplicas`.",
+    "enableAutoInSyncReplicas": "SYNC_MASTER: a send needs as many copies as replicas are in sync, at most `inSyncReplicas` and at least `minInSyncReplicas`.",
     "haSlaveFallbehindMax": "RocketMQ 4.x name of `haMaxGapNotInSync`; sets the same value.",
     "registerNameServerPeriod": "Milliseconds between registrations with every nameserver (clamped to [registerNameServerPeriodMinMs, 60000]).",
     "registerNameServerPeriodMinMs": "SplitMQ, for tests: lower clamp of the registration period.",

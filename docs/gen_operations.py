@@ -199,8 +199,11 @@ _STATUS = """\
 
 Besides `/metrics`, every broker answers `GET /runtime` (role, commit-log min/max/flushed offsets,
 `dispatchBehindBytes`, `putTps`, parked pulls, topic count; on a slave its master and `masterLinkUp`) and
-`GET /ha` (on a master, each slave's `ackOffset`, `diff`, `inSync` and transfer speed; on a slave, its link to
-the master). The CLI shows both: `splitmq broker runtime`, `splitmq ha status`. The exact fields are in
+`GET /ha` (on a master, each connected slave's `ackOffset`, `diff`, `inSync` and transfer speed, and
+`ackWaiters`, the SYNC_MASTER sends waiting for acks; on a slave, its link to the master). `inSync` is the rule
+a SYNC_MASTER send applies (`diff < haMaxGapNotInSync`): while fewer slaves are in sync than
+`inSyncReplicas - 1`, a SYNC_MASTER answers every send SLAVE_NOT_AVAILABLE (unless `enableAutoInSyncReplicas`
+lowers the need). The CLI shows both: `splitmq broker runtime`, `splitmq ha status`. The exact fields are in
 `PROTOCOL.md`.
 """
 

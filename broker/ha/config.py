@@ -27,7 +27,18 @@ class HAConfig:
     ha_transfer_batch_size: int = attrs.field(default=32 * 1024, validator=_positive)
     """``haTransferBatchSize``: largest body of one transfer frame."""
     ha_max_gap_not_in_sync: int = attrs.field(default=256 * 1024 * 1024, validator=_positive)
-    """``haMaxGapNotInSync``: a slave further behind than this is not in sync (strict ``<``)."""
+    """``haMaxGapNotInSync``: a connected slave whose own last ack is this far or further behind a put is not in
+    sync (strict ``<``)."""
+    in_sync_replicas: int = attrs.field(default=2, validator=_positive)
+    """``inSyncReplicas``: copies a SYNC_MASTER send waits for, the master's counted (2 = one slave ack, as
+    4.9.3 and decision 5; RocketMQ 5's default 1 means no slave wait). Fewer replicas in sync than that: the
+    send answers SLAVE_NOT_AVAILABLE at once."""
+    min_in_sync_replicas: int = attrs.field(default=1, validator=_positive)
+    """``minInSyncReplicas``: with ``enable_auto_in_sync_replicas``, the fewest copies (master counted) a send
+    settles for when fewer than ``in_sync_replicas`` replicas are in sync. Unused otherwise (RocketMQ 5 too)."""
+    enable_auto_in_sync_replicas: bool = False
+    """``enableAutoInSyncReplicas``: a SYNC_MASTER send waits for ``max(min(in_sync_replicas, replicas in sync),
+    min_in_sync_replicas)`` copies instead of ``in_sync_replicas``."""
     reconnect_backoff_min_ms: int = attrs.field(default=100, validator=_positive)
     """First reconnect delay of the slave (doubled per failed attempt, with jitter)."""
     reconnect_backoff_max_ms: int = attrs.field(default=5000, validator=_positive)
@@ -41,13 +52,19 @@ class HAConfig:
     ha_max_connections: int = attrs.field(default=64, validator=_positive)
     """Master: slaves accepted at once; further connections are closed with a warning."""
     ha_max_ack_waiters: int = attrs.field(default=100_000, validator=_positive)
-    """Master: pending ``wait_for_ack`` futures; beyond this a waiter completes False at once."""
+    """Master: pending ack waits (``wait_for_ack``, ``wait_for_replicas``); beyond this a wait completes False at
+    once."""
     ha_max_report_backlog_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
     """Slave: unsent offset-report bytes tolerated before the link is considered stuck and dropped."""
     ha_stop_timeout_ms: int = attrs.field(default=2000, validator=_positive)
     """Bound on ``stop()`` waiting for its tasks to end."""
 
     def __attrs_post_init__(self) -> None:
+        if self.min_in_sync_replicas > self.in_sync_replicas:
+            raise ValueError(
+                f"min_in_sync_replicas ({self.min_in_sync_replicas}) must be <= "
+                f"in_sync_replicas ({self.in_sync_replicas})"
+            )
         if self.reconnect_backoff_min_ms > self.reconnect_backoff_max_ms:
             raise ValueError(
                 f"reconnect_backoff_min_ms ({self.reconnect_backoff_min_ms}) must be <= "

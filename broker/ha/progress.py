@@ -1,10 +1,21 @@
-"""Replication progress on the master, as pure state (no sockets, no clock): SEMANTICS.md 2.4, 2.5, 2.8, 2.9.1.
+"""Replication progress on the master, as pure state (no sockets, no clock): SEMANTICS.md 2.4, 2.5, 2.8, 2.9.
 
 * :class:`SlaveProgress` - what the master knows about one connected slave (first request, last ack).
-* :class:`AckWaiters` - ``push2SlaveMaxOffset`` (the best ack of any slave, never lowered) and the SYNC_MASTER
-  waiters ordered by the end offset they need; one ack completes every waiter it covers (group commit).
-* :class:`ReplicationState` - the connections plus the waiters: ``is_slave_ok``, ``in_sync_slave_count``.
+* :func:`slave_acks_needed` - the in-sync-replica rule of a SYNC_MASTER send (below).
+* :class:`AckWaiters` - the SYNC_MASTER waiters, grouped by how many slave acks they need and ordered by the end
+  offset they wait for; one round of acks completes every waiter it covers (group commit).
+* :class:`ReplicationState` - the connections plus the waiters: the in-sync count, the rule, the acks.
 * :class:`Backoff` - the slave's bounded, jittered reconnect delays.
+
+The in-sync rule is RocketMQ 5's (``inSyncReplicas``, ``minInSyncReplicas``, ``enableAutoInSyncReplicas``, each
+counting the master as one replica, SEMANTICS.md 2.9.2) with 4.9.3's answer when too few replicas are in sync:
+``SLAVE_NOT_AVAILABLE`` at once (decision 5), where RocketMQ 5 would wait for its timeout. A slave is in sync when
+*its own* last ack, on a connection that is still open, is less than ``haMaxGapNotInSync`` behind the put
+(``inSyncReplicasNums``, SEMANTICS.md 2.8). 4.9.3's ``isSlaveOK`` compares the best ack ever seen
+(``push2SlaveMaxOffset``, kept after that slave disconnects) instead, so with the in-sync slave dead and a fresh
+slave still catching up every send waited for the whole timeout; here that slave no longer counts, and neither
+do its acks: a waiter completes when enough *connected* slaves have acked its offset. ``push2SlaveMaxOffset`` is
+still kept, for the status page only.
 
 The I/O layer (:mod:`broker.ha.service`) feeds reports in and completes whatever tokens come back.
 """
@@ -25,12 +36,15 @@ __all__ = [
     "ReplicationState",
     "SlaveProgress",
     "TooManyWaitersError",
-    "is_slave_ok",
+    "slave_acks_needed",
     "slave_in_sync",
     "transfer_start_offset",
 ]
 
 T = TypeVar("T")
+
+#: Rebuild the heaps when they hold this many more entries than twice the live waiters (lazy expiry).
+_SWEEP_SLACK = 1024
 
 
 def transfer_start_offset(request_offset: int, master_max_offset: int, mapped_file_size: int) -> int:
@@ -45,15 +59,40 @@ def transfer_start_offset(request_offset: int, master_max_offset: int, mapped_fi
     return request_offset
 
 
-def is_slave_ok(connection_count: int, master_put_where: int, push2slave_max_offset: int, max_gap: int) -> bool:
-    """``isSlaveOK``: a slave is connected and the best ack is less than ``max_gap`` behind (strict)."""
-    return connection_count > 0 and master_put_where - push2slave_max_offset < max_gap
-
-
 def slave_in_sync(master_put_where: int, ack_offset: int, max_gap: int) -> bool:
     """One slave counts as in sync when its own ack is less than ``max_gap`` behind (strict; ack -1 before the
     first report, as in RocketMQ)."""
     return master_put_where - ack_offset < max_gap
+
+
+def slave_acks_needed(in_sync_replicas: int, min_in_sync_replicas: int, auto: bool, in_sync_slaves: int
+                      ) -> int | None:
+    """How many slave acks a SYNC_MASTER send waits for; None when it answers ``SLAVE_NOT_AVAILABLE`` at once.
+
+    Replica counts include the master (RocketMQ 5, SEMANTICS.md 2.9.2): the send needs ``in_sync_replicas``
+    copies, or with ``auto`` (``enableAutoInSyncReplicas``) as many as are in sync, but never fewer than
+    ``min_in_sync_replicas``. One copy (the master's) needs no slave ack. When more copies are needed than
+    replicas are in sync (the master plus ``in_sync_slaves``), the send does not wait for a slave that is gone or
+    ``haMaxGapNotInSync`` behind to catch up: it answers at once (decision 5).
+
+    Args:
+        in_sync_replicas: ``inSyncReplicas`` (>= 1).
+        min_in_sync_replicas: ``minInSyncReplicas`` (>= 1), used with ``auto`` only.
+        auto: ``enableAutoInSyncReplicas``.
+        in_sync_slaves: connected slaves whose own ack is within ``haMaxGapNotInSync`` of the put.
+
+    Returns:
+        The slave acks to wait for (0: none), or None for SLAVE_NOT_AVAILABLE.
+    """
+    in_sync = 1 + in_sync_slaves
+    needed = in_sync_replicas
+    if auto:
+        needed = max(min(needed, in_sync), min_in_sync_replicas)
+    if needed <= 1:
+        return 0
+    if needed > in_sync:
+        return None
+    return needed - 1
 
 
 @attrs.define
@@ -87,89 +126,113 @@ class AckWaiter(Generic[T]):
     """A handle on one pending wait; ``token`` is whatever the I/O layer completes (an asyncio future)."""
 
     end_offset: int
+    acks: int
+    """Connected slaves that must have acked ``end_offset``."""
     token: T
     active: bool = True
 
 
 class AckWaiters(Generic[T]):
-    """``push2SlaveMaxOffset`` plus waiters ordered by the offset they wait for.
+    """Waiters grouped by the number of slave acks they need, each group a heap ordered by end offset.
 
-    Expired waiters are dropped lazily (marked inactive, popped when an ack passes them, or swept when they
-    outnumber the live ones), so expiry is O(1) and an ack is O(k log n) for the k waiters it completes.
+    A waiter needing ``k`` acks is satisfied when the ``k``-th best ack of the connected slaves reaches its
+    offset; :meth:`on_acks` takes those acks (best first) and completes every group's satisfied prefix.
+    Expired waiters are dropped lazily (marked inactive, popped when acks pass them, or swept when they
+    outnumber the live ones), so expiry is O(1) and a round of acks is O(k log n) for the k waiters it completes.
     """
 
     def __init__(self, max_waiters: int) -> None:
-        self.push2slave_max_offset = 0
         self._max_waiters = max_waiters
-        self._heap: list[tuple[int, int, AckWaiter[T]]] = []
+        self._heaps: dict[int, list[tuple[int, int, AckWaiter[T]]]] = {}
+        self._entries = 0
         self._seq = itertools.count()
         self._live = 0
 
     def __len__(self) -> int:
         return self._live
 
-    def add(self, end_offset: int, token: T) -> AckWaiter[T] | None:
-        """Register a wait for ``push2SlaveMaxOffset >= end_offset``; None when that already holds.
+    def add(self, end_offset: int, token: T, acks: int = 1) -> AckWaiter[T]:
+        """Register a wait for ``acks`` connected slaves to ack ``end_offset``.
 
         Raises:
+            ValueError: ``acks`` < 1 (nothing to wait for: the caller answers at once).
             TooManyWaitersError: ``max_waiters`` waits are already pending (the bound is named).
         """
-        if self.push2slave_max_offset >= end_offset:
-            return None
+        if acks < 1:
+            raise ValueError(f"a waiter needs at least one slave ack, got {acks}")
         if self._live >= self._max_waiters:
             raise TooManyWaitersError(f"{self._live} ack waiters pending (ha_max_ack_waiters={self._max_waiters})")
-        waiter = AckWaiter(end_offset, token)
-        heapq.heappush(self._heap, (end_offset, next(self._seq), waiter))
+        waiter = AckWaiter(end_offset, acks, token)
+        heapq.heappush(self._heaps.setdefault(acks, []), (end_offset, next(self._seq), waiter))
+        self._entries += 1
         self._live += 1
         return waiter
 
-    def on_ack(self, offset: int) -> list[T]:
-        """Raise ``push2SlaveMaxOffset`` to ``offset`` (never lowers it); return the tokens now satisfied, in
-        offset order."""
-        if offset > self.push2slave_max_offset:
-            self.push2slave_max_offset = offset
+    def on_acks(self, acks_best_first: list[int]) -> list[T]:
+        """The ack offsets of the connected slaves, best first: return the tokens now satisfied, in offset order
+        within each group of equal ``acks``."""
         done: list[T] = []
-        heap = self._heap
-        while heap and heap[0][0] <= self.push2slave_max_offset:
-            waiter = heapq.heappop(heap)[2]
-            if waiter.active:
-                waiter.active = False
-                self._live -= 1
-                done.append(waiter.token)
+        for acks, heap in self._heaps.items():
+            if acks > len(acks_best_first):
+                continue  # fewer slaves connected than this group needs
+            reached = acks_best_first[acks - 1]
+            while heap and heap[0][0] <= reached:
+                waiter = heapq.heappop(heap)[2]
+                self._entries -= 1
+                if waiter.active:
+                    waiter.active = False
+                    self._live -= 1
+                    done.append(waiter.token)
         return done
 
     def expire(self, waiter: AckWaiter[T]) -> bool:
-        """Withdraw a waiter (its timeout fired); False when an ack had already completed it."""
+        """Withdraw a waiter (its timeout fired); False when acks had already completed it."""
         if not waiter.active:
             return False
         waiter.active = False
         self._live -= 1
-        if len(self._heap) > 2 * self._live + 1024:
-            self._heap = [entry for entry in self._heap if entry[2].active]
-            heapq.heapify(self._heap)
+        if self._entries > 2 * self._live + _SWEEP_SLACK:
+            for acks, heap in self._heaps.items():
+                kept = [entry for entry in heap if entry[2].active]
+                heapq.heapify(kept)
+                self._heaps[acks] = kept
+            self._entries = self._live
         return True
 
     def drain(self) -> list[T]:
-        """Withdraw every pending waiter (shutdown); return their tokens."""
-        tokens = [w.token for _, _, w in sorted(self._heap, key=lambda e: (e[0], e[1])) if w.active]
-        for _, _, waiter in self._heap:
-            waiter.active = False
-        self._heap.clear()
+        """Withdraw every pending waiter (shutdown); return their tokens, in offset order."""
+        entries = sorted(entry for heap in self._heaps.values() for entry in heap if entry[2].active)
+        for heap in self._heaps.values():
+            for _, _, waiter in heap:
+                waiter.active = False
+        self._heaps.clear()
+        self._entries = 0
         self._live = 0
-        return tokens
+        return [waiter.token for _, _, waiter in entries]
 
 
 class ReplicationState(Generic[T]):
-    """All slaves of one master and the acks they gave (keys are connection ids chosen by the caller)."""
+    """All slaves of one master, the acks they gave and the in-sync rule (keys are connection ids chosen by
+    the caller).
 
-    def __init__(self, *, max_gap: int, max_waiters: int) -> None:
+    Args:
+        max_gap: ``haMaxGapNotInSync``, bytes.
+        max_waiters: ``ha_max_ack_waiters``.
+        in_sync_replicas: ``inSyncReplicas`` (the master counted).
+        min_in_sync_replicas: ``minInSyncReplicas`` (the master counted; with ``auto`` only).
+        auto: ``enableAutoInSyncReplicas``.
+    """
+
+    def __init__(self, *, max_gap: int, max_waiters: int, in_sync_replicas: int = 2, min_in_sync_replicas: int = 1,
+                 auto: bool = False) -> None:
         self.max_gap = max_gap
+        self.in_sync_replicas = in_sync_replicas
+        self.min_in_sync_replicas = min_in_sync_replicas
+        self.auto = auto
         self.slaves: dict[int, SlaveProgress] = {}
         self.waiters: AckWaiters[T] = AckWaiters(max_waiters)
-
-    @property
-    def push2slave_max_offset(self) -> int:
-        return self.waiters.push2slave_max_offset
+        self.push2slave_max_offset = 0
+        """The best ack any slave ever gave (monotonic, kept after it disconnects): for the status page only."""
 
     @property
     def connection_count(self) -> int:
@@ -183,23 +246,55 @@ class ReplicationState(Generic[T]):
         return progress
 
     def remove_slave(self, conn_id: int) -> None:
-        """Forget a connection; ``push2SlaveMaxOffset`` keeps the acks it gave (SEMANTICS.md 2.5)."""
+        """Forget a connection and its acks. A pending waiter is left alone: it can no longer count this slave,
+        but other connected slaves (or one that connects and catches up) may still complete it before its
+        deadline, when the I/O layer expires it (FLUSH_SLAVE_TIMEOUT)."""
         self.slaves.pop(conn_id, None)
 
     def on_report(self, conn_id: int, offset: int) -> tuple[bool, list[T]]:
-        """A report from one slave: returns (it was the connection's first report, waiter tokens completed)."""
+        """A report from one slave: returns (it was the connection's first report, waiter tokens completed).
+
+        The first report is an ack too: the slave holds every byte below it (a reconnecting slave's data counts).
+        """
         progress = self.slaves.get(conn_id)
         if progress is None:
             raise KeyError(f"report from unknown connection id {conn_id}")
         first = progress.on_report(offset)
-        return first, self.waiters.on_ack(offset)
+        if offset > self.push2slave_max_offset:
+            self.push2slave_max_offset = offset
+        if not len(self.waiters):
+            return first, []
+        return first, self.waiters.on_acks(self.acks_best_first())
 
-    def is_slave_ok(self, master_put_where: int) -> bool:
-        return is_slave_ok(self.connection_count, master_put_where, self.push2slave_max_offset, self.max_gap)
+    def acks_best_first(self) -> list[int]:
+        """The last ack of each connected slave, best first (-1 for one that has not reported)."""
+        return sorted((p.ack_offset for p in self.slaves.values()), reverse=True)
 
     def in_sync_slave_count(self, master_put_where: int) -> int:
-        """Slaves (the master not counted) whose ack is less than ``max_gap`` behind ``master_put_where``."""
+        """Connected slaves whose own ack is less than ``max_gap`` behind ``master_put_where`` (the master not
+        counted; RocketMQ's ``inSyncReplicasNums`` is this + 1)."""
         return sum(slave_in_sync(master_put_where, p.ack_offset, self.max_gap) for p in self.slaves.values())
+
+    def is_slave_ok(self, master_put_where: int) -> bool:
+        """At least one connected slave is in sync by its own ack (4.9.3's name, the per-connection rule)."""
+        return self.in_sync_slave_count(master_put_where) > 0
+
+    def slave_acks_needed(self, master_put_where: int) -> int | None:
+        """:func:`slave_acks_needed` for a put ending at ``master_put_where``, with the connected slaves."""
+        return slave_acks_needed(self.in_sync_replicas, self.min_in_sync_replicas, self.auto,
+                                 self.in_sync_slave_count(master_put_where))
+
+    def wait(self, end_offset: int, token: T, acks: int = 1) -> AckWaiter[T] | None:
+        """Register a wait for ``acks`` connected slaves to ack ``end_offset``; None when that already holds.
+
+        Raises:
+            ValueError: ``acks`` < 1.
+            TooManyWaitersError: ``max_waiters`` waits are already pending.
+        """
+        best = self.acks_best_first()
+        if 1 <= acks <= len(best) and best[acks - 1] >= end_offset:
+            return None
+        return self.waiters.add(end_offset, token, acks)
 
     def __iter__(self) -> Iterator[tuple[int, SlaveProgress]]:
         return iter(list(self.slaves.items()))

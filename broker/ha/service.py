@@ -1,4 +1,4 @@
-"""Master side of classic HA (SEMANTICS.md 2.4, 2.5, 2.8, 2.9.1): accept slaves, stream the commit log, collect
+"""Master side of classic HA (SEMANTICS.md 2.4, 2.5, 2.8, 2.9): accept slaves, stream the commit log, collect
 acks, complete SYNC_MASTER waits.
 
 Everything runs as tasks and callbacks in the broker's event loop (a sender thread beside a busy loop collapses
@@ -12,6 +12,11 @@ under the GIL). Per slave connection:
   request (``push_now``): the SYNC_MASTER ack round trip starts before the loop runs the other requests that
   are ready, which measured about +10 points of sync/async throughput ratio. What the socket does not take
   is carried over to the writer, which sends it first.
+
+A SYNC_MASTER send asks :meth:`HAService.wait_for_replicas`: the in-sync rule of :mod:`broker.ha.progress`
+decides from the connected slaves' own acks whether it waits (and for how many acks) or answers
+SLAVE_NOT_AVAILABLE at once. A slave that disconnects stops counting, for new sends and for pending waits alike;
+a pending wait is not failed early, since another connected slave may still ack it: it ends at its deadline.
 
 One housekeeping task per service drops slaves that sent nothing for ``ha_housekeeping_interval_ms``.
 """
@@ -221,7 +226,9 @@ class HAService:
         self._config = config
         self._clock_ms = clock_ms or _wall_clock_ms
         self._state: ReplicationState[asyncio.Future[bool]] = ReplicationState(
-            max_gap=config.ha_max_gap_not_in_sync, max_waiters=config.ha_max_ack_waiters
+            max_gap=config.ha_max_gap_not_in_sync, max_waiters=config.ha_max_ack_waiters,
+            in_sync_replicas=config.in_sync_replicas, min_in_sync_replicas=config.min_in_sync_replicas,
+            auto=config.enable_auto_in_sync_replicas,
         )
         self._conns: dict[int, _SlaveConnection] = {}
         self._ids = itertools.count(1)
@@ -309,7 +316,8 @@ class HAService:
             conn.push_now()
 
     def is_slave_ok(self, master_put_where: int) -> bool:
-        """SEMANTICS 2.8: a slave is connected and ``master_put_where - push2SlaveMaxOffset < haMaxGapNotInSync``."""
+        """At least one connected slave's own ack is less than ``haMaxGapNotInSync`` behind ``master_put_where``
+        (SEMANTICS 2.8 counted per connection, not 4.9.3's ``push2SlaveMaxOffset``)."""
         return self._state.is_slave_ok(master_put_where)
 
     def in_sync_slave_count(self, master_put_where: int) -> int:
@@ -319,24 +327,43 @@ class HAService:
 
     @property
     def push2slave_max_offset(self) -> int:
-        """The best offset any slave has acked (monotonic, kept when slaves disconnect)."""
+        """The best offset any slave has acked (monotonic, kept when slaves disconnect; status only)."""
         return self._state.push2slave_max_offset
 
     @property
     def connection_count(self) -> int:
         return self._state.connection_count
 
-    def wait_for_ack(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool]:
-        """A future: True once some slave acked ``end_offset`` (``push2SlaveMaxOffset >= end_offset``), False
-        after ``timeout_s``, at ``stop()``, or at once when ``ha_max_ack_waiters`` waits are pending.
+    def wait_for_replicas(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool] | None:
+        """The replica wait of a SYNC_MASTER put ending at ``end_offset`` (SEMANTICS 2.9, decision 5).
 
-        Concurrent waiters share acks: one report completes every waiter it covers. Call from the loop thread.
-        Cancelling the future withdraws the wait.
+        Returns:
+            None when fewer replicas are in sync than the put needs (``inSyncReplicas`` and friends): the send
+            answers SLAVE_NOT_AVAILABLE at once. Otherwise a future as :meth:`wait_for_ack` for the number of
+            acks the rule asks, already True when it asks none (``inSyncReplicas=1``).
+        """
+        acks = self._state.slave_acks_needed(end_offset)
+        if acks is None:
+            return None
+        if acks == 0:
+            fut: asyncio.Future[bool] = self._require_loop().create_future()
+            fut.set_result(True)
+            return fut
+        return self.wait_for_ack(end_offset, timeout_s, acks=acks)
+
+    def wait_for_ack(self, end_offset: int, timeout_s: float, *, acks: int = 1) -> asyncio.Future[bool]:
+        """A future: True once ``acks`` connected slaves have each acked ``end_offset``; False after ``timeout_s``,
+        at ``stop()``, or at once when ``ha_max_ack_waiters`` waits are pending.
+
+        Only the acks of slaves connected when the count is made are counted: a slave that acked and then
+        disconnected no longer counts, one that connects later counts from its first report. Concurrent waiters
+        share acks: one report completes every waiter it covers. Call from the loop thread. Cancelling the
+        future withdraws the wait.
         """
         loop = self._require_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         try:
-            waiter = self._state.waiters.add(end_offset, fut)
+            waiter = self._state.wait(end_offset, fut, acks)
         except TooManyWaitersError as exc:
             log.warning("wait_for_ack(%d) refused: %s", end_offset, exc)
             fut.set_result(False)
@@ -357,7 +384,8 @@ class HAService:
         self._state.waiters.expire(waiter)  # no-op unless the caller cancelled the future
 
     def status(self) -> dict[str, Any]:
-        """``haStatus``: the master's max offset and, per slave, its ack, gap, in-sync flag and transfer rate."""
+        """``haStatus``: the master's max offset, pending ack waits and, per slave, its ack, gap, in-sync flag
+        (against the master's max offset) and transfer rate."""
         master_max = self._store.max_physical_offset
         slaves = []
         for conn in self._conns.values():
@@ -374,6 +402,7 @@ class HAService:
             "masterMaxOffset": master_max,
             "push2SlaveMaxOffset": self._state.push2slave_max_offset,
             "connectionCount": self._state.connection_count,
+            "ackWaiters": len(self._state.waiters),
             "slaves": slaves,
         }
 

@@ -230,6 +230,17 @@ def test_ha_config() -> None:
             h.ha_max_gap_not_in_sync) == (100, 900, 4096, 777)
 
 
+def test_in_sync_replica_keys() -> None:
+    h = load({}).to_ha_config()  # a SYNC_MASTER waits for one slave ack by default (decision 5)
+    assert (h.in_sync_replicas, h.min_in_sync_replicas, h.enable_auto_in_sync_replicas) == (2, 1, False)
+    h = load({"inSyncReplicas": "3", "minInSyncReplicas": "2", "enableAutoInSyncReplicas": "true"}).to_ha_config()
+    assert (h.in_sync_replicas, h.min_in_sync_replicas, h.enable_auto_in_sync_replicas) == (3, 2, True)
+    with pytest.raises(ConfigError, match="inSyncReplicas=0"):
+        load({"inSyncReplicas": "0"})
+    with pytest.raises(ConfigError, match="min_in_sync_replicas"):
+        load({"inSyncReplicas": "1", "minInSyncReplicas": "2"})
+
+
 def test_from_properties_named_constructor() -> None:
     c = BrokerConfig.from_properties({"brokerName": "x", "brokerRole": "SYNC_MASTER", "brokerId": "5", "junk": "1"})
     assert (c.broker_name, c.broker_role, c.broker_id) == ("x", BrokerRole.SYNC_MASTER, 0)

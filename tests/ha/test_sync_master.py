@@ -1,14 +1,17 @@
-"""SYNC_MASTER and ASYNC_MASTER durability against real processes (SEMANTICS.md 2.9, decision 5).
+"""SYNC_MASTER and ASYNC_MASTER durability against real processes (SEMANTICS.md 2.8, 2.9, decision 5, docs/HA.md).
 
 * with the slave up, a SEND_OK message is in the slave's commit log when ``send`` returns;
 * slave stopped -> SLAVE_NOT_AVAILABLE at once; slave paused (SIGSTOP) -> FLUSH_SLAVE_TIMEOUT after
-  ``syncFlushTimeout``;
+  ``syncFlushTimeout``, also when the paused slave is killed while a send waits for it;
+* the in-sync slave killed while lagging slaves are connected (one more than ``haMaxGapNotInSync`` behind, one
+  that has not reported) -> SLAVE_NOT_AVAILABLE at once: only the acks of connected slaves count;
 * the master SIGKILLed during a produce run, 20 times: no SEND_OK message is missing on the slave;
 * ASYNC_MASTER: what a master kill loses is bounded by the replication lag just before it.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from broker.ha.protocol import encode_report
 from client import Message, MessageQueue, Producer, PullConsumer, PullStatus, SendResult, SendStatus
 from client.cluster import BrokerHandle, LocalCluster
 from client.errors import ClientError
@@ -98,11 +102,90 @@ def test_slave_stopped_is_not_available_at_once_and_paused_times_out(cluster_fac
         r, _ = timed_send(p, Message("Gone", b"resumed"))
         assert r.send_status is SendStatus.SEND_OK
         sent.append(r)
+        # The slave a send waits for dies during the wait: the send is not failed early (another slave could
+        # still ack it) and not left hanging: FLUSH_SLAVE_TIMEOUT at its deadline.
+        slave.pause()
+        waiting: list[tuple[SendResult, float]] = []
+        sender = threading.Thread(target=lambda: waiting.append(timed_send(p, Message("Gone", b"dies"))),
+                                  daemon=True)
+        sender.start()
+        poll_until(lambda: ha_of(master)["ackWaiters"] == 1, 5, "the send to wait for the paused slave",
+                   interval_s=0.005)
+        slave.kill()
+        poll_until(lambda: ha_of(master)["connectionCount"] == 0, 5, "the master to see the slave gone")
+        sender.join(10)
+        (r, took), = waiting
+        assert r.send_status is SendStatus.FLUSH_SLAVE_TIMEOUT and 0.95 <= took < 2.0, (r, took)
+        sent.append(r)
+        took_timeout.append(took)
+        slave.start()
+        wait_slave_linked(cluster)
+        r, _ = timed_send(p, Message("Gone", b"restarted"))
+        assert r.send_status is SendStatus.SEND_OK
+        sent.append(r)
     print(f"\nSLAVE_NOT_AVAILABLE in <= {max(took_na) * 1000:.1f} ms; FLUSH_SLAVE_TIMEOUT (syncFlushTimeout 1000 ms) "
           f"in {min(took_timeout) * 1000:.0f}..{max(took_timeout) * 1000:.0f} ms")
     # Every status above means "stored on the master": all of them reach the slave in the end.
     for r in sent:
         assert slave_record(slave, phy(r)) is not None, r
+
+
+class _RawSlave:
+    """An HA connection to a master that reports ``report`` once (None: never) and then neither reads nor acks:
+    how a fresh slave still catching up (or one that has not said where it stands) looks to the master."""
+
+    def __init__(self, ha_addr: str, report: int | None) -> None:
+        host, port = ha_addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=5.0)
+        if report is not None:
+            self.sock.sendall(encode_report(report))
+        host, port = self.sock.getsockname()[:2]
+        self.addr = f"{host}:{port}"
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+GAP = 64 * 1024
+
+
+def test_in_sync_slave_killed_while_lagging_slaves_are_connected_is_not_available_at_once(cluster_factory) -> None:
+    """Only connected slaves' own acks count: the best ack ever seen (``push2SlaveMaxOffset``) belongs to a
+    slave that is gone, and the slaves still connected are far behind, so nobody can ack a send soon."""
+    cluster = ha_cluster(cluster_factory, slaves_per_group=1, mode="sync",
+                         config={"syncFlushTimeout": "2000", "haMaxGapNotInSync": str(GAP)})
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    create_topic(cluster, "Isr")
+    wait_slave_linked(cluster)
+    took_na: list[float] = []
+    with Producer("pg", cluster.namesrv_addr, send_timeout_s=10.0) as p:
+        while max_offset(master) < 2 * GAP:  # an empty slave is then more than the gap behind
+            for r in p.send_batch([Message("Isr", BODY) for _ in range(16)]):
+                assert r.send_status is SendStatus.SEND_OK, r
+        lagging, silent = _RawSlave(master.ha_addr, 0), _RawSlave(master.ha_addr, None)
+        try:
+            def raw_slaves_seen() -> bool:
+                acks = {s["addr"]: s["ackOffset"] for s in ha_of(master)["slaves"]}
+                return acks.get(lagging.addr) == 0 and acks.get(silent.addr) == -1 and len(acks) == 3
+
+            poll_until(raw_slaves_seen, 5, "the master to see both raw slaves")
+            r, _ = timed_send(p, Message("Isr", b"with the in-sync slave"))
+            assert r.send_status is SendStatus.SEND_OK, r  # lagging slaves are not waited for
+            slave.kill()  # the in-sync slave dies: its connection closes
+            poll_until(lambda: ha_of(master)["connectionCount"] == 2, 5, "the master to see the slave gone")
+            for i in range(3):
+                r, took = timed_send(p, Message("Isr", b"lagging only %d" % i))
+                took_na.append(took)
+                assert (r.send_status, took < 0.5) == (SendStatus.SLAVE_NOT_AVAILABLE, True), (r, took)
+        finally:
+            lagging.close()
+            silent.close()
+        slave.start()
+        wait_slave_linked(cluster)
+        r, _ = timed_send(p, Message("Isr", b"in sync again"))
+        assert r.send_status is SendStatus.SEND_OK, r
+    print(f"\nin-sync slave gone, lagging slaves connected: SLAVE_NOT_AVAILABLE in "
+          f"{min(took_na) * 1000:.1f}..{max(took_na) * 1000:.1f} ms (syncFlushTimeout 2000 ms)")
 
 
 class _ProduceRun:

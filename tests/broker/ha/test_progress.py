@@ -1,4 +1,4 @@
-"""Pure replication state: start offset, isSlaveOK, in-sync count, ack waiters, reconnect back-off."""
+"""Pure replication state: start offset, the in-sync rule, ack waiters per connected slave, reconnect back-off."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from broker.ha.progress import (
     ReplicationState,
     SlaveProgress,
     TooManyWaitersError,
-    is_slave_ok,
+    slave_acks_needed,
     slave_in_sync,
     transfer_start_offset,
 )
@@ -42,26 +42,38 @@ def test_transfer_start_offset_needs_a_report() -> None:
 
 
 @pytest.mark.parametrize(
-    ("connections", "put_where", "push2", "gap", "ok"),
-    [
-        (0, 100, 100, 1000, False),  # no slave
-        (1, 100, 100, 1000, True),
-        (1, 1100, 100, 1000, False),  # exactly the gap: strict <
-        (1, 1099, 100, 1000, True),
-        (2, 5000, 0, 1000, False),
-        (1, 0, 0, 1, True),
-    ],
-)
-def test_is_slave_ok(connections: int, put_where: int, push2: int, gap: int, ok: bool) -> None:
-    assert is_slave_ok(connections, put_where, push2, gap) is ok
-
-
-@pytest.mark.parametrize(
     ("put_where", "ack", "gap", "in_sync"),
     [(100, 100, 10, True), (110, 100, 10, False), (109, 100, 10, True), (5, -1, 10, True), (9, -1, 10, False)],
 )
 def test_slave_in_sync(put_where: int, ack: int, gap: int, in_sync: bool) -> None:
     assert slave_in_sync(put_where, ack, gap) is in_sync
+
+
+@pytest.mark.parametrize(
+    ("replicas", "min_replicas", "auto", "in_sync_slaves", "needed"),
+    [
+        # the default (decision 5): one slave ack, SLAVE_NOT_AVAILABLE (None) when no slave is in sync
+        (2, 1, False, 0, None),
+        (2, 1, False, 1, 1),
+        (2, 1, False, 3, 1),  # more in-sync slaves do not make a send wait for more acks
+        # inSyncReplicas=1 (RocketMQ 5's default): the master's copy is enough, whatever the slaves do
+        (1, 1, False, 0, 0),
+        (1, 1, False, 2, 0),
+        # three copies: two slave acks, and both slaves must be in sync
+        (3, 1, False, 1, None),
+        (3, 1, False, 2, 2),
+        # enableAutoInSyncReplicas: as many copies as are in sync, between min and inSyncReplicas
+        (3, 2, True, 2, 2),
+        (3, 2, True, 1, 1),
+        (3, 2, True, 0, None),  # below minInSyncReplicas: at once
+        (3, 1, True, 0, 0),  # min 1: degrade to the master alone
+        (3, 3, True, 1, None),
+        (2, 2, True, 5, 1),
+    ],
+)
+def test_slave_acks_needed(replicas: int, min_replicas: int, auto: bool, in_sync_slaves: int,
+                           needed: int | None) -> None:
+    assert slave_acks_needed(replicas, min_replicas, auto, in_sync_slaves) == needed
 
 
 def test_first_report_is_the_request_later_ones_are_acks() -> None:
@@ -72,97 +84,146 @@ def test_first_report_is_the_request_later_ones_are_acks() -> None:
     assert (p.request_offset, p.ack_offset) == (500, 700)
 
 
-def test_ack_completes_waiters_in_offset_order_and_shares_acks() -> None:
+def test_acks_complete_waiters_in_offset_order_and_share_acks() -> None:
     w: AckWaiters[str] = AckWaiters(max_waiters=10)
     for offset, name in [(300, "c"), (100, "a"), (200, "b"), (400, "d")]:
-        assert w.add(offset, name) is not None
-    assert w.on_ack(50) == []
-    assert w.on_ack(250) == ["a", "b"]  # one ack, two waiters (group commit)
+        w.add(offset, name)
+    assert w.on_acks([50]) == []
+    assert w.on_acks([250]) == ["a", "b"]  # one ack, two waiters (group commit)
     assert len(w) == 2
-    assert w.on_ack(1000) == ["c", "d"]
+    assert w.on_acks([1000]) == ["c", "d"]
     assert len(w) == 0
 
 
-def test_push2slave_max_offset_is_monotonic() -> None:
+def test_a_waiter_needing_two_acks_waits_for_the_second_best_ack() -> None:
     w: AckWaiters[str] = AckWaiters(max_waiters=10)
-    w.on_ack(500)
-    w.on_ack(200)  # a slower slave reports later: the best ack stays
-    assert w.push2slave_max_offset == 500
-    assert w.add(400, "x") is None  # already satisfied: nothing to wait for
-    assert w.add(500, "y") is None
-    assert w.add(501, "z") is not None
+    w.add(100, "one", acks=1)
+    w.add(100, "two", acks=2)
+    w.add(100, "three", acks=3)
+    assert w.on_acks([500]) == ["one"]  # one slave connected: groups needing more stay
+    assert w.on_acks([500, 90]) == []  # the second slave is behind
+    assert w.on_acks([500, 100]) == ["two"]
+    assert w.on_acks([500, 100, 99]) == []
+    assert len(w) == 1
+    with pytest.raises(ValueError, match="at least one slave ack"):
+        w.add(100, "none", acks=0)
 
 
 def test_expired_waiter_is_not_completed_by_a_later_ack() -> None:
     w: AckWaiters[str] = AckWaiters(max_waiters=10)
     a, b = w.add(100, "a"), w.add(200, "b")
-    assert a is not None and b is not None
     assert w.expire(a) is True
     assert w.expire(a) is False
-    assert w.on_ack(300) == ["b"]
+    assert w.on_acks([300]) == ["b"]
     assert w.expire(b) is False  # the ack got there first
 
 
 def test_waiter_bound_is_named() -> None:
     w: AckWaiters[int] = AckWaiters(max_waiters=2)
     w.add(10, 1)
-    w.add(20, 2)
+    w.add(20, 2, acks=2)
     with pytest.raises(TooManyWaitersError, match="ha_max_ack_waiters=2"):
         w.add(30, 3)
-    w.on_ack(10)
+    w.on_acks([10])
     assert w.add(30, 3) is not None  # room again after an ack
 
 
-def test_many_expiries_do_not_grow_the_heap_without_bound() -> None:
+def test_many_expiries_do_not_grow_the_heaps_without_bound() -> None:
     w: AckWaiters[int] = AckWaiters(max_waiters=10)
     for i in range(10_000):
-        waiter = w.add(1000 + i, i)
-        assert waiter is not None
-        w.expire(waiter)
+        w.expire(w.add(1000 + i, i, acks=1 + i % 3))
     assert len(w) == 0
-    assert len(w._heap) <= 1024 + 1
+    assert sum(len(h) for h in w._heaps.values()) <= 1024 + 1
 
 
 def test_drain_returns_pending_tokens() -> None:
     w: AckWaiters[str] = AckWaiters(max_waiters=10)
-    w.add(20, "b")
+    w.add(20, "b", acks=2)
     w.add(10, "a")
-    expired = w.add(30, "c")
-    assert expired is not None
-    w.expire(expired)
+    w.expire(w.add(30, "c"))
     assert w.drain() == ["a", "b"]
     assert len(w) == 0
-    assert w.on_ack(100) == []
+    assert w.on_acks([100, 100]) == []
 
 
-def test_replication_state_table() -> None:
-    """A scenario as a table: (event, argument) -> (is_slave_ok(put_where), in_sync count, completed)."""
-    s: ReplicationState[str] = ReplicationState(max_gap=1000, max_waiters=100)
-    put_where = 5000
-    s.waiters.add(4500, "w1")
-    s.waiters.add(5000, "w2")
-    steps: list[tuple[str, tuple[int, ...], bool, int, list[str]]] = [
-        ("add", (1,), False, 0, []),  # connected, no report: ack -1, push2 0 -> 5000 behind
-        ("report", (1, 3000), False, 0, []),
-        ("add", (2,), False, 0, []),
-        ("report", (2, 4200), True, 1, []),
-        ("report", (1, 4600), True, 2, ["w1"]),
-        ("remove", (2,), True, 1, []),
-        ("remove", (1,), False, 0, []),  # push2 stays at 4600, but nobody is connected
-        ("add", (3,), True, 0, []),  # a new slave: push2 (kept) is within the gap
-        ("report", (3, 5000), True, 1, ["w2"]),
-    ]
+Step = tuple[str, tuple[int, ...], bool, int, list[str]]
+
+
+def _play(s: ReplicationState[str], put_where: int, steps: list[Step]) -> None:
+    """Each step: (event, args) -> (is_slave_ok(put_where), in-sync slave count, waiter tokens completed)."""
     for event, args, ok, in_sync, completed in steps:
         done: list[str] = []
         if event == "add":
             s.add_slave(args[0], f"slave{args[0]}")
         elif event == "remove":
             s.remove_slave(args[0])
+        elif event == "wait":
+            assert s.wait(args[0], f"w{args[0]}", acks=args[1]) is not None, (event, args)
         else:
             _, done = s.on_report(args[0], args[1])
         assert (s.is_slave_ok(put_where), s.in_sync_slave_count(put_where), done) == (ok, in_sync, completed), (
             event, args
         )
+
+
+def test_replication_state_counts_only_connected_slaves() -> None:
+    """Issue 10: the in-sync slave dies, a fresh one is still far behind. 4.9.3 kept the dead slave's ack
+    (push2SlaveMaxOffset 4900) and said "slave OK"; here nothing connected is in sync, so the send answers at once."""
+    s: ReplicationState[str] = ReplicationState(max_gap=1000, max_waiters=100)
+    put_where = 5000
+    _play(s, put_where, [
+        ("add", (1,), False, 0, []),  # connected, no report: ack -1 -> 5001 behind
+        ("report", (1, 3000), False, 0, []),
+        ("add", (2,), False, 0, []),
+        ("report", (2, 4900), True, 1, []),
+        ("report", (1, 4600), True, 2, []),
+        ("remove", (2,), True, 1, []),
+        ("remove", (1,), False, 0, []),  # nobody connected: their acks are gone with them
+        ("add", (3,), False, 0, []),  # a fresh slave that has not reported
+        ("report", (3, 0), False, 0, []),  # and then reports an empty commit log
+    ])
+    assert s.push2slave_max_offset == 4900  # kept for the status page only
+    assert s.slave_acks_needed(put_where) is None
+    _play(s, put_where, [("report", (3, 4001), True, 1, [])])
+    assert s.slave_acks_needed(put_where) == 1
+
+
+def test_a_slave_that_disconnects_while_a_send_waits_no_longer_counts() -> None:
+    """A waiter needing two acks: one slave acks, then disconnects; the other's ack alone does not complete it.
+    A slave that connects later and reports past the offset does (its first report is an ack)."""
+    s: ReplicationState[str] = ReplicationState(max_gap=1000, max_waiters=100, in_sync_replicas=3)
+    put_where = 5000
+    _play(s, put_where, [
+        ("add", (1,), False, 0, []),
+        ("add", (2,), False, 0, []),
+        ("report", (1, 4800), True, 1, []),
+        ("report", (2, 4900), True, 2, []),
+    ])
+    assert s.slave_acks_needed(put_where) == 2
+    _play(s, put_where, [
+        ("wait", (5000, 2), True, 2, []),
+        ("report", (1, 5000), True, 2, []),  # one of two acks
+        ("remove", (1,), True, 1, []),  # ... from a slave that is now gone
+        ("report", (2, 5000), True, 1, []),  # the other slave's ack is not enough alone
+        ("add", (3,), True, 1, []),
+        ("report", (3, 6000), True, 2, ["w5000"]),  # a newcomer holding the bytes completes it
+    ])
+    assert len(s.waiters) == 0
+
+
+def test_wait_is_already_satisfied_by_the_connected_slaves_acks() -> None:
+    s: ReplicationState[str] = ReplicationState(max_gap=1000, max_waiters=100)
+    s.add_slave(1, "a")
+    s.add_slave(2, "b")
+    s.on_report(1, 500)
+    s.on_report(2, 300)
+    assert s.wait(500, "x") is None
+    assert s.wait(300, "y", acks=2) is None
+    assert s.wait(400, "z", acks=2) is not None  # only one slave holds 400
+    assert s.wait(100, "v", acks=3) is not None  # only two slaves are connected
+    with pytest.raises(ValueError, match="at least one"):
+        s.wait(100, "none", acks=0)
+    assert s.acks_best_first() == [500, 300]
 
 
 def test_replication_state_rejects_unknown_and_duplicate_connections() -> None:
@@ -197,5 +258,9 @@ def test_config_validation_names_the_field() -> None:
         HAConfig(reconnect_backoff_min_ms=10, reconnect_backoff_max_ms=5)
     with pytest.raises(ValueError, match="ha_slave_read_buffer_bytes"):
         HAConfig(ha_transfer_batch_size=1 << 20, ha_slave_read_buffer_bytes=1 << 20)
+    with pytest.raises(ValueError, match="min_in_sync_replicas"):
+        HAConfig(in_sync_replicas=1, min_in_sync_replicas=2)
+    with pytest.raises(ValueError, match="in_sync_replicas"):
+        HAConfig(in_sync_replicas=0)
     assert HAConfig(ha_send_heartbeat_interval_ms=200, ha_housekeeping_interval_ms=100).tick_ms == 25
     assert HAConfig().tick_ms == 1000
