@@ -26,6 +26,7 @@ from broker.admin_processor import AdminProcessor
 from broker.clients import ClientTable
 from broker.config import BrokerConfig
 from broker.consumer_manager import ConsumerIdsProcessor, LastPulls
+from broker.durability import DurabilityWaiter
 from broker.ha_glue import HAClientLike, HAServiceLike, create_ha
 from broker.long_polling import PullHoldService
 from broker.metadata import (
@@ -115,6 +116,10 @@ class BrokerController:
             ha_client = ha_client or created_client
         self.ha_service: HAServiceLike = ha_service
         self.ha_client: HAClientLike | None = ha_client
+        self.durability = DurabilityWaiter(
+            flush_disk_type=config.flush_disk_type, broker_role=config.broker_role,
+            sync_flush_timeout_ms=config.sync_flush_timeout_ms, flush_future=store.flush_future, replicas=ha_service,
+        )
         self.master_addr: str | None = None
         """A slave's master client address, from the last registration answer (None pauses metadata sync)."""
         self._own_http = http_client is None

@@ -24,6 +24,7 @@ class HAServiceLike(Protocol):
     def notify_new_data(self) -> None: ...
     def is_slave_ok(self, master_put_where: int) -> bool: ...
     def wait_for_ack(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool]: ...
+    def wait_for_replicas(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool] | None: ...
     def status(self) -> dict[str, Any]: ...
 
 
@@ -64,6 +65,9 @@ class NullHAService:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         fut.set_result(False)
         return fut
+
+    def wait_for_replicas(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool] | None:
+        return None
 
     def status(self) -> dict[str, Any]:
         return {"available": False, "connections": []}

@@ -4,9 +4,12 @@ Checks, in order: the broker is not a SLAVE (SERVICE_NOT_AVAILABLE), the broker 
 the topic name is legal and not a system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL),
 every message fits ``maxMessageSize``, the topic exists (auto-created from ``TBW102`` when enabled, else
 TOPIC_NOT_EXIST), it is writeable (NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)``
-(INVALID_PARAMETER). After a successful append (SEMANTICS.md 2.9, decision 5): SYNC_FLUSH waits for the flush
-(``FLUSH_DISK_TIMEOUT``), SYNC_MASTER waits for one slave ack (``SLAVE_NOT_AVAILABLE`` at once when no slave is
-in sync, ``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``); the replica status wins when both fail.
+(INVALID_PARAMETER). After a successful append, unless every message says ``WAIT=false``, the send waits as
+:mod:`broker.durability` describes (SEMANTICS.md 2.9, decision 5): SYNC_FLUSH for the flush
+(``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of ``inSyncReplicas - 1`` connected slaves, one by default
+(``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``; ``SLAVE_NOT_AVAILABLE`` at once when fewer connected slaves
+are in sync, i.e. have their own last ack within ``haMaxGapNotInSync`` of the put); the replica status wins
+when both fail.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from broker.durability import await_durability
 from broker.metadata.topics import NOT_ALLOWED_SEND_TOPICS
 from broker.sendback import DLQ_QUEUE_NUMS, RETRY_GROUP_TOPIC_PREFIX, reroute_retry_batch
 from broker.store.api import AppendResult, PutMessageStatus
@@ -128,7 +130,7 @@ class SendProcessor:
             self._raise_failure(topic, queue_id, result)
         ctrl.metrics.stored(topic, result.msg_count, result.wrote_bytes)
         ctrl.notify_appended()
-        code = await await_durability(ctrl, result) if _wait_store_msg_ok(items) else ResponseCode.SUCCESS
+        code = await ctrl.durability.wait(result) if _wait_store_msg_ok(items) else ResponseCode.SUCCESS
         ctrl.metrics.count_request(code, pull=False)
         return Response(encode_send_reply(int(code), queue_id, result.queue_offset, ctrl.store_host,
                                           result.physical_offsets))

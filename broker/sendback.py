@@ -23,7 +23,6 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker.durability import await_durability
 from broker.store.api import PutMessageStatus
 from client.errors import (
     BrokerSystemError,
@@ -272,7 +271,7 @@ class SendBackProcessor:
         ctrl.metrics.stored(tc.topic_name, 1, result.wrote_bytes)
         ctrl.notify_appended()
         if props.get(WAIT) != "false":
-            code = await await_durability(ctrl, result)
+            code = await ctrl.durability.wait(result)
             if code is not ResponseCode.SUCCESS:
                 raise BrokerSystemError(f"{code.name}: send-back stored in {tc.topic_name} at offset "
                                         f"{result.wrote_offset}, but not acknowledged in time [{where}]")

@@ -220,6 +220,9 @@ class FakeHAService:
             asyncio.get_running_loop().call_later(timeout_s, expire)
         return fut
 
+    def wait_for_replicas(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool] | None:
+        return self.wait_for_ack(end_offset, timeout_s) if self.slave_ok else None
+
     def status(self) -> dict[str, Any]:
         return {"masterMaxOffset": 0, "connectionCount": 1 if self.slave_ok else 0, "slaves": []}
 
