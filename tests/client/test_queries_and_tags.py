@@ -10,18 +10,18 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import partial
 
 import pytest
 
-from client import Admin, Message, MessageExt, Producer, PullConsumer, PullStatus
+from client import Admin, Message, Producer, PullConsumer, PullStatus
 from client._group_consumer import GroupConsumer
 from client.cluster import LocalCluster
 from client.errors import InvalidParameterError, QueryNotFoundError
 from client.protocol.codec import java_hash
 from client.protocol.message import MessageQueue
+from tests.waiting import poll_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,9 @@ def test_every_message_is_found_by_key_and_both_ids_on_master_and_slave(
         for broker_id in (0, 1):
             for key, body, r in sent:
                 where = f"{key} on broker id {broker_id}"
-                by_key = _wait_found(partial(admin.query_messages_by_key, topic, key, broker_id=broker_id))
+                # The slave indexes keys as it dispatches what it replicated, a moment past the catch-up.
+                by_key = poll_until(partial(admin.query_messages_by_key, topic, key, broker_id=broker_id), 5,
+                                    f"{where}: found by key")
                 assert [m.body for m in by_key] == [body], where
                 assert admin.query_message(r.offset_msg_id, broker_id=broker_id).body == body, where
                 by_uniq = admin.query_message(r.msg_id, topic=topic, broker_id=broker_id)
@@ -54,16 +56,6 @@ def test_every_message_is_found_by_key_and_both_ids_on_master_and_slave(
             assert [m.body for m in admin.query_messages_by_key(topic, key)] == [body], f"{key} with master down"
             assert admin.query_message(r.offset_msg_id).body == body
             assert admin.query_message(r.msg_id, topic=topic).body == body
-
-
-def _wait_found(query: Callable[[], list[MessageExt]], timeout_s: float = 5.0) -> list[MessageExt]:
-    """The slave indexes keys as it dispatches what it replicated: poll briefly past ``wait_slave_caught_up``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = query()
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)  # polling the index with a deadline
 
 
 TAGS = ["A", "B", "C", "Aa", "BB"]
@@ -86,6 +78,7 @@ def test_tag_filters_return_exactly_the_matching_messages(cluster_factory: Calla
 
     with PullConsumer("g_tags_pull", cluster.namesrv_addr) as pc:
         queues = pc.fetch_subscribe_message_queues(topic)
+        ends = {mq: pc.max_offset(mq) for mq in queues}
         for expr, tags in (("A", ["A"]), ("A || C", ["A", "C"]), ("*", TAGS)):
             assert _pull_all(pc, queues, expr) == expected(*tags), expr
         # The broker filters on the tag hash, so "Aa" lets the colliding "BB" through; the pull re-checks the tag.
@@ -96,7 +89,7 @@ def test_tag_filters_return_exactly_the_matching_messages(cluster_factory: Calla
         with GroupConsumer(group, cluster.namesrv_addr, consume_from_where="FIRST_OFFSET",
                            rebalance_interval_s=1.0, pull_suspend_s=0.5) as gc:
             gc.subscribe(topic, expr)
-            got = _poll_until(gc, len(expected(*tags)))
+            got = _consume_through(gc, ends)
         assert sorted(got) == sorted(expected(*tags)), expr
 
 
@@ -114,11 +107,19 @@ def _pull_all(pc: PullConsumer, queues: list[MessageQueue], expr: str) -> set[by
     return set(out)
 
 
-def _poll_until(gc: GroupConsumer, n: int, timeout_s: float = 15.0) -> list[bytes]:
-    """Poll until ``n`` messages arrived, then a little longer so an extra (wrong) one would show."""
+def _consume_through(gc: GroupConsumer, ends: dict[MessageQueue, int], timeout_s: float = 15.0) -> list[bytes]:
+    """Everything ``gc`` hands out until it has pulled every queue through ``ends``: a wrong message (one the
+    filter should have dropped) would be among them, wherever it sits in its queue."""
     got: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < n and time.monotonic() < deadline:
-        got.extend(m.body for m in gc.poll(0.5))
-    got.extend(m.body for m in gc.poll(0.5))
+    core = gc._engine.core
+
+    def pulled_through() -> bool:
+        got.extend(m.body for m in gc.poll(0.1))
+        with core.lock:
+            at = {mq: pq.next_pull_offset for mq, pq in core.pqs.items()}
+        return all(at.get(mq, -1) >= end for mq, end in ends.items())
+
+    poll_until(pulled_through, timeout_s, f"{gc.group} pulling every queue through its end {ends}")
+    while batch := gc.poll(0):  # pulled means cached: nothing more can come
+        got.extend(m.body for m in batch)
     return got
