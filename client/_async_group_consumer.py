@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import httpx
 
-from client._consume_core import GroupConsumerConfig, GroupCore
+from client._consume_core import GroupConsumerConfig, GroupCore, next_pull_delay_s
 from client._consumer import AsyncPullConsumer
 from client._group_consumer import consumer_ids_url, id_query_addrs, parse_consumer_ids
 from client._instance import AsyncClientInstance, ClientConfig, ClientState
@@ -267,9 +267,7 @@ class AsyncGroupConsumer:
                 self.core.reset_queue(pq, r.next_begin_offset)
             return 0.0
         self.core.on_pulled(pq, gen, [], r.next_begin_offset, self.group)
-        if r.pull_status is PullStatus.NO_NEW_MSG and time.monotonic() - began < cfg.pull_suspend_s / 2:
-            return 0.05
-        return 0.0
+        return next_pull_delay_s(r, offset, time.monotonic() - began, cfg)
 
     # --- consuming ---
 

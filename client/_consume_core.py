@@ -28,12 +28,18 @@ from client._rebalance import (
     TagFilter,
     restore_retry_topic,
 )
+from client._requests import PullResult
+from client._routing import pull_refused
+from client.protocol.codes import PullStatus
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.properties import validate_group, validate_topic
 
-__all__ = ["GroupConsumerConfig", "GroupCore", "PulledBatch"]
+__all__ = ["GroupConsumerConfig", "GroupCore", "PulledBatch", "next_pull_delay_s"]
 
 MIB = 1024 * 1024
+#: The least wait before pulling a queue again after an answer without messages that the broker did not hold
+#: (long polling off, or a slave's refusal): pulling it at once would spin on the same answer.
+NO_NEW_MIN_DELAY_S = 0.05
 
 
 def _positive(_: Any, attribute: Any, value: float) -> None:
@@ -292,6 +298,29 @@ class GroupCore:
     def topics(self) -> list[str]:
         with self.lock:
             return sorted(self.subscriptions)
+
+
+def next_pull_delay_s(result: PullResult, requested_offset: int, held_s: float, config: GroupConsumerConfig
+                      ) -> float:
+    """How long a queue waits before its next pull, after ``result`` of a pull at ``requested_offset`` that took
+    ``held_s`` (both engines, sync and async, pace their pulls with this).
+
+    * messages found, or the offset moved: at once;
+    * refused by every member asked (:func:`client._routing.pull_refused`: a slave with ``slaveReadEnable=false``
+      whose master link is up, and the master could not be reached or is not in the route):
+      ``pull_delay_on_error_s``, as a pull that failed (RocketMQ's ``pullTimeDelayMillsWhenException``) -- the
+      next pull would get the same answer at once;
+    * NO_NEW_MSG the broker did not hold (long polling off, or answered early): :data:`NO_NEW_MIN_DELAY_S`;
+    * anything else (NO_MATCHED_MSG that skipped messages, a held NO_NEW_MSG): at once.
+    """
+    status = result.pull_status
+    if status is PullStatus.FOUND or status is PullStatus.OFFSET_ILLEGAL:
+        return 0.0
+    if pull_refused(result, requested_offset):
+        return max(config.pull_delay_on_error_s, NO_NEW_MIN_DELAY_S)
+    if status is PullStatus.NO_NEW_MSG and held_s < config.pull_suspend_s / 2:
+        return NO_NEW_MIN_DELAY_S
+    return 0.0
 
 
 def run_quietly(fn: Callable[[], Any], what: str, log: Any) -> bool:

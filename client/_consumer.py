@@ -3,10 +3,13 @@
 Choosing the member of a broker group (SEMANTICS.md 3.3, 3.5, 3.6):
 
 * pull: ``recalculate_pull_from_which_node(mq)`` (the user's pin, else the broker's last suggestion, else the
-  master), moved off a member the client found unreachable within the last ``broker_down_isolation_s``, then
-  ``find_broker_address_in_subscribe(name, id, False)``; the route is refreshed once when that finds nothing.
-  After every answer the broker's ``suggest_which_broker_id`` is stored for the queue. A connection failure marks
-  the member down and the pull is tried once on another member of the group (if any) before the error surfaces;
+  master), moved off a member the client found unreachable within the last ``broker_down_isolation_s`` (but not
+  onto a slave that refused a pull lately), then ``find_broker_address_in_subscribe(name, id, False)``; the route
+  is refreshed once when that finds nothing. After every answer the broker's ``suggest_which_broker_id`` is stored
+  for the queue. A connection failure marks the member down and the pull is tried once on another member of the
+  group (if any) before the error surfaces; a slave's refusal (``slaveReadEnable=false``, master link up) sends
+  the pull on to the master, and when nobody served it the refusal is returned as NO_MATCHED_MSG with the offset
+  unchanged (:class:`client._routing.PullPlan`);
 * offsets and range queries: the master when it is in the route and not marked down, else a slave.
 
 The commit-offset bit of a pull is set only when the pull goes to the master.
@@ -30,7 +33,7 @@ from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, 
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
 from client._rebalance import TagFilter
 from client._requests import PullResult
-from client._routing import PullNodeTable, choose_pull_broker_id
+from client._routing import PullNodeTable, PullPlan, PullTarget, plan_pull, pull_refused
 from client.errors import (
     BrokerNotFoundError,
     ClientError,
@@ -72,39 +75,13 @@ class ConsumerConfig:
     """Bound on one pull without long polling (with it: the suspend time plus this)."""
 
 
-@attrs.frozen
-class _Target:
-    broker_id: int
-    addr: str
-    slave: bool
+_Target = PullTarget
 
 
-def _member_id(members: Mapping[int, str] | None, addr: str) -> int:
-    for bid, a in (members or {}).items():
-        if a == addr:
-            return bid
-    return MASTER_ID
-
-
-def pull_targets(client: _InstanceCore, nodes: PullNodeTable, mq: MessageQueue) -> list[_Target]:
-    """The member to pull ``mq`` from, then one fallback member that is not marked down (pure given state)."""
-    name = mq.broker_name
-    members = client.routes.broker_addrs(name)
-    now = _now_ms()
-    wanted = nodes.recalculate(mq)
-    if not nodes.connect_broker_by_user:
-        wanted = choose_pull_broker_id(name, members, wanted, client.broker_down, now)
-    found = client.find_broker_address_in_subscribe(name, wanted, False)
-    if found is None or members is None:
-        return []
-    first = _Target(_member_id(members, found.broker_addr), found.broker_addr, found.slave)
-    out = [first]
-    if not nodes.connect_broker_by_user:
-        for bid, addr in sorted(members.items()):
-            if bid != first.broker_id and not client.broker_down.is_down(name, bid, now):
-                out.append(_Target(bid, addr, bid != MASTER_ID))
-                break
-    return out
+def pull_plan(client: _InstanceCore, nodes: PullNodeTable, mq: MessageQueue) -> PullPlan | None:
+    """The members to ask for a pull of ``mq`` (see :class:`client._routing.PullPlan`); None: none in the route."""
+    return plan_pull(mq.broker_name, client.routes.broker_addrs(mq.broker_name), nodes.recalculate(mq),
+                     client.broker_down, _now_ms(), pinned=nodes.connect_broker_by_user)
 
 
 def admin_targets(client: _InstanceCore, broker_name: str) -> list[_Target]:
@@ -191,6 +168,30 @@ class _ConsumerBase:
     def _role(self, t: _Target) -> str:
         return "slave" if t.slave else "master"
 
+    def _pull_failed(self, plan: PullPlan, mq: MessageQueue, t: _Target, e: httpx.HTTPError) -> ClientError:
+        plan.failed(t, _now_ms())
+        error = rq.map_transport_error(e, t.addr, f"pull {mq} from {self._role(t)} {mq.broker_name}[{t.broker_id}] "
+                                                  f"{t.addr}")
+        log.info("%s", error)
+        return error
+
+    def _pull_answered(self, plan: PullPlan, t: _Target, result: PullResult, offset: int) -> bool:
+        """True when ``result`` is the pull's answer; False when ``t`` refused and the plan goes on."""
+        refused = pull_refused(result, offset)
+        if refused:
+            log.debug("pull at %d refused by %s [%d], which suggests [%d]", offset, t.addr, t.broker_id,
+                      result.suggest_which_broker_id)
+        return plan.answered(t, refused=refused, suggest_which_broker_id=result.suggest_which_broker_id,
+                             now_ms=_now_ms())
+
+    def _pull_outcome(self, mq: MessageQueue, refusal: PullResult | None, error: ClientError | None,
+                      sub_expression: str) -> PullResult:
+        """No member served the pull: a refusal is an answer (the offset unchanged), else the transport error."""
+        if refusal is not None:
+            return self._finish_pull(mq, refusal, sub_expression)
+        assert error is not None
+        raise error
+
 
 class PullConsumer(SyncLifecycle, _ConsumerBase):
     """A synchronous pull consumer (RocketMQ ``DefaultMQPullConsumer`` / lite pull).
@@ -256,27 +257,27 @@ class PullConsumer(SyncLifecycle, _ConsumerBase):
         """
         client = self._ensure_open()
         mq = _check_pull_args(mq, offset, max_nums)
-        targets = pull_targets(client, self._nodes, mq)
-        if not targets:
+        plan = pull_plan(client, self._nodes, mq)
+        if plan is None:
             client.update_topic_route_from_nameserver(mq.topic)
-            targets = pull_targets(client, self._nodes, mq)
-        if not targets:
+            plan = pull_plan(client, self._nodes, mq)
+        if plan is None:
             raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
         timeout = self._pull_timeout(timeout_s, suspend_timeout_s)
         error: ClientError | None = None
-        for t in targets:
+        refusal: PullResult | None = None
+        while (t := plan.next()) is not None:
             target = self._pull_target(t, mq, offset, max_nums, sub_expression, suspend_timeout_s)
             try:
                 resp = client.exchange("GET", t.addr, target, timeout=timeout)
             except httpx.HTTPError as e:
-                client.broker_down.mark_down(mq.broker_name, t.broker_id, _now_ms())
-                error = rq.map_transport_error(e, t.addr, f"pull {mq} from {self._role(t)} {mq.broker_name}"
-                                                         f"[{t.broker_id}] {t.addr}")
-                log.info("%s", error)
+                error = self._pull_failed(plan, mq, t, e)
                 continue
-            return self._finish_pull(mq, rq.parse_pull(resp, t.addr, mq), sub_expression)
-        assert error is not None
-        raise error
+            result = rq.parse_pull(resp, t.addr, mq)
+            if self._pull_answered(plan, t, result, offset):
+                return self._finish_pull(mq, result, sub_expression)
+            refusal = result
+        return self._pull_outcome(mq, refusal, error, sub_expression)
 
     def _admin_call(self, mq: MessageQueue, what: str, call: Any) -> Any:
         """Run ``call(target)`` on the master, or on a slave when the master is missing, down or unreachable."""
@@ -372,27 +373,27 @@ class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
         """See :meth:`PullConsumer.pull`."""
         client = self._ensure_open()
         mq = _check_pull_args(mq, offset, max_nums)
-        targets = pull_targets(client, self._nodes, mq)
-        if not targets:
+        plan = pull_plan(client, self._nodes, mq)
+        if plan is None:
             await client.update_topic_route_from_nameserver(mq.topic)
-            targets = pull_targets(client, self._nodes, mq)
-        if not targets:
+            plan = pull_plan(client, self._nodes, mq)
+        if plan is None:
             raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
         timeout = self._pull_timeout(timeout_s, suspend_timeout_s)
         error: ClientError | None = None
-        for t in targets:
+        refusal: PullResult | None = None
+        while (t := plan.next()) is not None:
             target = self._pull_target(t, mq, offset, max_nums, sub_expression, suspend_timeout_s)
             try:
                 resp = await client.exchange("GET", t.addr, target, timeout=timeout)
             except httpx.HTTPError as e:
-                client.broker_down.mark_down(mq.broker_name, t.broker_id, _now_ms())
-                error = rq.map_transport_error(e, t.addr, f"pull {mq} from {self._role(t)} {mq.broker_name}"
-                                                         f"[{t.broker_id}] {t.addr}")
-                log.info("%s", error)
+                error = self._pull_failed(plan, mq, t, e)
                 continue
-            return self._finish_pull(mq, rq.parse_pull(resp, t.addr, mq), sub_expression)
-        assert error is not None
-        raise error
+            result = rq.parse_pull(resp, t.addr, mq)
+            if self._pull_answered(plan, t, result, offset):
+                return self._finish_pull(mq, result, sub_expression)
+            refusal = result
+        return self._pull_outcome(mq, refusal, error, sub_expression)
 
     async def _admin_call(self, mq: MessageQueue, what: str, call: Any) -> Any:
         client = self._ensure_open()

@@ -30,7 +30,7 @@ import attrs
 import httpx
 
 from client import _requests as rq
-from client._consume_core import GroupConsumerConfig, GroupCore, run_quietly
+from client._consume_core import GroupConsumerConfig, GroupCore, next_pull_delay_s, run_quietly
 from client._consumer import PullConsumer
 from client._instance import ClientConfig, ClientInstance, ClientState
 from client._offset_store import LocalFileOffsetStore
@@ -49,7 +49,6 @@ _GROUPS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _GROUPS_LOCK = threading.Lock()
 _FLOW_CONTROL_DELAY_S = 0.05  # RocketMQ PULL_TIME_DELAY_MILLS_WHEN_FLOW_CONTROL
 _PAUSED_DELAY_S = 0.1
-_NO_NEW_MIN_DELAY_S = 0.05
 #: Close waits this long at most for a pull thread; one parked in a broker long poll (up to ``pull_suspend_s``)
 #: is abandoned: it ends when the broker answers, and then touches nothing (RocketMQ drops such a response too).
 _CLOSE_JOIN_PULL_S = 0.3
@@ -537,10 +536,7 @@ class SyncEngine:
                 core.reset_queue(pq, r.next_begin_offset)
             return 0.0
         core.on_pulled(pq, gen, [], r.next_begin_offset, self.group)
-        held_s = time.monotonic() - began
-        if r.pull_status is PullStatus.NO_NEW_MSG and held_s < cfg.pull_suspend_s / 2:
-            return _NO_NEW_MIN_DELAY_S  # the broker did not hold the pull: don't spin on it
-        return 0.0
+        return next_pull_delay_s(r, offset, time.monotonic() - began, cfg)
 
 
 class GroupConsumer:

@@ -10,7 +10,9 @@ table-tested (``tests/client/test_routing.py``). The rules are RocketMQ's (SEMAN
   fault tolerance is on, brokers still isolated by :class:`LatencyFaultTolerance`.
 * :class:`PullNodeTable` -- ``pullFromWhichNodeTable`` and ``recalculatePullFromWhichNode``.
 * :class:`BrokerDownTable` -- consumer-side isolation of an unreachable broker for a short time, so the next
-  pull goes to another member of the group at once instead of waiting for the route refresh (30 s).
+  pull goes to another member of the group at once instead of waiting for the route refresh (30 s); and the
+  members that refused a pull lately (decision 6), so a pull is not sent again to a member that will refuse it.
+* :func:`plan_pull` / :class:`PullPlan` -- the members one pull asks, in order, and what each outcome changes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from client.protocol.codes import MASTER_ID, Perm
+from client._requests import PullResult
+from client.protocol.codes import MASTER_ID, Perm, PullStatus
 from client.protocol.message import MessageQueue
 from client.protocol.route import QueueData, TopicRouteData
 
@@ -34,12 +37,16 @@ __all__ = [
     "LatencyFaultTolerance",
     "NameServerSelector",
     "PullNodeTable",
+    "PullPlan",
+    "PullTarget",
     "QueueSelector",
     "RouteCache",
     "TopicPublishInfo",
     "choose_pull_broker_id",
     "default_route_for",
     "find_broker_address_in_subscribe",
+    "plan_pull",
+    "pull_refused",
     "topic_route_to_publish_info",
     "topic_route_to_subscribe_info",
 ]
@@ -364,11 +371,23 @@ class PullNodeTable:
 
 
 class BrokerDownTable:
-    """Members a consumer found unreachable, isolated until a deadline (``isolation_ms`` after the failure)."""
+    """What a consumer learned about the members of its broker groups from its own requests.
 
-    def __init__(self, *, isolation_ms: int = 5000) -> None:
+    * down: a member it could not reach, isolated until ``isolation_ms`` after the failure;
+    * refused: a member that answered a pull with a refusal (:func:`pull_refused`: a slave with
+      ``slaveReadEnable=false`` whose link to its master is up, decision 6), remembered for ``refusal_ms``
+      (``isolation_ms`` when None) or until it serves a pull.
+
+    Args:
+        isolation_ms: how long an unreachable member is avoided.
+        refusal_ms: how long a refusing member is avoided while another member may serve.
+    """
+
+    def __init__(self, *, isolation_ms: int = 5000, refusal_ms: int | None = None) -> None:
         self.isolation_ms = isolation_ms
+        self.refusal_ms = isolation_ms if refusal_ms is None else refusal_ms
         self._down: dict[tuple[str, int], int] = {}
+        self._refused: dict[tuple[str, int], int] = {}
 
     def mark_down(self, broker_name: str, broker_id: int, now_ms: int) -> None:
         self._down[(broker_name, broker_id)] = now_ms + self.isolation_ms
@@ -377,29 +396,170 @@ class BrokerDownTable:
         self._down.pop((broker_name, broker_id), None)
 
     def is_down(self, broker_name: str, broker_id: int, now_ms: int) -> bool:
-        until = self._down.get((broker_name, broker_id))
-        if until is None:
-            return False
-        if now_ms >= until:
-            self._down.pop((broker_name, broker_id), None)
-            return False
-        return True
+        return _live(self._down, (broker_name, broker_id), now_ms)
+
+    def down_until(self, broker_name: str, broker_id: int) -> int | None:
+        """The end of the member's isolation (ms, the caller's clock), None when it was never marked or is up."""
+        return self._down.get((broker_name, broker_id))
+
+    def mark_refused(self, broker_name: str, broker_id: int, now_ms: int) -> None:
+        """The member answered a pull, refusing to serve it: it is reachable, and will refuse again."""
+        self._down.pop((broker_name, broker_id), None)
+        self._refused[(broker_name, broker_id)] = now_ms + self.refusal_ms
+
+    def mark_served(self, broker_name: str, broker_id: int) -> None:
+        """The member served a pull: neither down nor refusing."""
+        self._down.pop((broker_name, broker_id), None)
+        self._refused.pop((broker_name, broker_id), None)
+
+    def has_refused(self, broker_name: str, broker_id: int, now_ms: int) -> bool:
+        """True when the member refused a pull within the last ``refusal_ms`` and has not served one since."""
+        return _live(self._refused, (broker_name, broker_id), now_ms)
+
+
+def _live(deadlines: dict[tuple[str, int], int], key: tuple[str, int], now_ms: int) -> bool:
+    until = deadlines.get(key)
+    if until is None:
+        return False
+    if now_ms >= until:
+        deadlines.pop(key, None)
+        return False
+    return True
 
 
 def choose_pull_broker_id(
     broker_name: str, addrs: Mapping[int, str] | None, wanted_id: int, down: BrokerDownTable, now_ms: int
 ) -> int:
-    """The id to resolve for a pull: ``wanted_id`` unless it is down, else the lowest member that is up.
+    """The id to resolve for a pull: ``wanted_id`` unless it is down, else the lowest member that is up and did
+    not refuse a pull lately, else ``wanted_id`` again.
 
-    When every member is down (or the group is unknown) the wanted id stays: failing fast on it again is
-    better than inventing an address.
+    A member that refused lately is a slave whose link to its master was up (decision 6): asking it again brings
+    the same refusal at once, and a consumer that re-pulls on it spins. Its refusal also says that the member it
+    sends consumers to (the master, ``wanted_id`` after the suggestion it answered) was alive a moment ago as
+    far as the group can tell, so that member is asked again although this client marked it down. When every
+    member is down (or the group is unknown) the wanted id stays too: failing fast on it again is better than
+    inventing an address.
     """
     if not addrs or not down.is_down(broker_name, wanted_id, now_ms):
         return wanted_id
     for bid in sorted(addrs):
-        if bid != wanted_id and not down.is_down(broker_name, bid, now_ms):
+        if bid != wanted_id and not down.is_down(broker_name, bid, now_ms) \
+                and not down.has_refused(broker_name, bid, now_ms):
             return bid
     return wanted_id
+
+
+def pull_refused(result: PullResult, requested_offset: int) -> bool:
+    """True when ``result`` is a refusal: ``PULL_RETRY_IMMEDIATELY`` (NO_MATCHED_MSG) that read nothing (the next
+    offset is the requested one) and sends the consumer to another member.
+
+    That is what a slave with ``slaveReadEnable=false`` answers while its master link is up (decision 6,
+    ``broker/read_split.py``). A NO_MATCHED_MSG that skipped messages not matching the tags moves the offset, and
+    is an answer like any other.
+    """
+    return (result.pull_status is PullStatus.NO_MATCHED_MSG and result.next_begin_offset == requested_offset
+            and not result.msg_found_list and result.suggest_which_broker_id != result.served_by_broker_id)
+
+
+@attrs.frozen
+class PullTarget:
+    """A member a pull is sent to."""
+
+    broker_id: int
+    """The member's id in its group (0 = master)."""
+    addr: str
+    """``host:port``."""
+    slave: bool
+    """True unless the member is the master (a pull to a slave carries no commit offset)."""
+
+
+class PullPlan:
+    """The members one pull asks, in order; pure (the caller sends and reports each outcome), one per pull.
+
+    * first: :func:`plan_pull`'s choice;
+    * after a transport failure (the member is marked down): one other member that is not down, one that did
+      not refuse lately first -- a refuser is still worth the request, its master link may have dropped since
+      and then it serves (decision 6);
+    * after a refusal (the member is remembered as refusing): the member the refuser suggests, unless asked
+      already in this pull, even when marked down -- the refuser's link to it was up a moment ago;
+    * pinned (``connect_broker_by_user``): the pinned member only.
+
+    At most ``max_attempts`` requests. When no answer served the pull, the caller returns the refusal if there was
+    one (a value: NO_MATCHED_MSG, the offset unchanged), else raises the transport error; a consumer engine waits
+    ``pull_delay_on_error_s`` after either before pulling the queue again.
+    """
+
+    def __init__(self, broker_name: str, members: Mapping[int, str], first: PullTarget, down: BrokerDownTable, *,
+                 pinned: bool, max_attempts: int = 2) -> None:
+        self.broker_name = broker_name
+        self._members = members
+        self._down = down
+        self._pinned = pinned
+        self._next: PullTarget | None = first
+        self._tried: set[int] = set()
+        self._left = max_attempts
+
+    def next(self) -> PullTarget | None:
+        """The member to ask now, or None when the pull is over."""
+        t = self._next
+        if t is None or self._left <= 0:
+            return None
+        self._next = None
+        self._left -= 1
+        self._tried.add(t.broker_id)
+        return t
+
+    def failed(self, target: PullTarget, now_ms: int) -> None:
+        """``target`` could not be reached (or did not answer in time): mark it down, plan the fallback."""
+        self._down.mark_down(self.broker_name, target.broker_id, now_ms)
+        if self._pinned:
+            return
+        name, down = self.broker_name, self._down
+        candidates = [bid for bid in sorted(self._members)
+                      if bid not in self._tried and not down.is_down(name, bid, now_ms)]
+        candidates.sort(key=lambda bid: down.has_refused(name, bid, now_ms))  # stable: lowest id first
+        self._next = self._target(candidates[0]) if candidates else None
+
+    def answered(self, target: PullTarget, *, refused: bool, suggest_which_broker_id: int, now_ms: int) -> bool:
+        """``target`` answered; True when the answer is the pull's, False when it refused and the pull goes on."""
+        if not refused:
+            self._down.mark_served(self.broker_name, target.broker_id)
+            return True
+        self._down.mark_refused(self.broker_name, target.broker_id, now_ms)
+        suggest = suggest_which_broker_id
+        if not self._pinned and suggest in self._members and suggest not in self._tried:
+            self._next = self._target(suggest)
+        return False
+
+    def _target(self, broker_id: int) -> PullTarget:
+        return PullTarget(broker_id, self._members[broker_id], broker_id != MASTER_ID)
+
+
+def plan_pull(broker_name: str, members: Mapping[int, str] | None, wanted_id: int, down: BrokerDownTable,
+              now_ms: int, *, pinned: bool) -> PullPlan | None:
+    """The plan of one pull of a queue of ``broker_name`` (SEMANTICS.md 3.3 and decision 6).
+
+    Args:
+        broker_name: the queue's group.
+        members: the group's ``{brokerId: addr}``; None or empty when unknown.
+        wanted_id: :meth:`PullNodeTable.recalculate` of the queue (the pin, or the last suggestion).
+        down: the client's member health.
+        now_ms: the clock ``down`` uses.
+        pinned: ``connect_broker_by_user``: no avoidance of down or refusing members, no fallback.
+
+    Returns:
+        The plan, or None when no member can be resolved (the caller refreshes the route).
+    """
+    if not members:
+        return None
+    if not pinned:
+        wanted_id = choose_pull_broker_id(broker_name, members, wanted_id, down, now_ms)
+    found = find_broker_address_in_subscribe(members, wanted_id, False)
+    if found is None:
+        return None
+    first_id = next((bid for bid, a in members.items() if a == found.broker_addr), MASTER_ID)
+    return PullPlan(broker_name, members, PullTarget(first_id, found.broker_addr, found.slave), down,
+                    pinned=pinned)
 
 
 class NameServerSelector:

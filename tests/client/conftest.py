@@ -23,7 +23,8 @@ class FakeCluster:
     """Nameservers and brokers answering from tables; ``script[addr]`` lists what the next requests get.
 
     Script actions: ``"ok"``, an int response code (error JSON for codes >= 13 or 1/2, a stored-but status for
-    10/11/12), ``"connect"`` (ConnectError), ``"timeout"`` (ReadTimeout).
+    10/11/12), ``"connect"`` (ConnectError), ``"timeout"`` (ReadTimeout), and for pulls ``"refuse"`` (a slave
+    with ``slaveReadEnable=false`` whose master link is up: PULL_RETRY_IMMEDIATELY, offset unchanged, suggest 0).
     """
 
     def __init__(self) -> None:
@@ -70,7 +71,7 @@ class FakeCluster:
         if path == "/send":
             return self._send(addr, request, action)
         if path == "/pull":
-            return self._pull(addr, request)
+            return self._pull(addr, request, action)
         if path == "/offset/consumer" and request.method == "POST":
             return httpx.Response(200, json={"updated": 1})
         if path == "/offset/consumer":
@@ -109,9 +110,10 @@ class FakeCluster:
         host = codec.pack_host("127.0.0.1", 10911)
         return httpx.Response(200, content=wire.encode_send_reply(code, int(q["queueId"]), first, host, offsets))
 
-    def _pull(self, addr: str, request: httpx.Request) -> httpx.Response:
+    def _pull(self, addr: str, request: httpx.Request, action: Any) -> httpx.Response:
         q = dict(parse_qsl(request.url.query.decode()))
-        head = wire.encode_pull_header(19, int(q["offset"]), 0, int(q["offset"]), self.pull_suggest.get(addr, 0),
+        code, suggest = (20, 0) if action == "refuse" else (19, self.pull_suggest.get(addr, 0))
+        head = wire.encode_pull_header(code, int(q["offset"]), 0, int(q["offset"]), suggest,
                                        self.broker_ids.get(addr, 0), 0)
         return httpx.Response(200, content=head)
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from client._requests import PullResult
 from client._routing import (
     BrokerDownTable,
     FaultToleranceConfig,
@@ -13,15 +14,18 @@ from client._routing import (
     LatencyFaultTolerance,
     NameServerSelector,
     PullNodeTable,
+    PullTarget,
     QueueSelector,
     RouteCache,
     choose_pull_broker_id,
     default_route_for,
     find_broker_address_in_subscribe,
+    plan_pull,
+    pull_refused,
     topic_route_to_publish_info,
     topic_route_to_subscribe_info,
 )
-from client.protocol.codes import Perm
+from client.protocol.codes import Perm, PullStatus
 from client.protocol.message import MessageQueue
 from client.protocol.route import BrokerData, QueueData, TopicRouteData
 
@@ -250,6 +254,145 @@ def test_broker_down_table_mark_up() -> None:
     assert table.is_down("a", 0, 109) and not table.is_down("a", 1, 50)
     table.mark_up("a", 0)
     assert not table.is_down("a", 0, 50)
+
+
+# --- refusals (decision 6): no pull to a member that will refuse it ---------------------------------------------
+
+@pytest.mark.parametrize(
+    ("addrs", "down", "refused", "now", "expected"),
+    [
+        ({0: M, 1: S1}, [0], [1], 0, 0),          # only a refuser is up: it vouches for the master -> ask it
+        ({0: M, 1: S1}, [0], [1], 1000, 1),       # the refusal is forgotten (refusal_ms): the slave again
+        ({0: M, 1: S1, 2: S2}, [0], [1], 0, 2),   # another member that did not refuse
+        ({0: M, 1: S1, 2: S2}, [0, 2], [1], 0, 0),
+        ({0: M, 1: S1}, [], [1], 0, 0),           # master not down: the refusal changes nothing
+        ({0: M, 1: S1}, [0, 1], [], 0, 0),        # all down: the wanted id
+    ],
+)
+def test_choose_pull_broker_id_avoids_members_that_refused(addrs, down, refused, now, expected) -> None:
+    table = BrokerDownTable(isolation_ms=5000, refusal_ms=1000)
+    for bid in refused:
+        table.mark_refused("broker-a", bid, 0)
+    for bid in down:
+        table.mark_down("broker-a", bid, 0)
+    assert choose_pull_broker_id("broker-a", addrs, 0, table, now) == expected
+
+
+def test_broker_down_table_refusals() -> None:
+    table = BrokerDownTable(isolation_ms=100)
+    assert table.refusal_ms == 100
+    table.mark_down("a", 1, 0)
+    table.mark_refused("a", 1, 10)  # an answer, even a refusal: the member is reachable
+    assert not table.is_down("a", 1, 20) and table.has_refused("a", 1, 109) and not table.has_refused("a", 0, 20)
+    assert not table.has_refused("a", 1, 110)
+    table.mark_down("a", 0, 0)
+    table.mark_refused("a", 1, 200)
+    assert table.down_until("a", 0) == 100
+    table.mark_served("a", 1)
+    table.mark_served("a", 0)
+    assert not table.has_refused("a", 1, 201) and table.down_until("a", 0) is None
+
+
+def pull_result(status: PullStatus, next_begin: int, suggest: int, served_by: int, msgs: int = 0) -> PullResult:
+    return PullResult(status, next_begin, 0, 50, [object()] * msgs, suggest, served_by)  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (pull_result(PullStatus.NO_MATCHED_MSG, 7, 0, 1), True),    # slave, slaveReadEnable=false, link up
+        (pull_result(PullStatus.NO_MATCHED_MSG, 9, 0, 1), False),   # tag-filtered messages skipped: progress
+        (pull_result(PullStatus.NO_MATCHED_MSG, 7, 1, 1), False),   # not sent elsewhere
+        (pull_result(PullStatus.NO_MATCHED_MSG, 7, 0, 0), False),   # the master itself
+        (pull_result(PullStatus.NO_NEW_MSG, 7, 0, 1), False),
+        (pull_result(PullStatus.FOUND, 7, 0, 1, msgs=1), False),
+        (pull_result(PullStatus.OFFSET_ILLEGAL, 7, 0, 1), False),
+    ],
+)
+def test_pull_refused(result, expected) -> None:
+    assert pull_refused(result, 7) is expected
+
+
+#: Members of the plan tests: a master and a slave; ``3`` adds a second slave.
+TWO = {0: M, 1: S1}
+THREE = {0: M, 1: S1, 2: S2}
+
+
+def run_plan(members, outcomes, *, down=(), refused=(), wanted=0, pinned=False, table=None):
+    """Drive one PullPlan: ``outcomes[id]`` is ``fail``, ``refuse`` (suggest 0) or ``serve``. Returns the ids
+    asked, in order, and how the pull ended (``served by N``, ``refused``, ``error`` or ``no plan``)."""
+    table = table or BrokerDownTable(isolation_ms=5000)
+    for bid in refused:
+        table.mark_refused("broker-a", bid, 0)
+    for bid in down:
+        table.mark_down("broker-a", bid, 0)
+    plan = plan_pull("broker-a", members, wanted, table, 1, pinned=pinned)
+    if plan is None:
+        return [], "no plan"
+    asked, end = [], "error"
+    while (t := plan.next()) is not None:
+        assert t == PullTarget(t.broker_id, members[t.broker_id], t.broker_id != 0)
+        asked.append(t.broker_id)
+        outcome = outcomes[t.broker_id]
+        if outcome == "fail":
+            plan.failed(t, 2)
+        elif plan.answered(t, refused=outcome == "refuse", suggest_which_broker_id=0, now_ms=2):
+            return asked, f"served by {t.broker_id}"
+        else:
+            end = "refused"
+    return asked, end
+
+
+@pytest.mark.parametrize(
+    ("members", "outcomes", "down", "refused", "asked", "end"),
+    [
+        # master up: one request
+        (TWO, {0: "serve"}, [], [], [0], "served by 0"),
+        # master unreachable: the slave in the same pull; it serves (master link down) or refuses (link up)
+        (TWO, {0: "fail", 1: "serve"}, [], [], [0, 1], "served by 1"),
+        (TWO, {0: "fail", 1: "refuse"}, [], [], [0, 1], "refused"),
+        (TWO, {0: "fail", 1: "fail"}, [], [], [0, 1], "error"),
+        # master marked down: the slave; its refusal sends the pull on to the master at once
+        (TWO, {1: "refuse", 0: "serve"}, [0], [], [1, 0], "served by 0"),
+        (TWO, {1: "refuse", 0: "fail"}, [0], [], [1, 0], "refused"),
+        # master marked down and the slave refused lately: the master first, the slave only as the fallback
+        (TWO, {0: "serve"}, [0], [1], [0], "served by 0"),
+        (TWO, {0: "fail", 1: "refuse"}, [0], [1], [0, 1], "refused"),
+        (TWO, {0: "fail", 1: "serve"}, [0], [1], [0, 1], "served by 1"),
+        # a slave that did not refuse beats one that did, first choice and fallback alike
+        (THREE, {2: "serve"}, [0], [1], [2], "served by 2"),
+        (THREE, {0: "fail", 2: "serve"}, [], [1], [0, 2], "served by 2"),
+        # the master is not in the route: a refusal has nowhere to send the pull
+        ({1: S1}, {1: "refuse"}, [], [], [1], "refused"),
+        ({}, {}, [], [], [], "no plan"),
+    ],
+)
+def test_pull_plan(members, outcomes, down, refused, asked, end) -> None:
+    assert run_plan(members, outcomes, down=down, refused=refused) == (asked, end)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "outcomes", "asked", "end"),
+    [
+        (1, {1: "refuse"}, [1], "refused"),   # pinned: the refusal is the answer, no redirect
+        (0, {0: "fail"}, [0], "error"),       # pinned: no fallback
+        (1, {1: "serve"}, [1], "served by 1"),
+    ],
+)
+def test_pull_plan_pinned(wanted, outcomes, asked, end) -> None:
+    assert run_plan(TWO, outcomes, down=[1], refused=[1], wanted=wanted, pinned=True) == (asked, end)
+
+
+def test_pull_plan_records_what_it_learned() -> None:
+    table = BrokerDownTable(isolation_ms=5000)
+    # the master was marked down; the slave refused, the master then served: master up, slave a refuser
+    assert run_plan(TWO, {1: "refuse", 0: "serve"}, down=[0], table=table) == ([1, 0], "served by 0")
+    assert not table.is_down("broker-a", 0, 3) and table.has_refused("broker-a", 1, 3)
+    # the next pulls (the master's suggestion is 0) go to the master, not back to the slave
+    assert run_plan(TWO, {0: "serve"}, table=table) == ([0], "served by 0")
+    # the master fails again, the refusing slave is still tried once: it serves (its master link dropped)
+    assert run_plan(TWO, {0: "fail", 1: "serve"}, table=table) == ([0, 1], "served by 1")
+    assert table.is_down("broker-a", 0, 3) and not table.has_refused("broker-a", 1, 3)
 
 
 # --- nameserver selection --------------------------------------------------------------------------------------
