@@ -19,6 +19,7 @@ from client.errors import (
 )
 from client.protocol import codec
 from client.protocol.properties import UNIQ_KEY, decode_properties
+from tests.waiting import poll_until
 
 A, B = "a0:1", "b0:1"
 GROUPS = {"broker-a": {0: A}, "broker-b": {0: B}}
@@ -176,9 +177,8 @@ def test_concurrent_sends_are_batched_each_with_its_own_result(fake) -> None:
         threads += [threading.Thread(target=send, args=(i,)) for i in range(1, n)]
         for t in threads[1:]:
             t.start()
-        deadline = time.monotonic() + 10
-        while p._acc.pending_bytes < (n - 1) * 40 and time.monotonic() < deadline:
-            time.sleep(0.005)  # wait (bounded) until every other sender queued behind the in-flight request
+        poll_until(lambda: p._acc.pending_bytes >= (n - 1) * 40, 10,
+                   "every other sender queued behind the in-flight request", interval_s=0.005)
         release.set()
         for t in threads:
             t.join(10)
