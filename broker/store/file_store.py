@@ -106,12 +106,14 @@ class FileMessageStore:
         self._lock_dir()
         try:
             last_exit_ok = not os.path.exists(self._abort_path)
-            self.checkpoint = Checkpoint(self.io, os.path.join(self.root, "checkpoint"))
+            cp = self.checkpoint = Checkpoint(self.io, os.path.join(self.root, "checkpoint"))
             self.commitlog.load()
             self.cqs.load()
             if self.index is not None:
                 self.index.load()
-            recovery.recover(self, last_exit_ok=last_exit_ok)
+            recovery.recover(self.commitlog, self.cqs, cp, self.dispatcher, self.config,
+                             last_exit_ok=last_exit_ok)
+            self.rebuild_topic_queue_table()
             self.io.write_small_file(self._abort_path, str(os.getpid()).encode())
         except BaseException:
             self._close_files()
@@ -414,7 +416,10 @@ class FileMessageStore:
         tag_filter: TagFilter | None = None,
     ) -> GetMessageResult:
         """Read from a queue with the statuses and next-offset rules of SEMANTICS.md 3.1."""
-        return reader.get_message(self, topic, queue_id, offset, max_nums, max_bytes, tag_filter)
+        # A slave keeps the consumer's offset unless offsetCheckInSlave (SEMANTICS.md 3.1, nextOffsetCorrection).
+        correct = self._role is not BrokerRole.SLAVE or self.config.offset_check_in_slave
+        return reader.get_message(self.commitlog, self.cqs, self.config, topic, queue_id, offset, max_nums, max_bytes,
+                                  tag_filter, correct_offsets=correct)
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.cqs.get(topic, queue_id)
@@ -425,20 +430,16 @@ class FileMessageStore:
         return cq.max_offset if cq is not None else 0
 
     def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        return reader.offset_by_time(self, topic, queue_id, timestamp_ms)
+        return reader.offset_by_time(self.commitlog, self.cqs, topic, queue_id, timestamp_ms)
 
     def get_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
-        return reader.store_timestamp(self, topic, queue_id, queue_offset)
+        return reader.store_timestamp(self.commitlog, self.cqs, topic, queue_id, queue_offset)
 
     def look_message_by_offset(self, physical_offset: int, size: int | None = None) -> bytes | None:
-        if size is None:
-            size = self.commitlog.record_size_at(physical_offset)
-            if size is None:
-                return None
-        return self.commitlog.read(physical_offset, size)
+        return reader.record_at(self.commitlog, physical_offset, size)
 
     def query_message(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> QueryResult:
-        return reader.query_message(self, topic, key, max_num, begin_ms, end_ms)
+        return reader.query_message(self.commitlog, self.index, topic, key, max_num, begin_ms, end_ms)
 
     def get_commitlog_data(self, physical_offset: int, max_bytes: int) -> memoryview | None:
         return self.commitlog.get_data(physical_offset, max_bytes)

@@ -1,23 +1,22 @@
 """Read paths of the file store: ``get_message`` (SEMANTICS.md 3.1), offsets by time, key queries.
 
-Kept apart from the store class so the hot loop of ``get_message`` reads top to bottom.
+Kept apart from the store class so the hot loop of ``get_message`` reads top to bottom. Each function takes the
+parts of the store it reads (the commit log, the consume-queue table, the index, the read limits of the config).
 """
 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
 
 from broker.store.api import GetMessageResult, GetMessageStatus, QueryResult, TagFilter
-from broker.store.consume_queue import BLANK_SIZE, CQ_UNIT, UNIT_SIZE
+from broker.store.commitlog import CommitLog
+from broker.store.config import StoreConfig
+from broker.store.consume_queue import BLANK_SIZE, CQ_UNIT, UNIT_SIZE, ConsumeQueueTable
 from broker.store.dispatch import find_prop
+from broker.store.index import IndexService
 from client.protocol.codec import record_layout
-from client.protocol.codes import BrokerRole
 
-if TYPE_CHECKING:
-    from broker.store.file_store import FileMessageStore
-
-__all__ = ["get_message", "offset_by_time", "query_message", "store_timestamp"]
+__all__ = ["get_message", "offset_by_time", "query_message", "record_at", "store_timestamp"]
 
 _I64 = struct.Struct(">q").unpack_from
 _UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
@@ -31,17 +30,19 @@ def _result(status: GetMessageStatus, next_offset: int, min_o: int, max_o: int) 
 
 
 def get_message(
-    store: FileMessageStore, topic: str, queue_id: int, offset: int, max_nums: int, max_bytes: int,
-    tag_filter: TagFilter | None,
+    cl: CommitLog, cqs: ConsumeQueueTable, cfg: StoreConfig, topic: str, queue_id: int, offset: int, max_nums: int,
+    max_bytes: int, tag_filter: TagFilter | None, *, correct_offsets: bool,
 ) -> GetMessageResult:
-    """See :meth:`broker.store.api.MessageStore.get_message`."""
-    cl = store.commitlog
+    """See :meth:`broker.store.api.MessageStore.get_message`.
+
+    ``correct_offsets`` False (a slave without ``offsetCheckInSlave``) keeps the consumer's offset in every
+    answer: a lagging replica must not move it (nextOffsetCorrection).
+    """
     max_py = cl.max_offset
-    cq = store.cqs.get(topic, queue_id)
+    cq = cqs.get(topic, queue_id)
     min_o = cq.min_offset if cq is not None else 0
     max_o = cq.max_offset if cq is not None else 0
-    # A slave keeps the consumer's offset: a lagging replica must not move it (nextOffsetCorrection).
-    correct = store.broker_role is not BrokerRole.SLAVE or store.config.offset_check_in_slave
+    correct = correct_offsets
     if cq is None or max_o == 0:
         return _result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0 if correct else offset, min_o, max_o)
     if offset < min_o:
@@ -57,7 +58,6 @@ def get_message(
         nxt = offset + units_per_file - offset % units_per_file
         return _result(GetMessageStatus.OFFSET_FOUND_NULL, nxt if correct else offset, min_o, max_o)
     mf, pos = loc
-    cfg = store.config
     memory = cfg.memory_bytes_for_reads
     mem_bytes, mem_count = cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory
     disk_bytes, disk_count = cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk
@@ -116,8 +116,8 @@ def get_message(
                             max_py - max_phy_pulling > memory)
 
 
-def _record_ts(store: FileMessageStore, phy: int, size: int) -> int:
-    rec = store.commitlog.read(phy, size) if size != BLANK_SIZE else None
+def _record_ts(cl: CommitLog, phy: int, size: int) -> int:
+    rec = cl.read(phy, size) if size != BLANK_SIZE else None
     if rec is None or len(rec) < 91:
         return -1
     try:
@@ -127,24 +127,24 @@ def _record_ts(store: FileMessageStore, phy: int, size: int) -> int:
     return int(_I64(rec, ts_pos)[0])
 
 
-def store_timestamp(store: FileMessageStore, topic: str, queue_id: int, queue_offset: int) -> int:
+def store_timestamp(cl: CommitLog, cqs: ConsumeQueueTable, topic: str, queue_id: int, queue_offset: int) -> int:
     """Store time of one message, -1 when absent."""
-    cq = store.cqs.get(topic, queue_id)
+    cq = cqs.get(topic, queue_id)
     unit = cq.unit(queue_offset) if cq is not None else None
     if unit is None:
         return -1
-    return _record_ts(store, unit[0], unit[1])
+    return _record_ts(cl, unit[0], unit[1])
 
 
-def offset_by_time(store: FileMessageStore, topic: str, queue_id: int, timestamp_ms: int) -> int:
+def offset_by_time(cl: CommitLog, cqs: ConsumeQueueTable, topic: str, queue_id: int, timestamp_ms: int) -> int:
     """First queue offset stored at or after ``timestamp_ms`` (binary search; max offset when none)."""
-    cq = store.cqs.get(topic, queue_id)
+    cq = cqs.get(topic, queue_id)
     if cq is None:
         return 0
     lo, hi = cq.min_offset, cq.max_offset
     while lo < hi:
         mid = (lo + hi) // 2
-        ts = store_timestamp(store, topic, queue_id, mid)
+        ts = store_timestamp(cl, cqs, topic, queue_id, mid)
         if 0 <= ts < timestamp_ms:
             lo = mid + 1
         else:
@@ -163,11 +163,19 @@ def _matches(rec: bytes, topic: bytes, key: bytes) -> bool:
     return find_prop(props, _UNIQ) == key or key in find_prop(props, _KEYS).split(b" ")
 
 
+def record_at(cl: CommitLog, physical_offset: int, size: int | None = None) -> bytes | None:
+    """The record at a physical offset (its size read from the log when not given), or None."""
+    if size is None:
+        size = cl.record_size_at(physical_offset)
+        if size is None:
+            return None
+    return cl.read(physical_offset, size)
+
+
 def query_message(
-    store: FileMessageStore, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
+    cl: CommitLog, index: IndexService | None, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
 ) -> QueryResult:
     """Records whose ``topic#key`` is indexed (unique key or one of the keys), newest first, no duplicates."""
-    index = store.index
     if index is None or max_num <= 0:
         return QueryResult([])
     topic_b, key_b = topic.encode(), key.encode()
@@ -178,7 +186,7 @@ def query_message(
         if phy in seen:
             continue
         seen.add(phy)
-        rec = store.look_message_by_offset(phy)
+        rec = record_at(cl, phy)
         if rec is not None and _matches(rec, topic_b, key_b):
             records.append(rec)
             if len(records) >= max_num:

@@ -6,45 +6,52 @@
   minimum timestamp, validate forward with CRCs, cut, then re-dispatch everything from that file (consume
   queues and index ignore what they already hold).
 
-Either way the queue-offset table is rebuilt from the consume queues once they have caught up.
+Either way the caller rebuilds the queue-offset table from the consume queues once they have caught up.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from broker.store.file_store import FileMessageStore
+from broker.store.checkpoint import Checkpoint
+from broker.store.commitlog import CommitLog
+from broker.store.config import StoreConfig
+from broker.store.consume_queue import ConsumeQueueTable
+from broker.store.dispatch import Dispatcher
 
 __all__ = ["abnormal_start_index", "recover"]
 
 log = logging.getLogger(__name__)
 
 
-def abnormal_start_index(store: FileMessageStore) -> int:
-    """Index of the commit-log file abnormal recovery starts from."""
-    cp = store.checkpoint
-    assert cp is not None
-    min_ts = cp.min_timestamp_index() if store.index is not None else cp.min_timestamp()
-    files = store.commitlog.files
+def abnormal_start_index(cl: CommitLog, cp: Checkpoint, *, with_index: bool) -> int:
+    """Index of the commit-log file abnormal recovery starts from (the index's timestamp counts when
+    ``with_index``)."""
+    min_ts = cp.min_timestamp_index() if with_index else cp.min_timestamp()
+    files = cl.files
     for i in range(len(files) - 1, -1, -1):
-        ts = store.commitlog.first_store_timestamp(files[i])
+        ts = cl.first_store_timestamp(files[i])
         if ts is not None and 0 < ts <= min_ts:
             return i
     return 0
 
 
-def recover(store: FileMessageStore, *, last_exit_ok: bool) -> None:
-    """Recover the commit log and consume queues, then dispatch up to the end of the log.
+def recover(cl: CommitLog, cqs: ConsumeQueueTable, cp: Checkpoint, dispatcher: Dispatcher, cfg: StoreConfig, *,
+            last_exit_ok: bool) -> None:
+    """Recover the commit log and the consume queues, then dispatch up to the end of the log.
+
+    Args:
+        cl: the loaded commit log.
+        cqs: the loaded consume queues.
+        cp: the checkpoint (its flushed offset is updated).
+        dispatcher: rebuilds the consume queues and the index from the commit log.
+        cfg: ``check_crc_on_recover``, ``truncate_corrupt``.
+        last_exit_ok: no abort file was found (normal recovery).
 
     Raises:
         StoreCorruptError: a corrupt record mid-log and not ``truncate_corrupt``.
     """
-    cl, cqs, cp, cfg = store.commitlog, store.cqs, store.checkpoint, store.config
-    assert cp is not None
     cqs.recover()
-    dispatcher = store.dispatcher
     if not cl.files:
         if cqs.queues:
             log.warning("no commit log files: destroying %d consume queues", len(cqs.queues))
@@ -55,7 +62,7 @@ def recover(store: FileMessageStore, *, last_exit_ok: bool) -> None:
         if last_exit_ok:
             start_index = max(0, len(cl.files) - 3)
         else:
-            start_index = abnormal_start_index(store)
+            start_index = abnormal_start_index(cl, cp, with_index=dispatcher.index is not None)
             log.warning("abnormal exit detected: recovering the commit log from %s", cl.files[start_index].path)
         start_offset = cl.files[start_index].start
         end = cl.recover(start_index, check_crc=cfg.check_crc_on_recover, truncate_corrupt=cfg.truncate_corrupt,
@@ -73,6 +80,5 @@ def recover(store: FileMessageStore, *, last_exit_ok: bool) -> None:
         pass
     if dispatcher.reput < cl.max_offset:
         log.error("dispatch stopped at %d before the end of the log %d", dispatcher.reput, cl.max_offset)
-    store.rebuild_topic_queue_table()
     cp.flushed_offset = cl.flushed_where
     cp.flush()
