@@ -399,7 +399,7 @@ class BrokerDownTable:
         return _live(self._down, (broker_name, broker_id), now_ms)
 
     def down_until(self, broker_name: str, broker_id: int) -> int | None:
-        """The end of the member's isolation (ms, the caller's clock), None when it was never marked or is up."""
+        """The end of the member's last isolation (the caller's clock, ms); None when it is known to be up."""
         return self._down.get((broker_name, broker_id))
 
     def mark_refused(self, broker_name: str, broker_id: int, now_ms: int) -> None:
@@ -485,8 +485,7 @@ class PullPlan:
     * pinned (``connect_broker_by_user``): the pinned member only.
 
     At most ``max_attempts`` requests. When no answer served the pull, the caller returns the refusal if there was
-    one (a value: NO_MATCHED_MSG, the offset unchanged), else raises the transport error; a consumer engine waits
-    ``pull_delay_on_error_s`` after either before pulling the queue again.
+    one (NO_MATCHED_MSG, offset unchanged), else raises the transport error; an engine then waits before re-pulling.
     """
 
     def __init__(self, broker_name: str, members: Mapping[int, str], first: PullTarget, down: BrokerDownTable, *,
