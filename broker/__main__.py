@@ -30,6 +30,7 @@ from broker.config import BrokerConfig, ConfigError, load_config, parse_set_opti
 from broker.controller import BrokerController
 from broker.http_protocol import CoalescingHttpToolsProtocol
 from broker.store.api import StoreCorruptError, StoreError
+from broker.store.file_store import FileMessageStore
 from client.protocol.codec import pack_host
 
 __all__ = ["main"]
@@ -120,14 +121,12 @@ class _Server(uvicorn.Server):
         yield
 
 
-def open_store(config: BrokerConfig, store_host: bytes) -> Any:
+def open_store(config: BrokerConfig, store_host: bytes) -> FileMessageStore:
     """Create, load and start the file store.
 
     Raises:
         StoreCorruptError / StoreError: recovery failed.
     """
-    from broker.store.file_store import FileMessageStore  # type: ignore[import-not-found,unused-ignore]
-
     store = FileMessageStore(config.to_store_config(store_host))
     store.load()
     store.start()
@@ -158,10 +157,6 @@ async def run_broker(config: BrokerConfig) -> int:
               flush=True)
         sock.close()
         return EXIT_STORE
-    except ImportError as e:
-        print(f"broker {config.broker_name}: the file store is not available: {e}", file=sys.stderr, flush=True)
-        sock.close()
-        return EXIT_START
     except StoreError as e:
         print(f"broker {config.broker_name}: cannot open the store at {config.store_root}: {e}", file=sys.stderr,
               flush=True)

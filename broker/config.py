@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from broker.ha.config import HAConfig
 from broker.properties_file import PropertiesSyntaxError, parse_properties
 from broker.store.config import DEFAULT_DELAY_LEVELS, StoreConfig, parse_delay_levels
 from client.protocol.codes import BrokerRole, FlushDiskType, Perm
@@ -200,10 +201,8 @@ class BrokerConfig:
         except (ValueError, TypeError) as e:
             raise ConfigError(f"invalid configuration: {e}") from None
 
-    def to_ha_config(self) -> Any:
-        """The HA service's configuration (:class:`broker.ha.HAConfig`; imported here so config loads alone)."""
-        from broker.ha import HAConfig
-
+    def to_ha_config(self) -> HAConfig:
+        """The HA service's configuration."""
         return HAConfig(
             ha_send_heartbeat_interval_ms=self.ha_send_heartbeat_interval_ms,
             ha_housekeeping_interval_ms=self.ha_housekeeping_interval_ms,

@@ -27,7 +27,8 @@ from broker.clients import ClientTable
 from broker.config import BrokerConfig
 from broker.consumer_manager import ConsumerIdsProcessor, LastPulls
 from broker.durability import DurabilityWaiter
-from broker.ha_glue import HAClientLike, HAServiceLike, create_ha
+from broker.ha import HAClient, HAService
+from broker.ha.api import HAClientAPI, HAServiceAPI
 from broker.long_polling import PullHoldService
 from broker.metadata import (
     ConsumerOffsetManager,
@@ -71,7 +72,8 @@ class BrokerController:
         store: the message store, loaded and started by the caller (``dispatch_in_thread=False``).
         addr: the registered client address ``brokerIP1:<bound listen port>``.
         store_host: packed ``addr`` (what the store writes into records; echoed in send replies).
-        ha_service / ha_client: injected HA objects (tests); created from :mod:`broker.ha` when None.
+        ha_service / ha_client: injected HA objects (tests); when ``ha_service`` is None, the real
+            :class:`broker.ha.HAService` is created, and on a slave the real :class:`broker.ha.HAClient` too.
         clock_ms: wall clock in ms (metadata versions, client expiry).
         http_client: client for nameservers and the master (created and closed here when None).
     """
@@ -83,8 +85,8 @@ class BrokerController:
         *,
         addr: str,
         store_host: bytes,
-        ha_service: HAServiceLike | None = None,
-        ha_client: HAClientLike | None = None,
+        ha_service: HAServiceAPI | None = None,
+        ha_client: HAClientAPI | None = None,
         clock_ms: Callable[[], int] | None = None,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
@@ -111,11 +113,12 @@ class BrokerController:
                                      self.role_name, self.metrics_state)
         self.put_rate = RateMeter(clock_ms=self._clock_ms)
         if ha_service is None:
-            ha_service, created_client = create_ha(store, config.to_ha_config, is_slave=config.is_slave,
-                                                   master_ha_addr=config.ha_master_address)
-            ha_client = ha_client or created_client
-        self.ha_service: HAServiceLike = ha_service
-        self.ha_client: HAClientLike | None = ha_client
+            ha_config = config.to_ha_config()
+            ha_service = HAService(store, ha_config)
+            if config.is_slave and ha_client is None:
+                ha_client = HAClient(store, ha_config, config.ha_master_address)
+        self.ha_service: HAServiceAPI = ha_service
+        self.ha_client: HAClientAPI | None = ha_client
         self.durability = DurabilityWaiter(
             flush_disk_type=config.flush_disk_type, broker_role=config.broker_role,
             sync_flush_timeout_ms=config.sync_flush_timeout_ms, flush_future=store.flush_future, replicas=ha_service,
