@@ -15,9 +15,10 @@ from urllib.parse import unquote
 
 from client.errors import ClientError
 from client.protocol.codes import ResponseCode
+from client.protocol.requests import ArgumentError, query_arg, query_int
 from client.protocol.wire import CONTENT_BINARY, CONTENT_JSON, encode_error, http_status_for_code
 
-__all__ = ["Request", "Response", "Router", "error_response", "json_response", "parse_query"]
+__all__ = ["ArgumentError", "Request", "Response", "Router", "error_response", "json_response", "parse_query"]
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +44,11 @@ class Request:
 
     def arg(self, name: str, default: str | None = None) -> str:
         """A required (or defaulted) query argument; raises ArgumentError naming it."""
-        v = self.query.get(name, default)
-        if v is None:
-            raise ArgumentError(f"missing query argument {name!r}")
-        return v
+        return query_arg(self.query, name, default)
 
     def int_arg(self, name: str, default: int | None = None, *, lo: int | None = None, hi: int | None = None) -> int:
-        raw = self.query.get(name)
-        if raw is None:
-            if default is None:
-                raise ArgumentError(f"missing query argument {name!r}")
-            return default
-        try:
-            v = int(raw)
-        except ValueError:
-            raise ArgumentError(f"query argument {name!r}={raw[:40]!r} is not an integer") from None
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise ArgumentError(f"query argument {name!r}={v} is outside [{lo}, {hi}]")
-        return v
+        """A required (or defaulted) integer query argument in ``[lo, hi]``; raises ArgumentError naming it."""
+        return query_int(self.query, name, default, lo=lo, hi=hi)
 
     def json(self) -> dict[str, Any]:
         """The body as a JSON object; raises ArgumentError when it is not one."""
@@ -71,12 +59,6 @@ class Request:
         if not isinstance(obj, dict):
             raise ArgumentError("request body must be a JSON object")
         return obj
-
-
-class ArgumentError(ClientError):
-    """A request argument is missing or malformed (answered as INVALID_PARAMETER)."""
-
-    code = int(ResponseCode.INVALID_PARAMETER)
 
 
 class Response:
