@@ -1,6 +1,7 @@
 """``GET /pull``: RocketMQ's ``PullMessageProcessor`` (SEMANTICS.md 3.2) with SplitMQ's decision 6.
 
-Pre-checks in order: broker readable (NO_PERMISSION), subscription group (auto-created, else
+Arguments are read by :meth:`client.protocol.requests.PullRequestHeader.from_query` (INVALID_PARAMETER naming
+the bad one). Pre-checks in order: broker readable (NO_PERMISSION), subscription group (auto-created, else
 SUBSCRIPTION_GROUP_NOT_EXIST; ``consumeEnable=false`` -> NO_PERMISSION), topic exists (TOPIC_NOT_EXIST),
 topic readable (NO_PERMISSION), ``queueId`` in ``[0, readQueueNums)`` (INVALID_PARAMETER), subscription
 expression (SUBSCRIPTION_PARSE_FAILED). Then :func:`broker.read_split.decide_pull_route` says whether this broker
@@ -13,80 +14,33 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import attrs
-
 from broker.read_split import code_for_status, decide_pull_route, rewrite_offset_moved
 from broker.store.api import GetMessageResult, GetMessageStatus, TagFilter
 from broker.tag_filter import build_tag_filter
 from client.errors import (
     InvalidParameterError,
-    MessageIllegalError,
     NoPermissionError,
     SubscriptionGroupNotExistError,
     TopicNotExistError,
 )
-from client.protocol.asgi import ArgumentError, Request, Response
+from client.protocol.asgi import Request, Response
 from client.protocol.codes import Perm, PullSysFlag, ResponseCode
-from client.protocol.properties import validate_group, validate_topic
+from client.protocol.requests import INT64_MAX, PullRequestHeader, checked_name
 from client.protocol.wire import encode_pull_header
 
 if TYPE_CHECKING:
     from broker.controller import BrokerController
     from broker.metadata.subscription_groups import SubscriptionGroupConfig
 
-__all__ = ["PullProcessor", "PullRequest", "checked_name"]
+__all__ = ["INT64_MAX", "PullProcessor", "checked_name"]
 
 log = logging.getLogger(__name__)
 
-INT64_MAX = 2**63 - 1
-DEFAULT_SUSPEND_TIMEOUT_MS = 15_000
-#: Default of ``maxBytes``: RocketMQ 5's ``maxTotalMsgSize`` (the store's own batch limits apply first).
-DEFAULT_MAX_BYTES = 128 * 1024 * 1024
 #: Store answers that may only mean "the dispatcher has not reached it yet".
 _AT_QUEUE_END = frozenset({
     GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
     GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MATCHED_MESSAGE,
 })
-
-
-def checked_name(kind: str, value: str) -> str:
-    """A topic or group query argument, validated; a bad one is INVALID_PARAMETER naming the argument."""
-    try:
-        return validate_topic(value) if kind == "topic" else validate_group(value)
-    except MessageIllegalError as e:
-        raise ArgumentError(f"query argument {kind!r}: {e.message}") from None
-
-
-@attrs.frozen
-class PullRequest:
-    """The parsed query of one pull."""
-
-    group: str
-    topic: str
-    queue_id: int
-    offset: int
-    max_nums: int
-    max_bytes: int
-    sys_flag: int
-    commit_offset: int
-    suspend_timeout_ms: int
-    sub_expression: str
-
-    @classmethod
-    def from_request(cls, request: Request) -> PullRequest:
-        """Raises ArgumentError naming a missing or malformed argument."""
-        return cls(
-            group=checked_name("group", request.arg("group")),
-            topic=checked_name("topic", request.arg("topic")),
-            queue_id=request.int_arg("queueId", lo=-(2**31), hi=2**31 - 1),
-            offset=request.int_arg("offset", lo=0, hi=INT64_MAX),
-            max_nums=request.int_arg("maxNums", 32, lo=1, hi=65_536),
-            max_bytes=request.int_arg("maxBytes", DEFAULT_MAX_BYTES, lo=1, hi=1 << 31),
-            sys_flag=request.int_arg("sysFlag", 0, lo=0, hi=2**31 - 1),
-            commit_offset=request.int_arg("commitOffset", -1, lo=-1, hi=INT64_MAX),
-            suspend_timeout_ms=request.int_arg("suspendTimeoutMs", DEFAULT_SUSPEND_TIMEOUT_MS, lo=0, hi=2**31 - 1),
-            sub_expression=request.query.get("subExpression", "*"),
-        )
 
 
 class PullProcessor:
@@ -96,13 +50,13 @@ class PullProcessor:
         self._ctrl = ctrl
 
     async def handle(self, request: Request) -> Response:
-        req = PullRequest.from_request(request)
+        req = PullRequestHeader.from_query(request.query)
         group = self._check(req)
         tag_filter = build_tag_filter(req.sub_expression)
         body = await self._process(req, group, tag_filter)
         return Response(body)
 
-    def _check(self, req: PullRequest) -> SubscriptionGroupConfig:
+    def _check(self, req: PullRequestHeader) -> SubscriptionGroupConfig:
         ctrl = self._ctrl
         cfg = ctrl.config
         where = f"broker {cfg.broker_name} ({ctrl.addr}, {ctrl.role_name})"
@@ -133,7 +87,7 @@ class PullProcessor:
             )
         return group
 
-    async def _process(self, req: PullRequest, group: SubscriptionGroupConfig, tag_filter: TagFilter | None
+    async def _process(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None
                        ) -> bytes:
         ctrl = self._ctrl
         cfg = ctrl.config
@@ -149,13 +103,13 @@ class PullProcessor:
         assert body is not None
         return body
 
-    def _hold_timeout_s(self, req: PullRequest) -> float:
+    def _hold_timeout_s(self, req: PullRequestHeader) -> float:
         cfg = self._ctrl.config
         if not cfg.long_polling_enable:
             return cfg.short_polling_time_ms / 1000.0
         return min(req.suspend_timeout_ms, cfg.max_suspend_timeout_ms) / 1000.0
 
-    def _run_once(self, req: PullRequest, group: SubscriptionGroupConfig, tag_filter: TagFilter | None,
+    def _run_once(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None,
                   allow_suspend: bool) -> bytes | None:
         """One pass over the store; None when the pull should be parked."""
         ctrl = self._ctrl

@@ -1,15 +1,15 @@
 """``POST /send``: validate, append the batch to the store, then wait as the flush / replication mode requires.
 
-Checks, in order: the broker is not a SLAVE (SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION),
-the topic name is legal and not a system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL),
-every message fits ``maxMessageSize``, the topic exists (auto-created from ``TBW102`` when enabled, else
-TOPIC_NOT_EXIST), it is writeable (NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)``
-(INVALID_PARAMETER). After a successful append, unless every message says ``WAIT=false``, the send waits as
-:mod:`broker.durability` describes (SEMANTICS.md 2.9, decision 5): SYNC_FLUSH for the flush
-(``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of ``inSyncReplicas - 1`` connected slaves, one by default
-(``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``; ``SLAVE_NOT_AVAILABLE`` at once when fewer connected slaves
-are in sync, i.e. have their own last ack within ``haMaxGapNotInSync`` of the put); the replica status wins
-when both fail.
+Arguments are read by :meth:`client.protocol.requests.SendRequestHeader.from_query`. Checks, in order: the broker
+is not a SLAVE (SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION), the topic name is legal and not a
+system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL), every message fits ``maxMessageSize``,
+the topic exists (auto-created from ``TBW102`` when enabled, else TOPIC_NOT_EXIST), it is writeable
+(NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)`` (INVALID_PARAMETER). After a successful append,
+unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability` describes (SEMANTICS.md 2.9,
+decision 5): SYNC_FLUSH for the flush (``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of ``inSyncReplicas - 1``
+connected slaves, one by default (``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``; ``SLAVE_NOT_AVAILABLE`` at
+once when fewer connected slaves are in sync, i.e. have their own last ack within ``haMaxGapNotInSync`` of the
+put); the replica status wins when both fail.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from client.errors import (
     SystemBusyError,
     TopicNotExistError,
 )
-from client.protocol.asgi import ArgumentError, Request, Response
+from client.protocol.asgi import Request, Response
 from client.protocol.codec import BatchItem, decode_batch, pack_host, record_size
 from client.protocol.codes import BrokerRole, Perm, ResponseCode
-from client.protocol.properties import WAIT, decode_properties, validate_group, validate_topic
+from client.protocol.properties import WAIT, decode_properties, validate_topic
+from client.protocol.requests import SendRequestHeader
 from client.protocol.route import TopicConfig
 from client.protocol.wire import encode_send_reply
 
@@ -90,16 +91,9 @@ class SendProcessor:
     async def handle(self, request: Request) -> Response:
         ctrl = self._ctrl
         cfg = ctrl.config
-        topic = request.arg("topic")
-        queue_id = request.int_arg("queueId", lo=-(2**31), hi=2**31 - 1)
-        group = request.query.get("group")
-        if group:
-            try:
-                validate_group(group)
-            except MessageIllegalError as e:
-                raise ArgumentError(f"query argument 'group': {e.message}") from None
-        reconsume_times = request.int_arg("reconsumeTimes", 0, lo=0, hi=2**31 - 1)
-        client_queue_nums = request.int_arg("defaultTopicQueueNums", 4, lo=1, hi=1024)
+        req = SendRequestHeader.from_query(request.query)
+        topic, queue_id, reconsume_times = req.topic, req.queue_id, req.reconsume_times
+        client_queue_nums = req.create_queue_nums
         if cfg.broker_role is BrokerRole.SLAVE:
             raise ServiceNotAvailableError(
                 f"broker {cfg.broker_name} (id {cfg.broker_id}, {ctrl.addr}) is a SLAVE and does not accept "
