@@ -35,7 +35,7 @@ from client.errors import (
 from client.protocol.asgi import Request, Response
 from client.protocol.codec import BatchItem, decode_batch, pack_host, record_size
 from client.protocol.codes import BrokerRole, Perm, ResponseCode
-from client.protocol.properties import WAIT, decode_properties, validate_topic
+from client.protocol.properties import validate_topic
 from client.protocol.requests import SendRequestHeader
 from client.protocol.route import TopicConfig
 from client.protocol.wire import encode_send_reply
@@ -47,7 +47,6 @@ __all__ = ["SendProcessor"]
 
 log = logging.getLogger(__name__)
 
-_WAIT_FALSE = f"{WAIT}\x01false".encode()
 _LOOPBACK_HOST = pack_host("127.0.0.1", 0)
 
 _FAILURES: dict[PutMessageStatus, type[BrokerError]] = {
@@ -75,11 +74,7 @@ def _packed_peer(host: str, port: int) -> bytes:
 
 def _wait_store_msg_ok(items: Sequence[BatchItem]) -> bool:
     """False only when every message says ``WAIT=false`` (then the producer does not wait for durability)."""
-    for item in items:
-        props = item.properties
-        if _WAIT_FALSE not in bytes(props) or decode_properties(props).get(WAIT) != "false":
-            return True
-    return False
+    return any(item.wait for item in items)  # read by decode_batch: no second look at the properties
 
 
 class SendProcessor:

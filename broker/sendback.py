@@ -150,7 +150,7 @@ def _without_delay(item: BatchItem) -> BatchItem:
     props = decode_properties(item.properties)
     if props.pop(DELAY, None) is None:
         return item
-    return item._replace(properties=memoryview(encode_properties(props)))
+    return item._replace(properties=encode_properties(props), delay_level=0)
 
 
 def build_send_back_properties(original: Mapping[str, str], *, original_topic: str, original_msg_id: str,

@@ -34,7 +34,7 @@ from broker.store.flush import FlushService, GroupCommitService
 from broker.store.index import IndexService
 from broker.store.io import FileIO
 from broker.store.writer import PutValidator
-from client.protocol.codec import BatchItem, body_crc
+from client.protocol.codec import BatchItem, batch_item
 from client.protocol.codes import BrokerRole, FlushDiskType
 from client.protocol.properties import MAX_PROPERTIES_BYTES, encode_properties
 
@@ -361,7 +361,7 @@ class FileMessageStore:
             status = (PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if size > MAX_PROPERTIES_BYTES
                       else PutMessageStatus.MESSAGE_ILLEGAL)
             return AppendResult(status, str(exc))
-        item = BatchItem(flag, sys_flag, born_timestamp, body_crc(body), memoryview(body), memoryview(props))
+        item = batch_item(body, props, flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp)
         return self.append_batch(topic, queue_id, [item], born_host=born_host, reconsume_times=reconsume_times)
 
     def append_to_commitlog(self, physical_offset: int, data: bytes | memoryview) -> None:

@@ -1,8 +1,9 @@
 """Validation and planning of a put (SEMANTICS.md 7.8 put path, 8.1 delay rewrite), without I/O.
 
-The fast path (no ``DELAY`` property, no transaction flags) checks sizes in one loop and hands the caller's
-items to the writer untouched. Messages with a delay level get new properties (``REAL_TOPIC``, ``REAL_QID``)
-and go to ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``; prepared / rollback transactional messages get queue
+The fast path (no delay level, no transaction flags) checks sizes in one loop and hands the caller's items to
+the writer untouched. The delay level is the item's (read once, when the batch was decoded); nothing here parses
+properties. Messages with a delay level get ``REAL_TOPIC`` and ``REAL_QID`` appended to their properties and go
+to ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``; prepared / rollback transactional messages get queue
 offset 0 and do not advance their queue. A batch then becomes several *runs*, written back to back.
 """
 
@@ -13,20 +14,13 @@ from collections.abc import Sequence
 from broker.store.api import AppendResult, PutMessageStatus
 from broker.store.commitlog import Run
 from broker.store.config import StoreConfig
-from broker.store.dispatch import SCHEDULE_TOPIC, find_prop
+from broker.store.dispatch import SCHEDULE_TOPIC
 from client.errors import MessageIllegalError
 from client.protocol.codec import RECORD_FIXED_SIZE, BatchItem
-from client.protocol.properties import (
-    MAX_PROPERTIES_BYTES,
-    REAL_QID,
-    REAL_TOPIC,
-    decode_properties,
-    validate_topic,
-)
+from client.protocol.properties import MAX_PROPERTIES_BYTES, REAL_QID, REAL_TOPIC, validate_topic
 
 __all__ = ["Plan", "PutValidator"]
 
-_DELAY = b"DELAY\x01"
 _SCHEDULE_B = SCHEDULE_TOPIC.encode()
 _MAX_CACHED_TOPICS = 100_000
 
@@ -36,22 +30,6 @@ Plan = tuple[list[Run], int, list[tuple[tuple[str, int], int]], int]
 
 def _illegal(remark: str) -> AppendResult:
     return AppendResult(PutMessageStatus.MESSAGE_ILLEGAL, remark)
-
-
-def _may_have_delay(items: Sequence[BatchItem]) -> bool:
-    """Whether any item might carry ``DELAY`` (one search over the shared request body when possible)."""
-    first = items[0].properties
-    base = first.obj if isinstance(first, memoryview) else None
-    if isinstance(base, bytes | bytearray) and all(
-        isinstance(p, memoryview) and p.obj is base for p in (it.properties for it in items)
-    ):
-        return base.find(_DELAY) >= 0
-    return any(_DELAY in bytes(it.properties) for it in items)
-
-
-def delay_level(props: bytes | memoryview) -> int:
-    raw = find_prop(bytes(props), _DELAY)
-    return int(raw) if raw.isdigit() else 0
 
 
 class PutValidator:
@@ -90,7 +68,7 @@ class PutValidator:
         limit = self.max_message_size
         total = 0
         special = False
-        for i, (_, sys_flag, _, _, body, props) in enumerate(items):
+        for i, (_, sys_flag, _, _, body, props, _, _, _, delay, _) in enumerate(items):
             plen = len(props)
             if plen > MAX_PROPERTIES_BYTES:
                 return AppendResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
@@ -101,20 +79,22 @@ class PutValidator:
                 return _illegal(f"message {i} to topic {topic} is {size} bytes stored, more than maxMessageSize "
                                 f"{limit}")
             total += size
-            if sys_flag & 0xC:
+            if sys_flag & 0xC or delay:
                 special = True
-        if special or _may_have_delay(items):
+        if special:
             return self._plan_special(topic, tb, queue_id, items, table)
         key = (topic, queue_id)
         first = table.get(key, 0)
         return [(tb, queue_id, first, items, total)], total, [(key, len(items))], first
 
     def _rewrite_delay(self, topic: str, queue_id: int, item: BatchItem) -> BatchItem:
-        props = decode_properties(item.properties)
-        props[REAL_TOPIC] = topic
-        props[REAL_QID] = str(queue_id)
-        raw = "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
-        return item._replace(properties=memoryview(raw))
+        """The item with ``REAL_TOPIC`` / ``REAL_QID`` appended: the last value of a name wins when read (see
+        :mod:`client.protocol.properties`), so an older pair of the same name (a message delayed again after a
+        delivery) is overridden without decoding the others."""
+        raw = bytes(item.properties)
+        sep = b"\x02" if raw and not raw.endswith(b"\x02") else b""
+        tail = f"{REAL_TOPIC}\x01{topic}\x02{REAL_QID}\x01{queue_id}\x02".encode()
+        return item._replace(properties=raw + sep + tail)
 
     def _plan_special(
         self, topic: str, tb: bytes, queue_id: int, items: Sequence[BatchItem], table: dict[tuple[str, int], int]
@@ -127,7 +107,7 @@ class PutValidator:
             t, t_b, q = topic, tb, queue_id
             advance = item.sys_flag & 0xC in (0, 8)
             if advance:
-                level = delay_level(item.properties)
+                level = item.delay_level
                 if level > 0:
                     level = min(level, len(self.levels))
                     item = self._rewrite_delay(topic, queue_id, item)

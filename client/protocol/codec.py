@@ -68,6 +68,7 @@ from client.protocol.properties import (
     UNIQ_KEY,
     decode_properties,
     encode_properties,
+    scan_properties,
 )
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "BatchItem",
     "DispatchInfo",
     "UniqKeyGenerator",
+    "batch_item",
     "body_crc",
     "create_offset_msg_id",
     "decode_batch",
@@ -315,29 +317,55 @@ def encode_batch(
 
 
 class BatchItem(NamedTuple):
-    """One message of a send batch, as views into the request body (no copies)."""
+    """One message of a send batch: the body as a view into the request, the raw properties, and the
+    well-known properties read once (:func:`client.protocol.properties.scan_properties`), so that nothing on
+    the send path parses them again. Build one with :func:`decode_batch` or :func:`batch_item`.
+
+    Attributes:
+        tags, keys, uniq_key: raw UTF-8 values, ``b""`` when absent.
+        delay_level: ``DELAY`` as a level (0: not delayed); the store reads it to reroute the message.
+        wait: False only when the message says ``WAIT=false``.
+    """
 
     flag: int
     sys_flag: int
     born_timestamp: int
     body_crc: int
     body: memoryview
-    properties: memoryview
+    properties: bytes | memoryview
+    tags: bytes
+    keys: bytes
+    uniq_key: bytes
+    delay_level: int
+    wait: bool
+
+
+_new_tuple = tuple.__new__
+
+
+def batch_item(body: bytes, properties: bytes, *, flag: int = 0, sys_flag: int = 0,
+               born_timestamp: int) -> BatchItem:
+    """A batch item built in the broker (a delayed delivery, a send-back copy): its CRC and properties read."""
+    return BatchItem(flag, sys_flag, born_timestamp, body_crc(body), memoryview(body), properties,
+                     *scan_properties(properties))
 
 
 def decode_batch(data: bytes | memoryview, *, verify_crc: bool = True) -> list[BatchItem]:
-    """Split a send body into items, checking every length, magic and (optionally) body CRC.
+    """Split a send body into items, checking every length, magic and (optionally) body CRC, and reading each
+    item's well-known properties in the same pass (the only time the send path reads them).
 
     Raises:
         MessageIllegalError: empty, truncated or corrupt body; the message names the item and byte position.
     """
-    view = memoryview(data)
+    raw = data if type(data) is bytes else bytes(data)
+    view = memoryview(raw)
     n = len(view)
     if n == 0:
         raise MessageIllegalError("send body is empty: expected at least one encoded message")
     items: list[BatchItem] = []
     pos = 0
     unpack = BATCH_ITEM_HEAD.unpack_from
+    new, scan = _new_tuple, scan_properties
     while pos < n:
         if n - pos < BATCH_FIXED_SIZE:
             raise MessageIllegalError(f"batch item {len(items)} at byte {pos} is truncated ({n - pos} bytes left)")
@@ -364,7 +392,8 @@ def decode_batch(data: bytes | memoryview, *, verify_crc: bool = True) -> list[B
         body = view[body_start:props_at]
         if verify_crc and body_crc(body) != crc:
             raise MessageIllegalError(f"batch item {len(items)} at byte {pos}: body CRC mismatch")
-        items.append(BatchItem(flag, sys_flag, born, crc, body, view[props_at + 2 : props_at + 2 + props_len]))
+        props = raw[props_at + 2 : pos + size]
+        items.append(new(BatchItem, (flag, sys_flag, born, crc, body, props, *scan(props))))
         pos += size
     return items
 
@@ -457,7 +486,7 @@ def write_batch_records(
     offsets: list[int] = []
     append = offsets.append
     queue_offset = first_queue_offset
-    for flag, sys_flag, born_ts, crc, body, props in items:
+    for flag, sys_flag, born_ts, crc, body, props, _tags, _keys, _uniq, _delay, _wait in items:
         body_len = len(body)
         props_len = len(props)
         size = RECORD_FIXED_SIZE + body_len + topic_len + props_len
@@ -567,24 +596,6 @@ def record_layout(buf: bytes | memoryview, pos: int, size: int) -> tuple[int, in
     return _record_layout(buf, pos, size)
 
 
-def _find_property(props: bytes, key: bytes) -> str:
-    """Value of ``key`` (given as ``b"NAME\\x01"``) in a raw property string, or ''."""
-    start = props.find(key)
-    while start > 0 and props[start - 1] != 2:  # must begin the string or follow a \x02 separator
-        start = props.find(key, start + 1)
-    if start < 0:
-        return ""
-    start += len(key)
-    end = props.find(b"\x02", start)
-    return props[start : end if end >= 0 else len(props)].decode("utf-8", "replace")
-
-
-_TAGS_KEY = TAGS.encode() + b"\x01"
-_KEYS_KEY = KEYS.encode() + b"\x01"
-_UNIQ_KEY = UNIQ_KEY.encode() + b"\x01"
-_DELAY_KEY = DELAY.encode() + b"\x01"
-
-
 def parse_dispatch_info(buf: bytes | memoryview, pos: int, size: int) -> DispatchInfo:
     """Read the fields the dispatcher needs from the record at ``buf[pos:pos+size]``.
 
@@ -596,14 +607,11 @@ def parse_dispatch_info(buf: bytes | memoryview, pos: int, size: int) -> Dispatc
     queue_offset, physical_offset = struct.unpack_from(">qq", buf, pos + 20)
     store_ts = _Q_OFFSET.unpack_from(buf, store_ts_pos)[0]
     topic = _topic_str(bytes(buf[topic_len_pos + 1 : props_len_pos]))
-    props = bytes(buf[props_len_pos + 2 : pos + size])
-    tags = _find_property(props, _TAGS_KEY) if props else ""
-    keys = _find_property(props, _KEYS_KEY) if props else ""
-    uniq = _find_property(props, _UNIQ_KEY) if props else ""
-    delay = _find_property(props, _DELAY_KEY) if props else ""
+    tags, keys, uniq, delay, _ = scan_properties(bytes(buf[props_len_pos + 2 : pos + size]))
     return DispatchInfo(
-        size, topic, queue_id, queue_offset, physical_offset, sys_flag, store_ts, tags_hash(tags), keys, uniq,
-        int(delay) if delay.isdigit() else 0,
+        size, topic, queue_id, queue_offset, physical_offset, sys_flag, store_ts,
+        tags_hash(tags.decode("utf-8", "replace")), keys.decode("utf-8", "replace"),
+        uniq.decode("utf-8", "replace"), delay,
     )
 
 
@@ -664,12 +672,7 @@ def decode_records(
         props_len = u16(buf, props_at)[0]
         if props_at + 2 + props_len != end:
             raise ProtocolViolationError(f"record at byte {pos}: field lengths do not add up to {size}")
-        props: dict[str, str] = {}
-        if props_len:
-            for item in bytes(buf[props_at + 2 : end]).decode("utf-8", "replace").split("\x02"):
-                if item:
-                    k, _, v = item.partition("\x01")
-                    props[k] = v
+        props = decode_properties(buf[props_at + 2 : end]) if props_len else {}
         store = hosts.get((store_ip, store_port))
         if store is None:
             packed = store_ip + _I32.pack(store_port)

@@ -22,7 +22,7 @@ from broker.sendback import (
 )
 from broker.store.file_store import FileMessageStore
 from client.protocol.asgi import Router
-from client.protocol.codec import BatchItem, body_crc
+from client.protocol.codec import BatchItem, batch_item
 from client.protocol.codes import BrokerRole, FlushDiskType, Perm
 from client.protocol.properties import (
     DELAY,
@@ -74,7 +74,7 @@ def test_retry_send_dlq_topic(topic: str, reconsume: int, props: dict[str, str],
 
 def test_reroute_retry_batch_sends_over_limit_batches_to_the_dlq_without_delay() -> None:
     def item(body: bytes, props: dict[str, str]) -> BatchItem:
-        return BatchItem(0, 0, 1, body_crc(body), memoryview(body), memoryview(encode_properties(props)))
+        return batch_item(body, encode_properties(props), born_timestamp=1)
 
     items = [item(b"a", {MAX_RECONSUME_TIMES: "3", DELAY: "4", "user": "x"}), item(b"b", {"TAGS": "TagB"})]
     assert reroute_retry_batch("%RETRY%g", 3, items, 16) is None
@@ -84,6 +84,7 @@ def test_reroute_retry_batch_sends_over_limit_batches_to_the_dlq_without_delay()
     assert (topic, queue_id) == ("%DLQ%g", 0)
     first, second = (decode_properties(i.properties) for i in out)
     assert first == {MAX_RECONSUME_TIMES: "3", "user": "x"}
+    assert (items[0].delay_level, out[0].delay_level) == (4, 0)  # the store must not delay the DLQ copy
     assert out[1] is items[1] and second["TAGS"] == "TagB"  # untouched items are not copied
     assert bytes(out[0].body) == b"a" and out[0].body_crc == items[0].body_crc
 
@@ -150,7 +151,6 @@ def test_send_back_goes_to_the_retry_topic_with_a_delay(tmp_path: Path) -> None:
         tc = ctrl.topics.get("%RETRY%g")
         assert (tc.read_queue_nums, tc.write_queue_nums, tc.perm) == (1, 1, int(Perm.READ | Perm.WRITE))
         assert ctrl.groups.get("g") is not None  # auto-created
-        assert ctrl.ha_service.notified == 1
 
     run(tmp_path, scenario)
 

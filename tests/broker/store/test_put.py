@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.store.api import PutMessageStatus
-from client.protocol.codec import BatchItem, body_crc, decode_records
+from client.protocol.codec import BatchItem, batch_item, decode_records
 from client.protocol.codes import BrokerRole, SysFlag
 from client.protocol.properties import REAL_QID, REAL_TOPIC
 
@@ -13,7 +13,7 @@ from .conftest import BORN_HOST, StoreFactory, batch
 
 
 def _raw_item(body: bytes, props: bytes, sys_flag: int = 0) -> BatchItem:
-    return BatchItem(0, sys_flag, 1, body_crc(body), memoryview(body), memoryview(props))
+    return batch_item(body, props, sys_flag=sys_flag, born_timestamp=1)
 
 
 def test_queue_offsets_are_assigned_per_queue(make_store: StoreFactory) -> None:
