@@ -45,14 +45,19 @@ class _Stores:
         self.made: list[FileMessageStore] = []
 
     def make(self, name: str) -> FileMessageStore:
+        # Nothing drives dispatch here: the figures are replication's, not consume-queue building's.
         config = StoreConfig(store_path_root_dir=os.path.join(self.tmpdir, name),
-                             mapped_file_size_commitlog=self.file_size,
-                             dispatch_in_thread=False)  # measure replication, not consume-queue building
+                             mapped_file_size_commitlog=self.file_size)
         store = FileMessageStore(config)
         store.load()
         store.start()
         self.made.append(store)
         return store
+
+    @staticmethod
+    def notify_on_append(store: FileMessageStore, service: HAService) -> None:
+        """The broker's wiring: each append wakes the HA service (it sends to idle slaves at once)."""
+        store.add_append_listener(lambda _end: service.notify_new_data())
 
     @staticmethod
     def batch_writer(store: FileMessageStore, batch: int, message_size: int) -> Callable[[], int]:
@@ -89,6 +94,7 @@ async def _bench(stores: _Stores, total_bytes: int, batch: int, message_size: in
         end = write()
     append_s = time.perf_counter() - t0  # the master's append cost alone: the ceiling for the live phase
     service = HAService(master, config)
+    stores.notify_on_append(master, service)
     port = await service.start("127.0.0.1", 0)
     client = HAClient(slave, config, f"127.0.0.1:{port}")
     loop = asyncio.get_running_loop()

@@ -40,8 +40,7 @@ def _batches(count: int, batch: int, body_size: int) -> list[bytes]:
 
 
 def _config(root: str, file_size: int, **kw: object) -> StoreConfig:
-    return StoreConfig(store_path_root_dir=root, mapped_file_size_commitlog=file_size, dispatch_in_thread=False,
-                       **kw)  # type: ignore[arg-type]
+    return StoreConfig(store_path_root_dir=root, mapped_file_size_commitlog=file_size, **kw)  # type: ignore[arg-type]
 
 
 def _raw_write_rate(items_batch: list, n_msgs: int, batch: int, file_size: int, root: str) -> float:

@@ -116,20 +116,20 @@ class AdminProcessor:
 
     async def max_offset(self, request: Request) -> Response:
         topic, queue_id = self._queue_args(request)
-        self._ctrl.catch_up_dispatch()  # a message whose send returned counts (read-your-writes, as pulls)
+        self._ctrl.dispatch.catch_up()  # a message whose send returned counts (read-your-writes, as pulls)
         return json_response({"offset": self._ctrl.store.get_max_offset_in_queue(topic, queue_id)})
 
     async def search_offset(self, request: Request) -> Response:
         topic, queue_id = self._queue_args(request)
         ts = request.int_arg("timestamp", lo=0, hi=INT64_MAX)
-        self._ctrl.catch_up_dispatch()
+        self._ctrl.dispatch.catch_up()
         return json_response({"offset": self._ctrl.store.get_offset_in_queue_by_time(topic, queue_id, ts)})
 
     async def store_time(self, request: Request) -> Response:
         """``{"timestamp": ms}``: when the message at ``offset`` of the queue was stored (22 when absent)."""
         topic, queue_id = self._queue_args(request)
         offset = request.int_arg("offset", lo=0, hi=INT64_MAX)
-        self._ctrl.catch_up_dispatch()
+        self._ctrl.dispatch.catch_up()
         ts = self._ctrl.store.get_store_timestamp(topic, queue_id, offset)
         if ts < 0:
             raise QueryNotFoundError(f"no message at offset {offset} of {topic}:{queue_id} on broker "
@@ -165,7 +165,7 @@ class AdminProcessor:
         max_num = request.int_arg("maxNum", 32, lo=1, hi=MAX_QUERY_NUM)
         begin = request.int_arg("begin", 0, lo=0, hi=INT64_MAX)
         end = request.int_arg("end", INT64_MAX, lo=0, hi=INT64_MAX)
-        ctrl.catch_up_dispatch()  # the index is built by dispatch
+        ctrl.dispatch.catch_up()  # the index is built by dispatch
         result = ctrl.store.query_message(topic, key, max_num, begin, end)
         if not result.records:
             raise QueryNotFoundError(f"no message of topic {topic} with {key_arg} {key!r} on broker "

@@ -185,7 +185,6 @@ class BrokerConfig:
             message_delay_level=self.message_delay_level,
             offset_check_in_slave=self.offset_check_in_slave,
             truncate_corrupt=self.truncate_corrupt_commit_log,
-            dispatch_in_thread=False,
             store_host=store_host,
         )
 

@@ -1,9 +1,12 @@
 """The broker process around the store: metadata, processors, HA, registration and background tasks, all in one
 asyncio event loop (RocketMQ's ``BrokerController``).
 
-Dispatch: the store is opened with ``dispatch_in_thread=False``; its append listener sets an asyncio.Event and
-one task runs ``store.dispatch_available`` in chunks, yielding to the loop between chunks. The store's dispatch
-listener wakes parked long-polling pulls of the queue that grew.
+The append event: the store calls its append listeners once per append, with the new end of the commit log, on
+the appending thread (this loop's: sends, send-backs, delayed redeliveries, and a slave's HA client). Subscribed
+once at start, in this order: the HA service (an idle slave is sent the new frames from inside the append, so a
+SYNC_MASTER round trip starts at once), the dispatch driver (:mod:`broker.dispatch_driver`, the one driver of
+dispatch), and on a master the put rate (``putTps``). The store's dispatch listener then wakes the parked
+long-polling pulls of each queue that grew and the schedule service.
 
 Background tasks: dispatch, consumer-offset persistence (``flushConsumerOffsetInterval``), delay-offset
 persistence, client expiry, registration (``registerNameServerPeriod``, clamped), and on a slave the metadata
@@ -26,6 +29,7 @@ from broker.admin_processor import AdminProcessor
 from broker.clients import ClientTable
 from broker.config import BrokerConfig
 from broker.consumer_manager import ConsumerIdsProcessor, LastPulls
+from broker.dispatch_driver import DispatchDriver
 from broker.durability import DurabilityWaiter
 from broker.ha import HAClient, HAService
 from broker.ha.api import HAClientAPI, HAServiceAPI
@@ -49,12 +53,10 @@ from broker.store.config import parse_delay_levels
 from client.protocol.asgi import Router
 from client.protocol.route import TopicConfig
 
-__all__ = ["DISPATCH_CHUNK_BYTES", "BrokerController"]
+__all__ = ["BrokerController"]
 
 log = logging.getLogger(__name__)
 
-#: Bytes of commit log dispatched before yielding to the loop (keeps request latency bounded under load).
-DISPATCH_CHUNK_BYTES = 128 << 10
 CLIENT_EXPIRE_CHECK_S = 10.0
 #: Bound of the whole graceful stop's network part (unregister, HA stop).
 STOP_NETWORK_TIMEOUT_S = 5.0
@@ -69,7 +71,7 @@ class BrokerController:
 
     Args:
         config: the broker's configuration.
-        store: the message store, loaded and started by the caller (``dispatch_in_thread=False``).
+        store: the message store, loaded and started by the caller.
         addr: the registered client address ``brokerIP1:<bound listen port>``.
         store_host: packed ``addr`` (what the store writes into records; echoed in send replies).
         ha_service / ha_client: injected HA objects (tests); when ``ha_service`` is None, the real
@@ -112,6 +114,7 @@ class BrokerController:
         self.metrics = BrokerMetrics(config.broker_cluster_name, f"{config.broker_name}-{config.broker_id}",
                                      self.role_name, self.metrics_state)
         self.put_rate = RateMeter(clock_ms=self._clock_ms)
+        self.dispatch = DispatchDriver(store)
         if ha_service is None:
             ha_config = config.to_ha_config()
             ha_service = HAService(store, ha_config)
@@ -141,7 +144,6 @@ class BrokerController:
                   **ConsumerIdsProcessor(self, clock_ms=self._clock_ms).routes()}
         self.router = Router(routes, max_body_bytes=config.max_request_body_bytes,
                              identity=lambda: (self.addr, self.role_name), observe=self.metrics.observe_request)
-        self._dispatch_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -185,12 +187,14 @@ class BrokerController:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self.load_metadata()
-        self._dispatch_event = asyncio.Event()
-        self.store.add_append_listener(self._on_append)
-        self.store.add_dispatch_listener(self._on_dispatch)
-        self._dispatch_event.set()  # catch up with whatever recovery left undispatched
-        self._spawn(self._dispatch_loop(), "dispatch")
         cfg = self.config
+        store = self.store
+        store.add_append_listener(lambda _end: self.ha_service.notify_new_data())
+        store.add_append_listener(self.dispatch.wake)
+        if not cfg.is_slave:  # a slave's appends are replication, shown by /ha
+            store.add_append_listener(lambda _end: self.put_rate.add(1))
+        store.add_dispatch_listener(self._on_dispatch)
+        self._spawn(self.dispatch.run(), "dispatch")
         if not cfg.is_slave:
             await self.schedule.start()  # only a master redelivers delayed messages (SEMANTICS.md 8.2)
         ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
@@ -276,11 +280,6 @@ class BrokerController:
         elif self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(fn)
 
-    def _on_append(self, max_offset: int) -> None:
-        event = self._dispatch_event
-        if event is not None:
-            self._in_loop(event.set)
-
     def _on_dispatch(self, topic: str, queue_id: int, max_queue_offset: int) -> None:
         if topic == SCHEDULE_TOPIC:
             self.schedule.notify_dispatched(queue_id, max_queue_offset)
@@ -288,46 +287,6 @@ class BrokerController:
 
     def _on_schedule_put(self, topic: str, result: AppendResult) -> None:
         self.metrics.stored(topic, result.msg_count, result.wrote_bytes)
-        self.notify_appended()
-
-    async def _dispatch_loop(self) -> None:
-        event = self._dispatch_event
-        assert event is not None
-        while True:
-            await event.wait()
-            # Two loop turns first: I/O that is ready now (the rest of a replication stream, slave acks, send
-            # replies) runs before this CPU-heavy work, so the replication round trip does not wait behind it.
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
-            event.clear()
-            try:
-                while self.store.dispatch_available(DISPATCH_CHUNK_BYTES) > 0:
-                    await asyncio.sleep(0)  # let requests in between chunks
-            except Exception:
-                log.exception("dispatch failed; retrying in 1 s")
-                await asyncio.sleep(1.0)  # back-off before the retry, not a synchronisation
-                event.set()
-
-    def catch_up_dispatch(self, max_bytes: int = 8 * DISPATCH_CHUNK_BYTES) -> bool:
-        """Dispatch what is pending now, up to ``max_bytes``; True when nothing is left behind.
-
-        The pull path calls this before answering "no message", so a message whose send returned is visible
-        to the next pull (read-your-writes) even when the dispatch task has not had its turn yet. It runs on
-        the loop thread, as the dispatch task does, so the two never overlap.
-        """
-        store = self.store
-        done = 0
-        while done < max_bytes:
-            step = store.dispatch_available(DISPATCH_CHUNK_BYTES)
-            if step == 0:
-                return True
-            done += step
-        return store.dispatch_behind_bytes == 0
-
-    def notify_appended(self) -> None:
-        """Called by the send path after a successful append (wakes the HA transfer loops)."""
-        self.put_rate.add(1)
-        self.ha_service.notify_new_data()
 
     # --- registration -----------------------------------------------------------------------------------
 

@@ -131,7 +131,7 @@ class PullProcessor:
         result: GetMessageResult = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums,
                                                      req.max_bytes, tag_filter)
         if result.status in _AT_QUEUE_END and store.dispatch_behind_bytes > 0:
-            ctrl.catch_up_dispatch()  # a stored message not yet in its queue must not read as "no message"
+            ctrl.dispatch.catch_up()  # a stored message not yet in its queue must not read as "no message"
             result = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums, req.max_bytes,
                                        tag_filter)
         ctrl.last_pulls.record(req.group, req.topic, req.queue_id, ctrl.now_ms())

@@ -118,7 +118,6 @@ class SendProcessor:
         if result.status is not PutMessageStatus.PUT_OK:
             self._raise_failure(topic, queue_id, result)
         ctrl.metrics.stored(topic, result.msg_count, result.wrote_bytes)
-        ctrl.notify_appended()
         code = await ctrl.durability.wait(result) if _wait_store_msg_ok(items) else ResponseCode.SUCCESS
         ctrl.metrics.count_request(code, pull=False)
         return Response(encode_send_reply(int(code), queue_id, result.queue_offset, ctrl.store_host,

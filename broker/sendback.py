@@ -269,7 +269,6 @@ class SendBackProcessor:
             raise BrokerSystemError(f"{result.status.value}: {result.remark or 'store refused the message'} "
                                     f"[send-back to {tc.topic_name} on {where}]")
         ctrl.metrics.stored(tc.topic_name, 1, result.wrote_bytes)
-        ctrl.notify_appended()
         if props.get(WAIT) != "false":
             code = await ctrl.durability.wait(result)
             if code is not ResponseCode.SUCCESS:

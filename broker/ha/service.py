@@ -216,7 +216,8 @@ class HAService:
 
     Args:
         store: the broker's message store (``get_commitlog_data``, ``max_physical_offset``,
-            ``mapped_file_size_commitlog``, ``add_append_listener``).
+            ``mapped_file_size_commitlog``). Its owner subscribes :meth:`notify_new_data` to the store's append
+            event (the broker's controller does), so an append reaches idle slaves at once.
         config: HA settings.
         clock_ms: wall clock in ms (injected in tests); used for read timestamps and housekeeping.
     """
@@ -266,7 +267,6 @@ class HAService:
         self._lsock = lsock
         self.port = lsock.getsockname()[1]
         self._state_name = "started"
-        self._store.add_append_listener(lambda _offset: self.notify_new_data())
         self._tasks = [
             self._loop.create_task(self._accept_loop(), name="ha-accept"),
             self._loop.create_task(self._housekeeping_loop(), name="ha-housekeeping"),

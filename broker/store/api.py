@@ -7,8 +7,13 @@ store. The store is synchronous and does no networking; it never calls asyncio. 
 
 Threads: all mutating calls (``append_batch``, ``put_message``, ``append_to_commitlog``, ``dispatch_available``,
 ``truncate``) come from one thread at a time (the broker's event loop, or the test's thread). Read calls may
-come from that same thread. Background services (flush, and dispatch when ``dispatch_in_thread=True``) run in
-the store's own threads and synchronise with it internally.
+come from that same thread. The flush services run in the store's own threads and synchronise with it
+internally; dispatch runs only when the owner calls ``dispatch_available``.
+
+Events: every append (of any kind: a batch, a server-built message, replicated bytes) publishes one *append
+event*: each append listener is called once, synchronously, on the appending thread, with the new end of the
+commit log. The broker subscribes replication, dispatch and its put rate to it. Each dispatch that adds units to
+a queue publishes a *dispatch event* to the dispatch listeners (long polling, delayed delivery).
 """
 
 from __future__ import annotations
@@ -142,7 +147,7 @@ class MessageStore(Protocol):
         """
 
     def start(self) -> None:
-        """Start background services (flush; dispatch when ``dispatch_in_thread``)."""
+        """Start the background flush services."""
 
     def shutdown(self) -> None:
         """Stop services, dispatch and flush everything, delete the abort file. Idempotent."""
@@ -196,7 +201,8 @@ class MessageStore(Protocol):
         """
 
     def add_append_listener(self, callback: Callable[[int], None]) -> None:
-        """Call ``callback(new_max_physical_offset)`` after every append (in the appending thread)."""
+        """Subscribe to the append event: ``callback(new_max_physical_offset)`` once after every append, on the
+        appending thread (register before appends start; a failing listener is logged, the others still run)."""
 
     def add_dispatch_listener(self, callback: Callable[[str, int, int], None]) -> None:
         """Call ``callback(topic, queue_id, new_max_queue_offset)`` after records are dispatched to a queue."""

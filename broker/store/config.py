@@ -80,8 +80,6 @@ class StoreConfig:
     preallocate_commitlog: bool = True
     """Create and pre-fault the next commit-log file in a background thread (RocketMQ's
     AllocateMappedFileService with warmMapedFile), so appends do not pay a page fault per 4 KiB."""
-    dispatch_in_thread: bool = True
-    """Run the dispatcher in a store thread; the broker sets False and drives ``dispatch_available``."""
     store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x2a\x9f"
     """Packed ``ip + int32 port`` written into STOREHOSTADDRESS (:func:`client.protocol.codec.pack_host`)."""
     clock_ms: Callable[[], int] = _wall_clock_ms

@@ -3,8 +3,8 @@ offset and builds consume-queue units and index entries from the record bytes al
 slave fed with replicated bytes.
 
 It stops at an incomplete record (a slave may hold half of one) and at an invalid one (logged), and jumps to
-the next file at a blank marker. ``dispatch_available`` is non-blocking; with ``start_thread`` a daemon thread
-dispatches whenever :meth:`Dispatcher.wake` is called (appends do), waiting on an Event, not polling.
+the next file at a blank marker. ``dispatch_available`` is non-blocking and bounded; the broker's
+:class:`broker.dispatch_driver.DispatchDriver` calls it on its event loop, woken by the store's append event.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from client.protocol.codec import (
     record_layout,
     tags_hash,
 )
+from client.protocol.properties import scan_properties
 
 __all__ = ["SCHEDULE_TOPIC", "Dispatcher"]
 
@@ -33,24 +34,9 @@ log = logging.getLogger(__name__)
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _SCHEDULE_B = SCHEDULE_TOPIC.encode()
-_TAGS = b"TAGS\x01"
-_KEYS = b"KEYS\x01"
-_UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
 _I64 = __import__("struct").Struct(">q").unpack_from
 
 DispatchListener = Callable[[str, int, int], None]
-
-
-def find_prop(props: bytes, key: bytes) -> bytes:
-    """Raw value of ``key`` (``b"NAME\\x01"``) in a property string, b'' when absent."""
-    i = props.find(key)
-    while i > 0 and props[i - 1] != 2:
-        i = props.find(key, i + 1)
-    if i < 0:
-        return b""
-    i += len(key)
-    j = props.find(b"\x02", i)
-    return props[i:j] if j >= 0 else props[i:]
 
 
 class Dispatcher:
@@ -76,38 +62,6 @@ class Dispatcher:
         self._cq_cache: dict[tuple[bytes, int], ConsumeQueue | None] = {}
         self._tags_cache: dict[bytes, int] = {}
         self._stuck_at = -1
-        self._wake = threading.Event()
-        self._stop = False
-        self._thread: threading.Thread | None = None
-
-    # -- thread -----------------------------------------------------------------------------------------
-    def start_thread(self) -> None:
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="store-dispatch", daemon=True)
-        self._thread.start()
-
-    def stop_thread(self) -> None:
-        self._stop = True
-        self._wake.set()
-        if self._thread is not None and self._thread.is_alive():
-            self._thread.join(10.0)
-            if self._thread.is_alive():
-                log.error("dispatch thread did not stop within 10 s")
-        self._thread = None
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def _run(self) -> None:
-        while not self._stop:
-            # The timeout only bounds the cost of a lost wake-up; appends set the event.
-            self._wake.wait(1.0)
-            self._wake.clear()
-            try:
-                while not self._stop and self.dispatch_available(4 << 20):
-                    pass
-            except Exception:
-                log.exception("dispatch failed at reput offset %d", self.reput)
 
     # -- dispatch ---------------------------------------------------------------------------------------
     def reset_caches(self) -> None:
@@ -160,15 +114,12 @@ class Dispatcher:
             cq = self._cq_cache[key] = self.cqs.get_or_create(topic.decode("utf-8", "replace"), queue_id)
             return cq
 
-    def _tags_code(self, props: bytes) -> int:
-        raw = find_prop(props, _TAGS)
-        if not raw:
-            return 0
-        code = self._tags_cache.get(raw)
+    def _tags_code(self, tags: bytes) -> int:
+        code = self._tags_cache.get(tags)
         if code is None:
-            code = tags_hash(raw.decode("utf-8", "replace"))
+            code = tags_hash(tags.decode("utf-8", "replace"))
             if len(self._tags_cache) < 65536:
-                self._tags_cache[raw] = code
+                self._tags_cache[tags] = code
         return code
 
     def _invalid(self, file_start: int, pos: int, why: str) -> tuple[int, bool]:
@@ -183,6 +134,7 @@ class Dispatcher:
     ) -> tuple[int, bool]:
         """Dispatch records in one file from ``pos`` to ``limit``; ``(new position, hit blank marker)``."""
         head = DISPATCH_HEAD_V4.unpack_from
+        scan = scan_properties
         queue_for = self._queue
         cache = self._cq_cache
         index = self.index
@@ -217,7 +169,8 @@ class Dispatcher:
                 tp = pos + 88 + body_len
                 pp = tp + 1 + mm[tp]
             topic = mm[tp + 1 : pp]
-            props = mm[pp + 2 : pos + size]
+            # The record's properties read once, from its stored bytes (the same on a slave).
+            tags, keys, uniq, _, _ = scan(mm[pp + 2 : pos + size])
             tx = sys_flag & 0xC
             if tx == 0 or tx == 8:
                 cq = cache.get((topic, queue_id)) or queue_for(topic, queue_id)
@@ -227,14 +180,11 @@ class Dispatcher:
                         delay = levels[queue_id] if 0 <= queue_id < len(levels) else 1000
                         tag = store_ts + delay
                     else:
-                        tag = self._tags_code(props) if props else 0
+                        tag = self._tags_code(tags) if tags else 0
                     if cq.put(phy, size, tag, queue_offset):
                         notify[cq] = queue_offset + 1
-            if index is not None and tx != 0xC and phy >= index_end and props:
-                uniq = find_prop(props, _UNIQ)
-                keys = find_prop(props, _KEYS)
-                if uniq or keys:
-                    index.build(topic, phy, store_ts, uniq, keys)
+            if index is not None and tx != 0xC and phy >= index_end and (uniq or keys):
+                index.build(topic, phy, store_ts, uniq, keys)
             last_ts = store_ts
             pos += size
         self.last_store_ts = last_ts

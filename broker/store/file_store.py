@@ -1,7 +1,8 @@
 """The file message store: commit log + consume queues + index + checkpoint under ``storePathRootDir``.
 
 Lifecycle: ``FileMessageStore(config)`` -> :meth:`load` (lock, recover, abort file) -> :meth:`start`
-(flush and dispatch threads) -> :meth:`shutdown` (dispatch and flush everything, delete the abort file).
+(flush threads) -> :meth:`shutdown` (dispatch and flush everything, delete the abort file). Dispatch runs when
+the owner asks (``dispatch_available``; the broker's dispatch driver, woken by the append event).
 The write path and the recovery rules are in :mod:`broker.store.writer` and :mod:`broker.store.recovery`;
 reads in :mod:`broker.store.reader`. This class wires them together and owns the lifecycle.
 """
@@ -139,7 +140,7 @@ class FileMessageStore:
             self._lock_fd = None
 
     def start(self) -> None:
-        """Start the flush thread(s) and, with ``dispatch_in_thread``, the dispatch thread."""
+        """Start the flush thread(s)."""
         if self._state is not _State.LOADED:
             raise RuntimeError(f"start() needs a loaded store; state is {self._state.value}")
         cfg = self.config
@@ -158,8 +159,6 @@ class FileMessageStore:
                 lambda: self._flush_commitlog(0), lambda: self.commitlog.flushed_where, cfg.sync_flush_timeout_ms
             )
             self._group_commit.start()
-        if cfg.dispatch_in_thread:
-            self.dispatcher.start_thread()
         self._state = _State.RUNNING
 
     def shutdown(self) -> None:
@@ -199,7 +198,6 @@ class FileMessageStore:
         self._state = _State.SHUT_DOWN
 
     def _stop_services(self) -> None:
-        self.dispatcher.stop_thread()
         if self._flush_service is not None:
             self._flush_service.stop()
 
@@ -330,8 +328,7 @@ class FileMessageStore:
                             f"message store is not writeable ({what}); nothing was written: {exc}")
 
     def _after_append(self) -> None:
-        if self.config.dispatch_in_thread:
-            self.dispatcher.wake()
+        """Publish the append event: each listener, once, with the new end of the log, on this thread."""
         if self._append_listeners:
             end = self.commitlog.max_offset
             for cb in self._append_listeners:
@@ -377,11 +374,12 @@ class FileMessageStore:
         self._after_append()
 
     def add_append_listener(self, callback: Callable[[int], None]) -> None:
+        """Subscribe to the append event (see the MessageStore protocol)."""
         self._append_listeners.append(callback)
 
     def add_dispatch_listener(self, callback: Callable[[str, int, int], None]) -> None:
-        """``callback(topic, queue_id, max_offset)`` after units were added to a queue; called from the
-        dispatch thread when ``dispatch_in_thread`` (hand over to an event loop with call_soon_threadsafe)."""
+        """``callback(topic, queue_id, max_offset)`` after units were added to a queue; called inside
+        ``dispatch_available``, on the thread that called it."""
         self._dispatch_listeners.append(callback)
 
     def dispatch_available(self, max_bytes: int = 4 << 20) -> int:

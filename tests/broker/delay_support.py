@@ -32,12 +32,11 @@ class FakeClock:
         self.now_ms += ms
 
 
-def make_store(root: Path, clock: FakeClock | None = None, *, file_size: int = 1 << 20,
-               dispatch_in_thread: bool = False) -> FileMessageStore:
+def make_store(root: Path, clock: FakeClock | None = None, *, file_size: int = 1 << 20) -> FileMessageStore:
     kwargs: dict[str, Any] = {"clock_ms": clock} if clock is not None else {}
     cfg = StoreConfig(store_path_root_dir=str(root), mapped_file_size_commitlog=file_size,
                       mapped_file_size_consume_queue=20 * 1000, message_delay_level=LEVELS,
-                      dispatch_in_thread=dispatch_in_thread, max_hash_slot_num=1024, max_index_num=4096,
+                      max_hash_slot_num=1024, max_index_num=4096,
                       total_physical_memory_bytes=1 << 34, **kwargs)
     store = FileMessageStore(cfg)
     store.load()

@@ -218,7 +218,7 @@ def test_store_config(tmp_path: Path) -> None:
     assert sc.store_path_root_dir == str(tmp_path)
     assert (sc.broker_role, sc.flush_disk_type) == (BrokerRole.SLAVE, FlushDiskType.SYNC_FLUSH)
     assert (sc.mapped_file_size_commitlog, sc.max_message_size, sc.access_message_in_memory_max_ratio) == (65536, 1024, 30)
-    assert (sc.truncate_corrupt, sc.offset_check_in_slave, sc.dispatch_in_thread) == (True, True, False)
+    assert (sc.truncate_corrupt, sc.offset_check_in_slave) == (True, True)
     assert sc.store_host == pack_host("127.0.0.1", 9999)
 
 

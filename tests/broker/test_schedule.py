@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from broker.dispatch_driver import DispatchDriver
 from broker.schedule import (
     ScheduleMessageService,
     clamp_offset,
@@ -338,7 +339,10 @@ def test_journal_mismatch_redelivers(tmp_path: Path, clock: FakeClock, store: Fi
 
 def test_real_time_delivery_within_a_second_of_the_delay(tmp_path: Path) -> None:
     async def main() -> tuple[list[int], list[int]]:
-        store = make_store(tmp_path, dispatch_in_thread=True)  # the dispatch listener runs in the store's thread
+        store = make_store(tmp_path)
+        driver = DispatchDriver(store)  # dispatch as in the broker: woken by the append event, on this loop
+        store.add_append_listener(driver.wake)
+        dispatching = asyncio.get_running_loop().create_task(driver.run())
         delivered = asyncio.Event()
         seen: list[int] = []
         stored: list[int] = []
@@ -357,6 +361,7 @@ def test_real_time_delivery_within_a_second_of_the_delay(tmp_path: Path) -> None
                 await asyncio.sleep(0.05)  # spread the deliver times apart
             await asyncio.wait_for(delivered.wait(), 5.0)
         finally:
+            dispatching.cancel()
             await svc.stop()
             store.shutdown()
         return stored, seen

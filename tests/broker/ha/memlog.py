@@ -15,7 +15,8 @@ _PREFIX = RECORD_PREFIX
 
 class MemoryCommitLog:
     """``get_commitlog_data``, ``append_to_commitlog``, ``max_physical_offset``, ``mapped_file_size_commitlog``,
-    ``add_append_listener`` (+ ``min_physical_offset``), over bytearrays."""
+    ``add_append_listener`` (the append event, as the store publishes it), ``min_physical_offset``, over
+    bytearrays."""
 
     def __init__(self, file_size: int = 64 * 1024) -> None:
         if file_size <= 16:

@@ -31,7 +31,9 @@ async def wait_until(pred: Callable[[], bool], what: str, timeout_s: float = DEA
 
 @contextlib.asynccontextmanager
 async def master_service(store: Any, config: HAConfig) -> AsyncIterator[HAService]:
+    """An HA service on ``store``, subscribed to its append event as the broker's controller does."""
     service = HAService(store, config)
+    store.add_append_listener(lambda _end: service.notify_new_data())
     await service.start("127.0.0.1", 0)
     try:
         yield service

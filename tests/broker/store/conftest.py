@@ -28,14 +28,13 @@ class FakeClock:
 
 
 def small_config(root: Path | str, **kw: Any) -> StoreConfig:
-    """64 KiB commit-log files, 50-unit consume-queue files, tiny index, no dispatch thread."""
+    """64 KiB commit-log files, 50-unit consume-queue files, tiny index."""
     base: dict[str, Any] = dict(
         store_path_root_dir=str(root),
         mapped_file_size_commitlog=64 * 1024,
         mapped_file_size_consume_queue=50 * 20,
         max_hash_slot_num=16,
         max_index_num=64,
-        dispatch_in_thread=False,
         flush_interval_commitlog_ms=20,
         flush_interval_consume_queue_ms=20,
     )

@@ -30,7 +30,7 @@ WRITER = textwrap.dedent(
     root, mode = sys.argv[1], sys.argv[2]
     cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commitlog=256 * 1024,
                       mapped_file_size_consume_queue=200 * 20, max_hash_slot_num=64, max_index_num=256,
-                      flush_disk_type=FlushDiskType[mode], dispatch_in_thread=True)
+                      flush_disk_type=FlushDiskType[mode])
     store = FileMessageStore(cfg)
     store.load()
     store.start()
@@ -46,6 +46,8 @@ WRITER = textwrap.dedent(
             continue  # not acknowledged
         print("ok", i % 2, r.queue_offset, " ".join(map(str, r.physical_offsets)), flush=True)
         i += 1
+        if i % 3 == 0:
+            store.dispatch_available(16 * 1024)  # as the broker's driver: queues and index trail the log a little
     """
 )
 

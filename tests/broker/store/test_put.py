@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from broker.store.api import PutMessageStatus
@@ -124,9 +126,24 @@ def test_put_message_builds_one_record(make_store: StoreFactory) -> None:
         b"body", "x", ("a", "b"), 7, 2, 123)
 
 
-def test_append_listener_sees_new_end(make_store: StoreFactory) -> None:
+def test_append_event_once_per_append_with_the_new_end(make_store: StoreFactory) -> None:
     store = make_store()
     seen: list[int] = []
     store.add_append_listener(seen.append)
     r = store.append_batch("T", 0, batch("T", 2), born_host=BORN_HOST)
     assert seen == [r.end_offset]
+    p = store.put_message("T", 1, b"x", {}, born_host=BORN_HOST, born_timestamp=1)
+    assert seen == [r.end_offset, p.end_offset]
+
+
+def test_append_event_for_replicated_bytes(make_store: StoreFactory, tmp_path: Path) -> None:
+    master = make_store(root=tmp_path / "m")
+    end = master.append_batch("T", 0, batch("T", 3), born_host=BORN_HOST).end_offset
+    slave = make_store(root=tmp_path / "s", broker_role=BrokerRole.SLAVE)
+    seen: list[int] = []
+    slave.add_append_listener(seen.append)
+    data = master.get_commitlog_data(0, end)
+    assert data is not None
+    slave.append_to_commitlog(0, data[:100])
+    slave.append_to_commitlog(100, data[100:])
+    assert seen == [100, end]

@@ -166,20 +166,16 @@ def test_look_message_by_offset(make_store: StoreFactory) -> None:
     assert store.look_message_by_offset(10**9) is None
 
 
-def test_dispatch_thread_is_woken_by_appends_and_notifies_listeners(make_store: StoreFactory) -> None:
-    store = make_store(dispatch_in_thread=True)
-    seen: list[tuple[str, int, int]] = []
-    done = threading.Event()
-
-    def listener(topic: str, queue_id: int, max_offset: int) -> None:
-        seen.append((topic, queue_id, max_offset))
-        if max_offset == 5:
-            done.set()
-
-    store.add_dispatch_listener(listener)
+def test_dispatch_runs_when_asked_and_notifies_listeners_on_the_calling_thread(make_store: StoreFactory) -> None:
+    store = make_store()
+    seen: list[tuple[str, int, int, int]] = []
+    store.add_dispatch_listener(lambda t, q, mx: seen.append((t, q, mx, threading.get_ident())))
     store.append_batch("T", 3, batch("T", 5), born_host=BORN_HOST)
-    assert done.wait(5.0), f"dispatch thread did not dispatch within 5 s; seen {seen}"
-    assert seen[-1] == ("T", 3, 5) and store.dispatch_behind_bytes == 0
+    store.append_batch("U", 0, batch("U", 2), born_host=BORN_HOST)
+    assert seen == [] and store.dispatch_behind_bytes == store.max_physical_offset  # no thread of its own
+    assert store.dispatch_available() == store.max_physical_offset
+    me = threading.get_ident()
+    assert sorted(seen) == [("T", 3, 5, me), ("U", 0, 2, me)] and store.dispatch_behind_bytes == 0
 
 
 def test_dispatch_available_is_bounded_and_resumable(make_store: StoreFactory) -> None:

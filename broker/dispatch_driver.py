@@ -1,0 +1,119 @@
+"""The one driver of the store's dispatch on the broker's event loop (RocketMQ's ``ReputMessageService``).
+
+The store builds consume-queue units and index entries only when asked (``dispatch_available``, non-blocking,
+bounded by a byte budget). This object is the only one that asks, in two ways:
+
+* :meth:`DispatchDriver.run`, a background task woken by the store's append event (:meth:`wake`): it dispatches
+  what is pending in chunks of ``chunk_bytes`` and yields to the loop between chunks, so a large backlog (a slave
+  catching up, recovery) never holds requests for long;
+* :meth:`DispatchDriver.catch_up`, called by a read that is about to answer "no message": it dispatches what is
+  pending now, up to a bound, so a message whose send returned is visible to the next read (read-your-writes)
+  even when the task has not had its turn yet.
+
+Both run on the loop thread, so they never overlap. The store's dispatch listener (called inside
+``dispatch_available``) then tells long polling and the schedule service which queues grew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Protocol
+
+__all__ = ["DISPATCH_CHUNK_BYTES", "DispatchDriver", "PendingDispatch"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes of commit log dispatched before yielding to the loop (keeps request latency bounded under load).
+DISPATCH_CHUNK_BYTES = 128 << 10
+#: Bound of one read-your-writes catch-up (a read never waits behind a whole backlog).
+CATCH_UP_MAX_BYTES = 8 * DISPATCH_CHUNK_BYTES
+#: Pause after a failed dispatch before the next try (a back-off, not a synchronisation).
+RETRY_PAUSE_S = 1.0
+
+
+class PendingDispatch(Protocol):
+    """What the driver needs of the store (:class:`broker.store.api.MessageStore` has both)."""
+
+    def dispatch_available(self, max_bytes: int = ...) -> int:
+        """Dispatch up to ``max_bytes`` of commit log; the bytes consumed, 0 when caught up."""
+        ...
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        """Commit-log bytes not dispatched yet."""
+        ...
+
+
+class DispatchDriver:
+    """Dispatches the store's commit log on the event loop: a woken background task and a bounded catch-up.
+
+    Args:
+        store: the store whose commit log is dispatched.
+        chunk_bytes: bytes per ``dispatch_available`` call (the task yields to the loop after each).
+        catch_up_max_bytes: bound of one :meth:`catch_up`.
+        retry_pause_s: pause after a failed dispatch before the task tries again.
+    """
+
+    def __init__(self, store: PendingDispatch, *, chunk_bytes: int = DISPATCH_CHUNK_BYTES,
+                 catch_up_max_bytes: int = CATCH_UP_MAX_BYTES, retry_pause_s: float = RETRY_PAUSE_S) -> None:
+        if chunk_bytes <= 0 or catch_up_max_bytes <= 0 or retry_pause_s < 0:
+            raise ValueError("chunk_bytes and catch_up_max_bytes must be > 0, retry_pause_s >= 0")
+        self._store = store
+        self._chunk = chunk_bytes
+        self._catch_up_max = catch_up_max_bytes
+        self._retry_pause_s = retry_pause_s
+        # Set: something may be pending. Set at creation, so the task first catches up with what recovery left.
+        self._pending = asyncio.Event()
+        self._pending.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+
+    def wake(self, end_offset: int = 0) -> None:
+        """The store's append event (``end_offset`` is the new end of the log): dispatch soon.
+
+        Called on the appending thread; the broker appends on its loop thread, where this is one flag set.
+        """
+        if threading.get_ident() == self._loop_thread or self._loop is None:
+            self._pending.set()
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._pending.set)
+
+    def catch_up(self) -> bool:
+        """Dispatch what is pending now, up to ``catch_up_max_bytes``; True when nothing is left behind.
+
+        Call on the loop thread (as the task runs), before a read answers "no message".
+        """
+        store = self._store
+        if store.dispatch_behind_bytes == 0:
+            return True
+        done = 0
+        while done < self._catch_up_max:
+            step = store.dispatch_available(self._chunk)
+            if step == 0:
+                return True
+            done += step
+        return store.dispatch_behind_bytes == 0
+
+    async def run(self) -> None:
+        """The background task: wait for the append event, dispatch in chunks, yield between chunks. Runs
+        until cancelled; a failed dispatch is logged and retried after ``retry_pause_s``."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        pending = self._pending
+        store = self._store
+        while True:
+            await pending.wait()
+            # Two loop turns first: I/O that is ready now (the rest of a replication stream, slave acks, send
+            # replies) runs before this CPU-heavy work, so the replication round trip does not wait behind it.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            pending.clear()
+            try:
+                while store.dispatch_available(self._chunk) > 0:
+                    await asyncio.sleep(0)  # let requests in between chunks
+            except Exception:
+                log.exception("dispatch failed; retrying in %.1f s", self._retry_pause_s)
+                await asyncio.sleep(self._retry_pause_s)
+                pending.set()

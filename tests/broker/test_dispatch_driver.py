@@ -1,0 +1,112 @@
+"""The dispatch driver over a scripted store: woken by the append event, chunked, yielding, bounded catch-up,
+retry after a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from broker.dispatch_driver import DispatchDriver
+from tests import waiting
+
+
+class ScriptedStore:
+    """``behind`` bytes pending; each ``dispatch_available`` call takes at most ``max_bytes`` of them."""
+
+    def __init__(self, behind: int = 0, *, fail_times: int = 0) -> None:
+        self.behind = behind
+        self.calls: list[int] = []
+        self.fail_times = fail_times
+
+    def dispatch_available(self, max_bytes: int = 4 << 20) -> int:
+        if self.fail_times:
+            self.fail_times -= 1
+            raise OSError("injected dispatch failure")
+        step = min(self.behind, max_bytes)
+        self.behind -= step
+        self.calls.append(step)
+        return step
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        return self.behind
+
+
+def test_catch_up_is_bounded_and_says_whether_anything_is_left() -> None:
+    store = ScriptedStore(250)
+    driver = DispatchDriver(store, chunk_bytes=100, catch_up_max_bytes=200)
+    assert driver.catch_up() is False  # 200 of 250 done, the bound stops it
+    assert store.calls == [100, 100] and store.behind == 50
+    assert driver.catch_up() is True
+    assert store.calls == [100, 100, 50, 0]
+    calls = len(store.calls)
+    assert driver.catch_up() is True and len(store.calls) == calls  # nothing pending: the store is not asked
+
+
+def test_the_task_catches_up_at_start_and_on_each_append_event_yielding_between_chunks() -> None:
+    async def main() -> None:
+        store = ScriptedStore(350)  # what recovery left
+        driver = DispatchDriver(store, chunk_bytes=100)
+        task = asyncio.get_running_loop().create_task(driver.run())
+        turns: list[int] = []
+
+        async def other_requests() -> None:
+            while True:
+                turns.append(len(store.calls))
+                await asyncio.sleep(0)
+
+        other = asyncio.get_running_loop().create_task(other_requests())
+        try:
+            await waiting.wait_until(lambda: store.behind == 0, 5.0, "the start-up catch-up")
+            # Other work ran between the chunks: it saw 1, 2 and 3 chunks done, not only 0 and 4.
+            assert {1, 2, 3} <= set(turns)
+            store.behind = 120
+            driver.wake(10_000)
+            await waiting.wait_until(lambda: store.behind == 0, 5.0, "dispatch after the append event")
+            assert store.calls[-3:] == [100, 20, 0]
+        finally:
+            task.cancel()
+            other.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_wake_from_another_thread_is_handed_to_the_loop() -> None:
+    async def main() -> None:
+        store = ScriptedStore()
+        driver = DispatchDriver(store, chunk_bytes=100)
+        task = asyncio.get_running_loop().create_task(driver.run())
+        try:
+            await waiting.wait_until(lambda: store.calls == [0], 5.0, "the first pass")
+            store.behind = 30
+            thread = threading.Thread(target=driver.wake)
+            thread.start()
+            thread.join()
+            await waiting.wait_until(lambda: store.behind == 0, 5.0, "dispatch after a foreign-thread wake")
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_failed_dispatch_is_logged_and_retried(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        store = ScriptedStore(50, fail_times=2)
+        driver = DispatchDriver(store, chunk_bytes=100, retry_pause_s=0.0)
+        task = asyncio.get_running_loop().create_task(driver.run())
+        try:
+            await waiting.wait_until(lambda: store.behind == 0, 5.0, "dispatch after two failures")
+        finally:
+            task.cancel()
+
+    with caplog.at_level(logging.ERROR, logger="broker.dispatch_driver"):
+        asyncio.run(main())
+    assert sum("dispatch failed" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        DispatchDriver(ScriptedStore(), chunk_bytes=0)
