@@ -12,15 +12,13 @@ from broker.store.api import GetMessageResult, GetMessageStatus, QueryResult, Ta
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import BLANK_SIZE, CQ_UNIT, UNIT_SIZE, ConsumeQueueTable
-from broker.store.dispatch import find_prop
 from broker.store.index import IndexService
 from client.protocol.codec import record_layout
+from client.protocol.properties import scan_properties
 
 __all__ = ["get_message", "offset_by_time", "query_message", "record_at", "store_timestamp"]
 
 _I64 = struct.Struct(">q").unpack_from
-_UNIQ = b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01"
-_KEYS = b"KEYS\x01"
 #: Units examined per call: ``max(16000, maxMsgNums * 20) / 20``.
 _MIN_FILTER_BYTES = 16000
 
@@ -159,8 +157,8 @@ def _matches(rec: bytes, topic: bytes, key: bytes) -> bool:
         return False
     if rec[tp + 1 : pp] != topic:
         return False
-    props = rec[pp + 2 :]
-    return find_prop(props, _UNIQ) == key or key in find_prop(props, _KEYS).split(b" ")
+    props = scan_properties(rec[pp + 2 :])
+    return props.uniq_key == key or key in props.keys.split(b" ")
 
 
 def record_at(cl: CommitLog, physical_offset: int, size: int | None = None) -> bytes | None:

@@ -54,6 +54,10 @@ def test_batch_to_records_round_trip(
     body = encode_batch(msgs, born_timestamp_ms=born_ts, uniq_keys=uniq)
     items = decode_batch(body)
     assert [bytes(it.body) for it in items] == [m.body for m in msgs]
+    assert [(it.tags, it.keys, it.uniq_key, it.delay_level, it.wait) for it in items] == [
+        ((m.tags or "").encode(), " ".join(m.keys).encode(), u.encode(), m.delay_level, True)
+        for m, u in zip(msgs, uniq, strict=True)
+    ]
     buf = bytearray(64 * 1024)
     born = pack_host("10.1.2.3", 40000)
     store_host = pack_host("127.0.0.1", 10911)

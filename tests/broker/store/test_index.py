@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 from broker.store.index import IndexFile, _TopicHasher, key_hash
-from client.protocol.codec import UniqKeyGenerator
+from client.protocol.codec import UniqKeyGenerator, batch_item, decode_records, tags_hash
 
 from .conftest import BORN_HOST, StoreFactory, batch
 
@@ -42,3 +42,26 @@ def test_unique_id_hash_with_cached_head_equals_the_plain_java_hash() -> None:
     for key in [gen.next() for _ in range(500)] + ["short", "x" * 32, "é" * 16]:
         raw = key.encode()
         assert hasher.uniq(raw) == key_hash(f"TopicA#{key}") == hasher(raw), key
+
+
+def test_dispatch_and_key_lookup_read_properties_as_consumers_do(make_store: StoreFactory) -> None:
+    """The dispatcher (tag code, index), the reader's key match and decode_records read a property string
+    alike: a name given twice keeps its last value; no trailing separator, empty pairs, names without a value
+    and look-alike names are read, not refused."""
+    store = make_store()
+    props = [b"KEYS\x01old\x02XKEYS\x01decoy\x02KEYS\x01k1 k2\x02TAGS\x01A\x02TAGS\x01B",
+             b"lonely\x02UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01U1\x02\x02KEYS\x01k3\x02"]
+    items = [batch_item(f"m{i}".encode(), p, born_timestamp=1) for i, p in enumerate(props)]
+    r = store.append_batch("T", 0, items, born_host=BORN_HOST)
+    store.dispatch_available()
+    msgs = decode_records(b"".join(store.get_message("g", "T", 0, 0, 32, 1 << 20).records))
+    assert [(m.tags, m.keys, m.msg_id) for m in msgs] == [("B", ("k1", "k2"), msgs[0].offset_msg_id),
+                                                          (None, ("k3",), "U1")]
+    cq = store.cqs.get("T", 0)
+    assert cq is not None
+    assert [unit[2] for unit in (cq.unit(0), cq.unit(1)) if unit is not None] == [tags_hash("B"), 0]
+    found = {key: [bytes(rec) for rec in store.query_message("T", key, 8, 0, 1 << 62).records]
+             for key in ("k1", "k2", "k3", "U1", "old", "decoy", "lonely")}
+    first, second = (store.look_message_by_offset(o) for o in r.physical_offsets)
+    assert found == {"k1": [first], "k2": [first], "k3": [second], "U1": [second], "old": [], "decoy": [],
+                     "lonely": []}

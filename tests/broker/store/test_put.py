@@ -105,6 +105,23 @@ def test_delay_rewrite_to_schedule_topic(make_store: StoreFactory) -> None:
     assert [m.queue_offset for m in plain] == [0, 1]
 
 
+def test_delay_rewrite_appends_the_real_topic_and_queue(make_store: StoreFactory) -> None:
+    """The reroute reads the item's delay level and appends REAL_TOPIC / REAL_QID to the raw properties; a
+    message delayed again (older REAL_* pairs) or without a trailing separator reads back with the new values."""
+    store = make_store()
+    items = [_raw_item(b"again", b"REAL_TOPIC\x01Old\x02REAL_QID\x019\x02u\x01v\x02DELAY\x011"),
+             _raw_item(b"odd", b"DELAY\x01x\x02"), _raw_item(b"zero", b"DELAY\x010\x02")]
+    assert [it.delay_level for it in items] == [1, 0, 0]
+    r = store.append_batch("T", 5, items, born_host=BORN_HOST)
+    assert r.status is PutMessageStatus.PUT_OK
+    store.dispatch_available()
+    (msg,) = decode_records(b"".join(store.get_message("g", "SCHEDULE_TOPIC_XXXX", 0, 0, 32, 1 << 20).records))
+    assert msg.body == b"again"
+    assert msg.properties == {REAL_TOPIC: "T", REAL_QID: "5", "u": "v", "DELAY": "1"}
+    plain = decode_records(b"".join(store.get_message("g", "T", 5, 0, 32, 1 << 20).records))
+    assert [m.body for m in plain] == [b"odd", b"zero"]  # not a level: stored where they were sent
+
+
 def test_prepared_transaction_gets_offset_zero_and_no_queue_unit(make_store: StoreFactory) -> None:
     store = make_store()
     items = [*batch("T", 1), _raw_item(b"half", b"", int(SysFlag.TRANSACTION_PREPARED)), *batch("T", 1, start=1)]
