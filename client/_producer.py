@@ -21,14 +21,13 @@ from client import _requests as rq
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
 from client._producer_core import (
-    RETRY_RESPONSE_CODES,
     Accumulator,
     Pending,
     ProducerConfig,
+    SendAttempts,
     check_batch,
     encode_one,
     explicit_queue,
-    send_failed,
     validate_message,
 )
 from client._requests import SendResult
@@ -41,10 +40,10 @@ from client.errors import (
     RequestTimeoutError,
     SendFailedError,
 )
-from client.protocol import codec
+from client.protocol import codec, wire
 from client.protocol.message import Message, MessageQueue
 
-__all__ = ["AsyncProducer", "Producer"]
+__all__ = ["AsyncProducer", "Producer", "send_with_retries", "send_with_retries_async"]
 
 log = logging.getLogger(__name__)
 
@@ -103,20 +102,10 @@ class _ProducerBase:
             return fixed
         return self._selector.select(info.message_queues, last_broker, fault=self._fault, now_ms=_now_ms())
 
-    def _attempts_total(self, fixed: MessageQueue | None) -> int:
-        return 1 if fixed is not None else 1 + self.config.retry_times_when_send_failed
-
-    def _target(self, info: TopicPublishInfo, mq: MessageQueue) -> str:
-        default_nums = len([q for q in info.message_queues if q.broker_name == mq.broker_name]) \
-            if info.from_default_topic else None
-        return rq.send_target(mq.topic, mq.queue_id, self.config.group, default_topic_queue_nums=default_nums)
-
-    def _on_error(self, mq: MessageQueue, started_ms: int, err: ClientError) -> bool:
-        """Record a failed attempt; True when another attempt may follow."""
-        self._fault.update_fault_item(mq.broker_name, _now_ms() - started_ms, isolation=True, now_ms=_now_ms())
-        if isinstance(err, BrokerError):
-            return err.code in RETRY_RESPONSE_CODES
-        return err.retriable
+    def _attempts(self, info: TopicPublishInfo, fixed: MessageQueue | None, deadline: float) -> SendAttempts:
+        cfg = self.config
+        return SendAttempts(info, fixed, deadline, group=cfg.group, retries=cfg.retry_times_when_send_failed,
+                            selector=self._selector, fault=self._fault)
 
     @staticmethod
     def _deliver(batch: list[Pending], results: list[SendResult] | None, error: BaseException | None) -> None:
@@ -137,53 +126,65 @@ def _live_members(batch: list[Pending], topic: str) -> list[Pending]:
     return [p for p in batch if p.deadline > now]
 
 
-class _SendAttempts:
-    """The retry loop of one send (SEMANTICS.md 4.6) without its I/O: which queue next, when to stop, what to
-    record. The sync and async producers drive it with their own requests."""
+def send_with_retries(client: ClientInstance, run: SendAttempts, body: bytes, count: int
+                      ) -> tuple[MessageQueue, wire.SendReply]:
+    """Drive ``run`` over ``client``: send the encoded batch ``body`` of ``count`` messages to the master of each
+    attempt's queue until one stores it (the sync half of the one retry loop; see :class:`SendAttempts`).
 
-    def __init__(self, producer: _ProducerBase, info: TopicPublishInfo, topic: str, fixed: MessageQueue | None,
-                 deadline: float) -> None:
-        self._p = producer
-        self.info = info
-        self._topic = topic
-        self._fixed = fixed
-        self._deadline = deadline
-        self._left_attempts = producer._attempts_total(fixed)
-        self._begin = time.monotonic()
-        self._last_broker: str | None = None
-        self._timed_out = False
-        self._started_ms = 0
-        self.attempts: list[tuple[str, ClientError]] = []
+    Returns:
+        The queue that stored the batch and the broker's reply.
 
-    def next(self) -> tuple[MessageQueue, float] | None:
-        """The queue and time budget of the next attempt, or None when attempts or time ran out."""
-        if self._left_attempts <= 0:
-            return None
-        self._left_attempts -= 1
-        mq = self._p._choose(self.info, self._fixed, self._last_broker)
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            self._timed_out = True
-            return None
-        self._started_ms = _now_ms()
-        return mq, left
+    Raises:
+        SendFailedError: every attempt failed, or the deadline passed.
+        ClientError: an attempt failed with an error that is not retried.
+    """
+    while (step := run.next()) is not None:
+        mq, left = step
+        try:
+            addr = client.find_broker_address_in_publish(mq.broker_name)
+            if addr is None:
+                client.update_topic_route_from_nameserver(mq.topic)
+                addr = client.find_broker_address_in_publish(mq.broker_name)
+            if addr is None:
+                raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
+            try:
+                resp = client.exchange("POST", addr, run.target(mq), body, timeout=left)
+            except httpx.HTTPError as e:
+                raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
+            reply = rq.parse_send(resp, addr, count)
+        except ClientError as err:
+            if not run.failed(mq, err):
+                raise
+            continue
+        run.succeeded(mq)
+        return mq, reply
+    raise run.exhausted()
 
-    def target(self, mq: MessageQueue) -> str:
-        return self._p._target(self.info, mq)
 
-    def succeeded(self, mq: MessageQueue) -> None:
-        self._p._fault.update_fault_item(mq.broker_name, _now_ms() - self._started_ms, isolation=False,
-                                         now_ms=_now_ms())
-
-    def failed(self, mq: MessageQueue, err: ClientError) -> bool:
-        """Record a failed attempt; True when another may follow (else the caller re-raises ``err``)."""
-        self.attempts.append((mq.broker_name, err))
-        self._last_broker = mq.broker_name
-        return self._p._on_error(mq, self._started_ms, err)
-
-    def exhausted(self) -> ClientError:
-        return send_failed(self._topic, self.attempts, int((time.monotonic() - self._begin) * 1000),
-                           self._timed_out)
+async def send_with_retries_async(client: AsyncClientInstance, run: SendAttempts, body: bytes, count: int
+                                  ) -> tuple[MessageQueue, wire.SendReply]:
+    """The asyncio twin of :func:`send_with_retries`."""
+    while (step := run.next()) is not None:
+        mq, left = step
+        try:
+            addr = client.find_broker_address_in_publish(mq.broker_name)
+            if addr is None:
+                await client.update_topic_route_from_nameserver(mq.topic)
+                addr = client.find_broker_address_in_publish(mq.broker_name)
+            if addr is None:
+                raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
+            try:
+                resp = await client.exchange("POST", addr, run.target(mq), body, timeout=left)
+            except httpx.HTTPError as e:
+                raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
+            reply = rq.parse_send(resp, addr, count)
+        except ClientError as err:
+            if not run.failed(mq, err):
+                raise
+            continue
+        run.succeeded(mq)
+        return mq, reply
+    raise run.exhausted()
 
 
 class Producer(SyncLifecycle, _ProducerBase):
@@ -317,28 +318,9 @@ class Producer(SyncLifecycle, _ProducerBase):
 
     def _send_body(self, client: ClientInstance, topic: str, body: bytes, uniq_keys: list[str],
                    fixed: MessageQueue | None, deadline: float) -> list[SendResult]:
-        run = _SendAttempts(self, client.try_to_find_topic_publish_info(topic), topic, fixed, deadline)
-        while (step := run.next()) is not None:
-            mq, left = step
-            try:
-                addr = client.find_broker_address_in_publish(mq.broker_name)
-                if addr is None:
-                    client.update_topic_route_from_nameserver(topic)
-                    addr = client.find_broker_address_in_publish(mq.broker_name)
-                if addr is None:
-                    raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-                try:
-                    resp = client.exchange("POST", addr, run.target(mq), body, timeout=left)
-                except httpx.HTTPError as e:
-                    raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
-                reply = rq.parse_send(resp, addr, len(uniq_keys))
-            except ClientError as err:
-                if not run.failed(mq, err):
-                    raise
-                continue
-            run.succeeded(mq)
-            return rq.send_results(reply, mq, uniq_keys)
-        raise run.exhausted()
+        run = self._attempts(client.try_to_find_topic_publish_info(topic), fixed, deadline)
+        mq, reply = send_with_retries(client, run, body, len(uniq_keys))
+        return rq.send_results(reply, mq, uniq_keys)
 
     def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
                    message_queue: MessageQueue | None = None) -> list[SendResult]:
@@ -483,28 +465,9 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
 
     async def _send_body(self, client: AsyncClientInstance, topic: str, body: bytes, uniq_keys: list[str],
                          fixed: MessageQueue | None, deadline: float) -> list[SendResult]:
-        run = _SendAttempts(self, await client.try_to_find_topic_publish_info(topic), topic, fixed, deadline)
-        while (step := run.next()) is not None:
-            mq, left = step
-            try:
-                addr = client.find_broker_address_in_publish(mq.broker_name)
-                if addr is None:
-                    await client.update_topic_route_from_nameserver(topic)
-                    addr = client.find_broker_address_in_publish(mq.broker_name)
-                if addr is None:
-                    raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-                try:
-                    resp = await client.exchange("POST", addr, run.target(mq), body, timeout=left)
-                except httpx.HTTPError as e:
-                    raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
-                reply = rq.parse_send(resp, addr, len(uniq_keys))
-            except ClientError as err:
-                if not run.failed(mq, err):
-                    raise
-                continue
-            run.succeeded(mq)
-            return rq.send_results(reply, mq, uniq_keys)
-        raise run.exhausted()
+        run = self._attempts(await client.try_to_find_topic_publish_info(topic), fixed, deadline)
+        mq, reply = await send_with_retries_async(client, run, body, len(uniq_keys))
+        return rq.send_results(reply, mq, uniq_keys)
 
     async def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
                          message_queue: MessageQueue | None = None) -> list[SendResult]:

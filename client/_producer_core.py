@@ -1,6 +1,7 @@
 """What the sync and async producers share: config, validation, the batch accumulator and the retry rules.
 
-No I/O here. The accumulator implements automatic batching of concurrent sends as *group commit*:
+No I/O here. :class:`SendAttempts` is the retry loop of one send (SEMANTICS.md 4.6) without its requests; the
+producers and :class:`client.lowlevel.BrokerClient` drive it. The accumulator implements automatic batching of concurrent sends as *group commit*:
 
 * a send whose key (topic, or queue for explicit-queue sends) has nothing in flight goes out at once, alone --
   one caller never waits for a linger;
@@ -18,20 +19,33 @@ at most until its send timeout.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import attrs
 
-from client._routing import FaultToleranceConfig
-from client.errors import MessageIllegalError, SendFailedError
+from client._routing import FaultToleranceConfig, LatencyFaultTolerance, QueueSelector, TopicPublishInfo
+from client.errors import BrokerError, ClientError, MessageIllegalError, SendFailedError
 from client.protocol import codec
 from client.protocol.codes import ResponseCode
 from client.protocol.message import Message, MessageQueue
 from client.protocol.properties import validate_group
+from client.protocol.requests import SendRequestHeader
 
-__all__ = ["RETRY_RESPONSE_CODES", "Accumulator", "Pending", "ProducerConfig", "encode_one", "validate_message"]
+__all__ = [
+    "RETRY_RESPONSE_CODES",
+    "Accumulator",
+    "Pending",
+    "ProducerConfig",
+    "SendAttempts",
+    "check_batch",
+    "encode_one",
+    "is_retriable",
+    "send_failed",
+    "validate_message",
+]
 
 #: Broker codes after which the send is retried on another queue (4.9.3's set plus HEAD's SYSTEM_BUSY).
 RETRY_RESPONSE_CODES = frozenset({
@@ -227,6 +241,17 @@ def check_batch(msgs: Sequence[Message], max_message_size: int) -> str:
 
 
 def send_failed(topic: str, attempts: list[tuple[str, Any]], elapsed_ms: int, timed_out: bool) -> SendFailedError:
+    """The error of a send whose attempts all failed (RocketMQ's wording), or that ran out of time.
+
+    Args:
+        topic: the send's topic.
+        attempts: ``(broker_name, error)`` of each failed attempt, in order.
+        elapsed_ms: time spent on the send.
+        timed_out: True when ``send_timeout_s`` ended the attempts.
+
+    Returns:
+        A :class:`SendFailedError` holding ``attempts``.
+    """
     brokers = [b for b, _ in attempts]
     last = f"; last error: {attempts[-1][1]}" if attempts else ""
     if timed_out:
@@ -246,3 +271,98 @@ def explicit_queue(message_queue: MessageQueue | None, topic: str) -> MessageQue
     if message_queue.topic != topic:
         raise MessageIllegalError(f"message to topic {topic} cannot go to queue {message_queue}")
     return message_queue
+
+
+def is_retriable(err: ClientError) -> bool:
+    """True when a send that failed with ``err`` is tried again on another queue (SEMANTICS.md 4.6).
+
+    Broker answers are retried for :data:`RETRY_RESPONSE_CODES` only; other errors (a connection refused, a
+    timeout) by their ``retriable`` flag.
+    """
+    if isinstance(err, BrokerError):
+        return err.code in RETRY_RESPONSE_CODES
+    return err.retriable
+
+
+class SendAttempts:
+    """The retry loop of one send (SEMANTICS.md 4.6) without its I/O: which queue next, when to stop, what to
+    record. A driver asks :meth:`next` for the queue and time budget of each attempt, sends, and reports
+    :meth:`succeeded` or :meth:`failed`; when :meth:`next` says None it raises :meth:`exhausted`.
+
+    * queue: ``fixed`` when given (one attempt), else :class:`~client._routing.QueueSelector`'s round robin
+      away from the previous failed attempt's broker (and, when fault tolerance is on, isolated brokers);
+    * attempts: ``1 + retries`` at most, and none once ``deadline`` has passed;
+    * a failure is retried only when :func:`is_retriable`; every attempt's latency feeds the fault table.
+
+    Args:
+        info: the topic's writable queues.
+        fixed: the explicit queue of the send, or None.
+        deadline: the send's end on ``clock``.
+        group: producer group named in the request.
+        retries: extra attempts after a failed one (``retry_times_when_send_failed``).
+        selector: the sender's round robin.
+        fault: the sender's latency fault table.
+        clock: monotonic seconds (injected by tests).
+    """
+
+    def __init__(self, info: TopicPublishInfo, fixed: MessageQueue | None, deadline: float, *, group: str,
+                 retries: int, selector: QueueSelector, fault: LatencyFaultTolerance,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.info = info
+        self._fixed = fixed
+        self._deadline = deadline
+        self._group = group
+        self._selector = selector
+        self._fault = fault
+        self._clock = clock
+        self._left_attempts = 1 if fixed is not None else 1 + retries
+        self._begin = clock()
+        self._last_broker: str | None = None
+        self._timed_out = False
+        self._started_ms = 0
+        self.attempts: list[tuple[str, ClientError]] = []
+        """``(broker_name, error)`` of each failed attempt."""
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def next(self) -> tuple[MessageQueue, float] | None:
+        """The queue and time budget (s) of the next attempt, or None when attempts or time ran out."""
+        if self._left_attempts <= 0:
+            return None
+        self._left_attempts -= 1
+        mq = self._fixed
+        if mq is None:
+            mq = self._selector.select(self.info.message_queues, self._last_broker, fault=self._fault,
+                                       now_ms=self._now_ms())
+        left = self._deadline - self._clock()
+        if left <= 0:
+            self._timed_out = True
+            return None
+        self._started_ms = self._now_ms()
+        return mq, left
+
+    def target(self, mq: MessageQueue) -> str:
+        """Path and query of the attempt's ``POST /send`` to ``mq``."""
+        info = self.info
+        default_nums = sum(1 for q in info.message_queues if q.broker_name == mq.broker_name) \
+            if info.from_default_topic else None
+        return SendRequestHeader(mq.topic, mq.queue_id, self._group, default_topic_queue_nums=default_nums).target()
+
+    def succeeded(self, mq: MessageQueue) -> None:
+        """The attempt to ``mq`` stored the batch."""
+        now = self._now_ms()
+        self._fault.update_fault_item(mq.broker_name, now - self._started_ms, isolation=False, now_ms=now)
+
+    def failed(self, mq: MessageQueue, err: ClientError) -> bool:
+        """Record a failed attempt; True when another may follow (else the caller re-raises ``err``)."""
+        self.attempts.append((mq.broker_name, err))
+        self._last_broker = mq.broker_name
+        now = self._now_ms()
+        self._fault.update_fault_item(mq.broker_name, now - self._started_ms, isolation=True, now_ms=now)
+        return is_retriable(err)
+
+    def exhausted(self) -> SendFailedError:
+        """The error to raise when :meth:`next` said None."""
+        return send_failed(self.info.topic, self.attempts, int((self._clock() - self._begin) * 1000),
+                           self._timed_out)

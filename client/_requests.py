@@ -10,8 +10,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
-from urllib.parse import quote
+from typing import Any, NamedTuple
 
 import attrs
 import httpx
@@ -25,11 +24,12 @@ from client.errors import (
     RequestTimeoutError,
 )
 from client.protocol import codec, wire
-from client.protocol.codes import PullStatus, PullSysFlag, ResponseCode, SendStatus
+from client.protocol.codes import PullStatus, ResponseCode, SendStatus
 from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.requests import PullRequestHeader, SendRequestHeader, quote_arg
 from client.protocol.route import TopicRouteData
 
-__all__ = ["Answer", "PullResult", "SendResult"]
+__all__ = ["Answer", "PullResult", "RawPullResult", "RawSendResult", "SendResult"]
 
 #: A response as the data path reads it: ``status_code`` and ``content`` (httpx's, or the SDK transport's raw one).
 Answer = httpx.Response | RawResponse
@@ -71,10 +71,47 @@ class PullResult:
     """Which member served this pull (0 = master)."""
 
 
-@functools.lru_cache(maxsize=4096)
-def q(value: str) -> str:
-    """Percent-encode a query value (topic names may hold ``%`` and ``|``)."""
-    return quote(value, safe="")
+#: Percent-encode a query value (topic names may hold ``%`` and ``|``).
+q = quote_arg
+
+
+class RawPullResult(NamedTuple):
+    """One pull's answer with its records left as stored bytes (the low-level pull, :mod:`client.lowlevel`).
+
+    A tuple because a reader builds one per request on its data path.
+    """
+
+    status: PullStatus
+    """FOUND, NO_NEW_MSG, NO_MATCHED_MSG or OFFSET_ILLEGAL."""
+    next_begin_offset: int
+    """Offset to pull next."""
+    min_offset: int
+    """Queue's smallest offset on the serving broker."""
+    max_offset: int
+    """Queue's max offset (one past the last message) on the serving broker."""
+    suggest_which_broker_id: int
+    """Which member the broker suggests for the next pull of this queue."""
+    served_by_broker_id: int
+    """Which member answered (0 = master)."""
+    n_records: int
+    """How many records ``records`` holds."""
+    records: memoryview
+    """The ``n_records`` stored records back to back (commit-log layout, :mod:`client.protocol.codec`)."""
+
+
+@attrs.frozen
+class RawSendResult:
+    """What the broker answered for one already-encoded batch (the low-level send, :mod:`client.lowlevel`)."""
+
+    message_queue: MessageQueue
+    """The queue the batch was stored in."""
+    reply: wire.SendReply
+    """The broker's reply: code, first queue offset, store host and each message's commit-log offset."""
+
+    @property
+    def send_status(self) -> SendStatus:
+        """``SEND_OK``, or one of the stored-but-not-fully-durable statuses (codes 10, 11, 12)."""
+        return SendStatus.from_code(self.reply.code)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -170,11 +207,8 @@ def send_url(addr: str, topic: str, queue_id: int, group: str, *, default_topic_
 
 
 def send_target(topic: str, queue_id: int, group: str, *, default_topic_queue_nums: int | None = None) -> str:
-    """Path and query of a ``POST /send``."""
-    target = f"/send?topic={q(topic)}&queueId={queue_id}&group={q(group)}"
-    if default_topic_queue_nums is not None:
-        target += f"&defaultTopicQueueNums={default_topic_queue_nums}"
-    return target
+    """Path and query of a ``POST /send`` (:class:`~client.protocol.requests.SendRequestHeader`)."""
+    return SendRequestHeader(topic, queue_id, group, default_topic_queue_nums=default_topic_queue_nums).target()
 
 
 def parse_send(resp: Answer, addr: str, expected: int) -> wire.SendReply:
@@ -221,19 +255,9 @@ def pull_target(
     group: str, mq: MessageQueue, offset: int, max_nums: int, *, commit_offset: int | None,
     suspend_timeout_ms: int | None, sub_expression: str,
 ) -> str:
-    """Path and query of a ``GET /pull``."""
-    sys_flag = int(PullSysFlag.SUBSCRIPTION)
-    extra = ""
-    if commit_offset is not None and commit_offset >= 0:
-        sys_flag |= PullSysFlag.COMMIT_OFFSET
-        extra += f"&commitOffset={commit_offset}"
-    if suspend_timeout_ms:
-        sys_flag |= PullSysFlag.SUSPEND
-        extra += f"&suspendTimeoutMs={suspend_timeout_ms}"
-    return (
-        f"/pull?group={q(group)}&topic={q(mq.topic)}&queueId={mq.queue_id}&offset={offset}"
-        f"&maxNums={max_nums}&sysFlag={sys_flag}&subExpression={q(sub_expression)}{extra}"
-    )
+    """Path and query of a ``GET /pull`` (:class:`~client.protocol.requests.PullRequestHeader`)."""
+    return PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
+                                commit_offset=commit_offset, suspend_timeout_ms=suspend_timeout_ms).target()
 
 
 def parse_pull(resp: Answer, addr: str, mq: MessageQueue) -> PullResult:
@@ -250,6 +274,23 @@ def parse_pull(resp: Answer, addr: str, mq: MessageQueue) -> PullResult:
                                      broker_addr=addr)
     return PullResult(status, head.next_begin_offset, head.min_offset, head.max_offset, msgs,
                       head.suggest_which_broker_id, head.served_by_broker_id)
+
+
+def parse_pull_raw(resp: Answer, addr: str, mq: MessageQueue) -> RawPullResult:
+    """Decode a pull answer's head; the records stay as the broker sent them.
+
+    Raises:
+        BrokerError: an error answer, or a code that is not a pull status.
+    """
+    raise_for_status(resp, addr)
+    data = memoryview(resp.content)
+    head = wire.decode_pull_header(data)
+    status = PullStatus.from_code(head.code)
+    if status is None:
+        raise BrokerError.for_code(head.code, f"pull of {mq} answered code {head.code}", broker_addr=addr)
+    return RawPullResult(status, head.next_begin_offset, head.min_offset, head.max_offset,
+                         head.suggest_which_broker_id, head.served_by_broker_id, head.count,
+                         data[wire.PULL_HEAD.size:])
 
 
 # --- offsets ----------------------------------------------------------------------------------------------
@@ -274,4 +315,10 @@ def parse_offset(resp: httpx.Response, addr: str) -> int:
 
 
 def commit_offset_body(group: str, mq: MessageQueue, offset: int) -> bytes:
-    return dumps({"group": group, "offsets": [{"topic": mq.topic, "queueId": mq.queue_id, "offset": offset}]})
+    return commit_offsets_body(group, [(mq, offset)])
+
+
+def commit_offsets_body(group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> bytes:
+    """The ``POST /offset/consumer`` body storing ``group``'s offset of each queue."""
+    return dumps({"group": group,
+                  "offsets": [{"topic": mq.topic, "queueId": mq.queue_id, "offset": o} for mq, o in offsets]})
