@@ -8,7 +8,9 @@
         p.send(Message("TopicTest", b"hello", tags="TagA"))
 
 Errors live in :mod:`client.errors` (also reachable as ``client.errors``); the local cluster launcher in
-:mod:`client.cluster`. Everything under ``client._*`` is private.
+:mod:`client.cluster`; raw sends and pulls of encoded batches with the SDK's routing and retries, the route cache
+and the pull-node table in :mod:`client.lowlevel`; the wire formats in :mod:`client.protocol`. Everything under
+``client._*`` is private.
 """
 
 from __future__ import annotations

@@ -1,0 +1,562 @@
+"""The low-level SDK: routes, and sends and pulls of raw batches, with the SDK's routing and retry rules.
+
+For tools that need control or speed the producer and consumer objects don't give (the Spark connector, the
+benchmarks): a send takes an already-encoded send batch (:func:`client.protocol.codec.encode_batch`, or items
+laid out by hand), a pull returns the stored records as bytes (decode them with
+:func:`client.protocol.codec.decode_records`, or not at all)::
+
+    from client.lowlevel import BrokerClient
+
+    with BrokerClient("127.0.0.1:9876") as c:
+        sent = c.send_encoded("TopicTest", body, 3, group="tools")        # routed, retried as Producer.send
+        mq = sent.message_queue
+        got = c.pull_raw(mq, 0, group="tools-reader", max_nums=32)        # read/write split as PullConsumer.pull
+        print(got.status, got.n_records, bytes(got.records[:16]))
+
+The rules are the SDK's, each implemented once:
+
+* send (:class:`SendAttempts`, SEMANTICS.md 4.6): round robin over the topic's writable queues of groups with a
+  master (the ``TBW102`` route while the topic does not exist), each attempt to a master, a failed attempt
+  retried on another broker group ``retries`` times within ``timeout_s`` when its error is retriable
+  (:data:`RETRY_RESPONSE_CODES` for broker answers); an explicit queue gets one attempt;
+* pull (:func:`plan_pull`, SEMANTICS.md 3.3 and decision 6): the member from :class:`PullNodeTable` (the broker's
+  last suggestion for the queue, else the master), moved off a member found unreachable within
+  ``broker_down_isolation_s`` (the slave serves while the master is down), a refusing slave's pull sent on to the
+  master in the same call, the suggestion of every answer remembered; the commit offset only goes to a master;
+* routes (:class:`RouteCache`): fetched from one nameserver at a time, kept when every nameserver is down or
+  one says the topic does not exist (SEMANTICS.md 6.6), fetched again when older than
+  ``poll_name_server_interval_s`` on their next use (this client runs no background thread and sends no
+  heartbeats).
+
+The request formats are :mod:`client.protocol.requests`; the pure routing state and decisions are re-exported
+here so callers that choose members themselves (:func:`find_broker_address_in_subscribe`) need no private name.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+
+import httpx
+
+from client import _requests as rq
+from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, _InstanceCore
+from client._producer import send_with_retries, send_with_retries_async
+from client._producer_core import (
+    RETRY_RESPONSE_CODES,
+    SendAttempts,
+    check_batch,
+    explicit_queue,
+    is_retriable,
+    validate_message,
+)
+from client._requests import PullResult, RawPullResult, RawSendResult
+from client._routing import (
+    DEFAULT_TOPIC,
+    BrokerDownTable,
+    FaultToleranceConfig,
+    FindBrokerResult,
+    LatencyFaultTolerance,
+    PullNodeTable,
+    PullPlan,
+    PullTarget,
+    QueueSelector,
+    RouteCache,
+    TopicPublishInfo,
+    default_route_for,
+    find_broker_address_in_subscribe,
+    plan_pull,
+    pull_refused,
+    topic_route_to_publish_info,
+    topic_route_to_subscribe_info,
+)
+from client.errors import BrokerNotFoundError, ClientError
+from client.protocol.codes import PullStatus
+from client.protocol.message import MessageQueue
+from client.protocol.requests import PullRequestHeader, SendRequestHeader
+from client.protocol.route import TopicRouteData
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "RETRY_RESPONSE_CODES",
+    "AsyncBrokerClient",
+    "BrokerClient",
+    "BrokerDownTable",
+    "FaultToleranceConfig",
+    "FindBrokerResult",
+    "LatencyFaultTolerance",
+    "PullNodeTable",
+    "PullPlan",
+    "PullRequestHeader",
+    "PullTarget",
+    "QueueSelector",
+    "RawPullResult",
+    "RawSendResult",
+    "RouteCache",
+    "SendAttempts",
+    "SendRequestHeader",
+    "TopicPublishInfo",
+    "check_batch",
+    "default_route_for",
+    "find_broker_address_in_subscribe",
+    "is_retriable",
+    "plan_pull",
+    "raw_pull_refused",
+    "topic_route_to_publish_info",
+    "topic_route_to_subscribe_info",
+    "validate_message",
+]
+
+_OFFSET_KINDS = frozenset({"min", "max", "search"})
+
+
+def raw_pull_refused(result: RawPullResult, requested_offset: int) -> bool:
+    """True when a raw pull answer is a member's refusal to serve (see :func:`client._routing.pull_refused`:
+    NO_MATCHED_MSG that read nothing and sends the consumer to another member).
+
+    Args:
+        result: the answer.
+        requested_offset: the offset the pull asked for.
+
+    Returns:
+        Whether the pull must go on to the member the answer suggests.
+    """
+    if result.status is not PullStatus.NO_MATCHED_MSG or result.n_records:
+        return False
+    return pull_refused(PullResult(result.status, result.next_begin_offset, result.min_offset, result.max_offset, [],
+                                   result.suggest_which_broker_id, result.served_by_broker_id), requested_offset)
+
+
+class _LowLevelCore:
+    """State and decisions shared by the sync and async clients (no I/O here)."""
+
+    def __init__(self, inst: _InstanceCore, *, latency_fault_enable: bool, fault_tolerance: FaultToleranceConfig | None,
+                 rng: random.Random | None) -> None:
+        self._core = inst
+        self._selector = QueueSelector(rng=rng)
+        self._fault = LatencyFaultTolerance(enabled=latency_fault_enable, config=fault_tolerance)
+        self._pull_nodes = PullNodeTable()
+        self._fetched_ms: dict[str, int] = {}
+
+    @property
+    def namesrv_addr(self) -> str:
+        """The ``;``-joined nameserver list."""
+        return self._core.namesrv_addr
+
+    @property
+    def config(self) -> ClientConfig:
+        """Timeouts, isolation time, route refresh period, connection bounds."""
+        return self._core.config
+
+    @property
+    def routes(self) -> RouteCache:
+        """The live route cache (``brokerAddrTable`` included)."""
+        return self._core.routes
+
+    @property
+    def pull_nodes(self) -> PullNodeTable:
+        """``pullFromWhichNodeTable``: the member each queue is pulled from next (updated by :meth:`pull_raw`)."""
+        return self._pull_nodes
+
+    @property
+    def broker_down(self) -> BrokerDownTable:
+        """Members found unreachable, or refusing pulls, lately."""
+        return self._core.broker_down
+
+    def _needs_fetch(self, topic: str, refresh: bool) -> bool:
+        self._core.check_open()
+        if refresh:
+            return True
+        fetched = self._fetched_ms.get(topic)
+        return fetched is None or self._core.clock_ms() - fetched >= self.config.poll_name_server_interval_s * 1000
+
+    def _fetched(self, topic: str) -> None:
+        self._fetched_ms[topic] = self._core.clock_ms()
+
+    def _cached_route(self, topic: str) -> TopicRouteData:
+        core = self._core
+        route = core.routes.route(topic)
+        info = core.routes.publish_info(topic)
+        if route is None or (info is not None and info.from_default_topic):  # a borrowed TBW102 route is no route
+            raise core.no_route_error(topic)
+        return route
+
+    def _attempts(self, info: TopicPublishInfo, queue: MessageQueue | None, *, group: str, timeout_s: float,
+                  retries: int) -> SendAttempts:
+        return SendAttempts(info, explicit_queue(queue, info.topic), time.monotonic() + timeout_s, group=group,
+                            retries=retries, selector=self._selector, fault=self._fault)
+
+    def _plan(self, mq: MessageQueue) -> PullPlan | None:
+        core = self._core
+        nodes = self._pull_nodes
+        return plan_pull(mq.broker_name, core.routes.broker_addrs(mq.broker_name), nodes.recalculate(mq),
+                         core.broker_down, core.clock_ms(), pinned=nodes.connect_broker_by_user)
+
+    def _answered(self, plan: PullPlan, t: PullTarget, result: RawPullResult, offset: int) -> bool:
+        return plan.answered(t, refused=raw_pull_refused(result, offset),
+                             suggest_which_broker_id=result.suggest_which_broker_id, now_ms=self._core.clock_ms())
+
+    def _settle(self, mq: MessageQueue, result: RawPullResult) -> RawPullResult:
+        self._pull_nodes.update(mq, result.suggest_which_broker_id)
+        return result
+
+
+def _pull_target(mq: MessageQueue, offset: int, *, group: str, max_nums: int, max_bytes: int | None,
+                 sub_expression: str, commit_offset: int | None, suspend_timeout_ms: int | None) -> str:
+    return PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
+                                commit_offset=commit_offset, suspend_timeout_ms=suspend_timeout_ms,
+                                max_bytes=max_bytes).target()
+
+
+def _offset_url(addr: str, kind: str, mq: MessageQueue, timestamp_ms: int | None) -> str:
+    if kind not in _OFFSET_KINDS:
+        raise ValueError(f"offset kind must be one of {sorted(_OFFSET_KINDS)}, got {kind!r}")
+    if (kind == "search") != (timestamp_ms is not None):
+        raise ValueError("timestamp_ms is needed by, and only by, the 'search' offset kind")
+    return rq.offset_url(addr, kind, mq, timestamp_ms=timestamp_ms)
+
+
+class BrokerClient(_LowLevelCore):
+    """Routes, raw sends and raw pulls for one nameserver list; thread-safe.
+
+    Args:
+        namesrv_addr: ``host:port`` of the nameservers, ``;``-separated.
+        config: timeouts, ``broker_down_isolation_s``, ``poll_name_server_interval_s``, connection bounds.
+        transport: the HTTP transport (tests inject ``httpx.MockTransport``); the SDK's own by default.
+        latency_fault_enable: isolate slow or failing brokers from sends (SEMANTICS.md 4.5).
+        fault_tolerance: the isolation tables when ``latency_fault_enable``.
+        rng: random source of the nameserver and queue round-robin starts.
+        clock_ms: monotonic clock of member isolation and route age (injected by tests).
+    """
+
+    def __init__(self, namesrv_addr: str, *, config: ClientConfig | None = None,
+                 transport: httpx.BaseTransport | None = None, latency_fault_enable: bool = False,
+                 fault_tolerance: FaultToleranceConfig | None = None, rng: random.Random | None = None,
+                 clock_ms: Callable[[], int] | None = None) -> None:
+        self._inst = ClientInstance(namesrv_addr, config, transport=transport, rng=rng, clock_ms=clock_ms)
+        super().__init__(self._inst, latency_fault_enable=latency_fault_enable, fault_tolerance=fault_tolerance,
+                         rng=rng)
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections. Idempotent; later calls raise ClientClosedError."""
+        self._inst.close()
+
+    # --- routes -------------------------------------------------------------------------------------------
+
+    def _fetch(self, topic: str, refresh: bool) -> None:
+        if self._needs_fetch(topic, refresh):
+            self._inst.update_topic_route_from_nameserver(topic)
+            self._fetched(topic)
+
+    def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
+        """The topic's route (cached; fetched when absent, stale, or ``refresh``).
+
+        Args:
+            topic: the topic.
+            refresh: ask a nameserver now (the cached route stays when none answers).
+
+        Returns:
+            The route.
+
+        Raises:
+            RouteNotFoundError: no route is known (the last nameserver error is in the message).
+            ClientClosedError: the client is closed.
+        """
+        self._fetch(topic, refresh)
+        return self._cached_route(topic)
+
+    def broker_addrs(self, topic: str, broker_name: str, *, refresh: bool = False) -> dict[int, str]:
+        """``{brokerId: addr}`` of one broker group in the topic's route (empty when the group is absent).
+
+        Raises:
+            RouteNotFoundError: no route is known.
+        """
+        data = self.route(topic, refresh=refresh).broker_data(broker_name)
+        return dict(data.broker_addrs) if data else {}
+
+    def publish_info(self, topic: str, *, refresh: bool = False) -> TopicPublishInfo:
+        """The topic's writable queues of groups with a master, or the ``TBW102`` route's for a new topic.
+
+        Raises:
+            RouteNotFoundError: neither route has a writable queue with a master.
+        """
+        self._fetch(topic, refresh)
+        return self._inst.try_to_find_topic_publish_info(topic)
+
+    def subscribe_queues(self, topic: str, *, refresh: bool = False) -> tuple[MessageQueue, ...]:
+        """The topic's readable queues on every group, master or not.
+
+        Raises:
+            RouteNotFoundError: no route is known.
+        """
+        self._fetch(topic, refresh)
+        return self._inst.subscribe_queues_or_fetch(topic)
+
+    # --- data path ----------------------------------------------------------------------------------------
+
+    def send_encoded(self, topic: str, body: bytes, count: int, *, group: str, queue: MessageQueue | None = None,
+                     timeout_s: float = 3.0, retries: int = 2) -> RawSendResult:
+        """Send one encoded batch of ``count`` messages of ``topic`` to a master, with the producer's retries.
+
+        Args:
+            topic: the messages' topic.
+            body: the send batch (items of :mod:`client.protocol.codec`'s batch format, each with its
+                ``UNIQ_KEY``).
+            count: messages in ``body`` (the broker's reply must cover each).
+            group: producer group named in the request.
+            queue: send to this queue only, one attempt.
+            timeout_s: bound on the whole send, all attempts included.
+            retries: extra attempts on another broker group after a retriable failure.
+
+        Returns:
+            The queue that stored the batch and the broker's reply (codes 10/11/12 included: stored, not yet
+            durable).
+
+        Raises:
+            SendFailedError: every attempt failed, or ``timeout_s`` ran out.
+            BrokerError: a broker refused the batch with a code that is not retried.
+            MessageIllegalError: ``queue`` is not a queue of ``topic``.
+            RouteNotFoundError: the topic has no writable queue with a master.
+        """
+        run = self._attempts(self.publish_info(topic), queue, group=group, timeout_s=timeout_s, retries=retries)
+        mq, reply = send_with_retries(self._inst, run, body, count)
+        return RawSendResult(mq, reply)
+
+    def pull_raw(self, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
+                 max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
+                 commit_offset: int | None = None, suspend_timeout_ms: int | None = None) -> RawPullResult:
+        """Pull from the member the SDK's read/write-split rules choose (module docstring); the records stay raw.
+
+        Args:
+            mq: the queue.
+            offset: first offset wanted.
+            group: consumer group.
+            max_nums: messages at most.
+            max_bytes: stored bytes at most (the broker's default when None).
+            sub_expression: ``*`` or ``TagA || TagB`` (filtered by tag hash: recheck the tags when it matters).
+            timeout_s: bound on each request (plus ``suspend_timeout_ms`` when long polling).
+            commit_offset: the group's offset to store, sent only to a master.
+            suspend_timeout_ms: long polling: the broker holds the pull this long when nothing is new.
+
+        Returns:
+            The answer; a refusal nobody overrode is returned as NO_MATCHED_MSG with the offset unchanged.
+
+        Raises:
+            BrokerNotFoundError: the group has no member in the route, even after a refresh.
+            TransportError: no member could be reached.
+            BrokerError: the broker refused the pull (unknown topic, bad queue id...).
+        """
+        plan = self._plan(mq)
+        if plan is None:
+            self._fetch(mq.topic, True)
+            plan = self._plan(mq)
+        if plan is None:
+            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
+        timeout = timeout_s + (suspend_timeout_ms or 0) / 1000
+        error: ClientError | None = None
+        refusal: RawPullResult | None = None
+        while (t := plan.next()) is not None:
+            target = _pull_target(mq, offset, group=group, max_nums=max_nums, max_bytes=max_bytes,
+                                  sub_expression=sub_expression, commit_offset=None if t.slave else commit_offset,
+                                  suspend_timeout_ms=suspend_timeout_ms)
+            try:
+                resp = self._inst.exchange("GET", t.addr, target, timeout=timeout)
+            except httpx.HTTPError as e:
+                plan.failed(t, self._inst.clock_ms())
+                error = rq.map_transport_error(e, t.addr, f"pull {mq} from {mq.broker_name}[{t.broker_id}] {t.addr}")
+                continue
+            result = rq.parse_pull_raw(resp, t.addr, mq)
+            if self._answered(plan, t, result, offset):
+                return self._settle(mq, result)
+            refusal = result
+        if refusal is not None:
+            return self._settle(mq, refusal)
+        assert error is not None
+        raise error
+
+    def pull_raw_from(self, addr: str, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
+                      max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
+                      commit_offset: int | None = None, suspend_timeout_ms: int | None = None) -> RawPullResult:
+        """One pull from the member at ``addr`` chosen by the caller; no routing state is read or changed.
+
+        Args are those of :meth:`pull_raw` plus ``addr`` (``host:port``); send ``commit_offset`` only to a master.
+
+        Returns:
+            The answer.
+
+        Raises:
+            TransportError: no answer (connection refused or timed out).
+            BrokerError: the broker answered an error code.
+        """
+        target = _pull_target(mq, offset, group=group, max_nums=max_nums, max_bytes=max_bytes,
+                              sub_expression=sub_expression, commit_offset=commit_offset,
+                              suspend_timeout_ms=suspend_timeout_ms)
+        try:
+            resp = self._inst.exchange("GET", addr, target, timeout=timeout_s + (suspend_timeout_ms or 0) / 1000)
+        except httpx.HTTPError as e:
+            raise rq.map_transport_error(e, addr, f"pull of {mq} at {offset} from {addr}") from None
+        return rq.parse_pull_raw(resp, addr, mq)
+
+    # --- offsets ------------------------------------------------------------------------------------------
+
+    def queue_offset(self, addr: str, kind: str, mq: MessageQueue, *, timestamp_ms: int | None = None
+                     ) -> int:
+        """The ``min``, ``max`` or ``search`` (first stored at or after ``timestamp_ms``) offset of a queue on
+        the member at ``addr``.
+
+        Raises:
+            ValueError: an unknown ``kind``, or ``timestamp_ms`` missing for (or given to other than) ``search``.
+            TransportError: no answer.
+            BrokerError: the broker answered an error code.
+        """
+        url = _offset_url(addr, kind, mq, timestamp_ms)
+        try:
+            return rq.parse_offset(self._inst.http.get(url), addr)
+        except httpx.HTTPError as e:
+            raise rq.map_transport_error(e, addr, f"{kind} offset of {mq} from {addr}") from None
+
+    def commit_offsets(self, addr: str, group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> None:
+        """Store ``group``'s consumed offset of each queue on the member at ``addr`` (``POST /offset/consumer``).
+
+        Raises:
+            TransportError: no answer.
+            BrokerError: the broker answered an error code.
+        """
+        body = rq.commit_offsets_body(group, offsets)
+        try:
+            rq.json_of(self._inst.http.post(f"http://{addr}/offset/consumer", content=body), addr)
+        except httpx.HTTPError as e:
+            raise rq.map_transport_error(e, addr, f"consumer offset commit to {addr}") from None
+
+
+class AsyncBrokerClient(_LowLevelCore):
+    """The asyncio twin of :class:`BrokerClient` (same arguments; I/O methods are coroutines; ``async with``).
+
+    Use it on one event loop.
+    """
+
+    def __init__(self, namesrv_addr: str, *, config: ClientConfig | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None, latency_fault_enable: bool = False,
+                 fault_tolerance: FaultToleranceConfig | None = None, rng: random.Random | None = None,
+                 clock_ms: Callable[[], int] | None = None) -> None:
+        self._inst = AsyncClientInstance(namesrv_addr, config, transport=transport, rng=rng, clock_ms=clock_ms)
+        super().__init__(self._inst, latency_fault_enable=latency_fault_enable, fault_tolerance=fault_tolerance,
+                         rng=rng)
+
+    async def __aenter__(self) -> AsyncBrokerClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """See :meth:`BrokerClient.close`."""
+        await self._inst.aclose()
+
+    async def _fetch(self, topic: str, refresh: bool) -> None:
+        if self._needs_fetch(topic, refresh):
+            await self._inst.update_topic_route_from_nameserver(topic)
+            self._fetched(topic)
+
+    async def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
+        """See :meth:`BrokerClient.route`."""
+        await self._fetch(topic, refresh)
+        return self._cached_route(topic)
+
+    async def broker_addrs(self, topic: str, broker_name: str, *, refresh: bool = False) -> dict[int, str]:
+        """See :meth:`BrokerClient.broker_addrs`."""
+        data = (await self.route(topic, refresh=refresh)).broker_data(broker_name)
+        return dict(data.broker_addrs) if data else {}
+
+    async def publish_info(self, topic: str, *, refresh: bool = False) -> TopicPublishInfo:
+        """See :meth:`BrokerClient.publish_info`."""
+        await self._fetch(topic, refresh)
+        return await self._inst.try_to_find_topic_publish_info(topic)
+
+    async def subscribe_queues(self, topic: str, *, refresh: bool = False) -> tuple[MessageQueue, ...]:
+        """See :meth:`BrokerClient.subscribe_queues`."""
+        await self._fetch(topic, refresh)
+        return await self._inst.subscribe_queues_or_fetch(topic)
+
+    async def send_encoded(self, topic: str, body: bytes, count: int, *, group: str,
+                           queue: MessageQueue | None = None, timeout_s: float = 3.0, retries: int = 2
+                           ) -> RawSendResult:
+        """See :meth:`BrokerClient.send_encoded`."""
+        run = self._attempts(await self.publish_info(topic), queue, group=group, timeout_s=timeout_s,
+                             retries=retries)
+        mq, reply = await send_with_retries_async(self._inst, run, body, count)
+        return RawSendResult(mq, reply)
+
+    async def pull_raw(self, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
+                       max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
+                       commit_offset: int | None = None, suspend_timeout_ms: int | None = None) -> RawPullResult:
+        """See :meth:`BrokerClient.pull_raw`."""
+        plan = self._plan(mq)
+        if plan is None:
+            await self._fetch(mq.topic, True)
+            plan = self._plan(mq)
+        if plan is None:
+            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
+        timeout = timeout_s + (suspend_timeout_ms or 0) / 1000
+        error: ClientError | None = None
+        refusal: RawPullResult | None = None
+        while (t := plan.next()) is not None:
+            target = _pull_target(mq, offset, group=group, max_nums=max_nums, max_bytes=max_bytes,
+                                  sub_expression=sub_expression, commit_offset=None if t.slave else commit_offset,
+                                  suspend_timeout_ms=suspend_timeout_ms)
+            try:
+                resp = await self._inst.exchange("GET", t.addr, target, timeout=timeout)
+            except httpx.HTTPError as e:
+                plan.failed(t, self._inst.clock_ms())
+                error = rq.map_transport_error(e, t.addr, f"pull {mq} from {mq.broker_name}[{t.broker_id}] {t.addr}")
+                continue
+            result = rq.parse_pull_raw(resp, t.addr, mq)
+            if self._answered(plan, t, result, offset):
+                return self._settle(mq, result)
+            refusal = result
+        if refusal is not None:
+            return self._settle(mq, refusal)
+        assert error is not None
+        raise error
+
+    async def pull_raw_from(self, addr: str, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
+                            max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
+                            commit_offset: int | None = None, suspend_timeout_ms: int | None = None
+                            ) -> RawPullResult:
+        """See :meth:`BrokerClient.pull_raw_from`."""
+        target = _pull_target(mq, offset, group=group, max_nums=max_nums, max_bytes=max_bytes,
+                              sub_expression=sub_expression, commit_offset=commit_offset,
+                              suspend_timeout_ms=suspend_timeout_ms)
+        try:
+            resp = await self._inst.exchange("GET", addr, target,
+                                             timeout=timeout_s + (suspend_timeout_ms or 0) / 1000)
+        except httpx.HTTPError as e:
+            raise rq.map_transport_error(e, addr, f"pull of {mq} at {offset} from {addr}") from None
+        return rq.parse_pull_raw(resp, addr, mq)
+
+    async def queue_offset(self, addr: str, kind: str, mq: MessageQueue, *, timestamp_ms: int | None = None
+                           ) -> int:
+        """See :meth:`BrokerClient.queue_offset`."""
+        url = _offset_url(addr, kind, mq, timestamp_ms)
+        try:
+            return rq.parse_offset(await self._inst.http.get(url), addr)
+        except httpx.HTTPError as e:
+            raise rq.map_transport_error(e, addr, f"{kind} offset of {mq} from {addr}") from None
+
+    async def commit_offsets(self, addr: str, group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> None:
+        """See :meth:`BrokerClient.commit_offsets`."""
+        body = rq.commit_offsets_body(group, offsets)
+        try:
+            rq.json_of(await self._inst.http.post(f"http://{addr}/offset/consumer", content=body), addr)
+        except httpx.HTTPError as e:
+            raise rq.map_transport_error(e, addr, f"consumer offset commit to {addr}") from None
