@@ -16,6 +16,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
+from client.protocol.message import MessageQueue
+
 __all__ = [
     "EARLIEST",
     "EARLIEST_MARKER",
@@ -45,6 +47,11 @@ class QueueKey(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.topic}@{self.broker_name}:{self.queue_id}"
+
+    @property
+    def message_queue(self) -> MessageQueue:
+        """The same queue as the SDK names it."""
+        return MessageQueue(self.topic, self.broker_name, self.queue_id)
 
 
 OffsetMap = dict[QueueKey, int]

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from client.errors import BrokerError, ClientError, TransportError
 from client.protocol.codes import Perm
+from client.protocol.message import MessageQueue
 from client.protocol.route import TopicRouteData
 from spark_connector.offsets import (
     EARLIEST,
@@ -42,7 +43,7 @@ class OffsetClient(Protocol):
 
     def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData: ...
 
-    def queue_offset(self, addr: str, kind: str, key: QueueKey, *, timestamp_ms: int | None = None) -> int: ...
+    def queue_offset(self, addr: str, kind: str, mq: MessageQueue, *, timestamp_ms: int | None = None) -> int: ...
 
 
 def queue_keys(route: TopicRouteData, topic: str) -> list[QueueKey]:
@@ -70,7 +71,7 @@ def _group_offsets(
     last: ClientError | None = None
     for broker_id, addr in members:
         try:
-            return {k: client.queue_offset(addr, kind, k, timestamp_ms=timestamp_ms) for k in keys}
+            return {k: client.queue_offset(addr, kind, k.message_queue, timestamp_ms=timestamp_ms) for k in keys}
         except (TransportError, BrokerError) as e:
             if isinstance(e, BrokerError) and not e.retriable:
                 raise

@@ -11,11 +11,11 @@ send-batch item directly). This module keeps the SDK's rules and only drops the 
 * every message gets its own ``UNIQ_KEY`` (the msgId users see) from the SDK's :class:`UniqKeyGenerator`;
 * items are laid out by ``client.protocol.codec``'s send-batch format, at most :data:`MAX_BATCH_MESSAGES`
   messages and about :data:`MAX_BATCH_BYTES` per request, one topic and queue per request;
-* queues come from the topic's route exactly as the SDK builds its publish info (writable queues of groups
-  with a master; the ``TBW102`` route when the topic does not exist yet, so brokers that auto-create topics
-  still do); rows without a queue go round-robin over them; a failed request is retried whole on a queue of
-  another broker group, ``retries`` times within ``sendTimeoutMs``, as the SDK does; rows with an explicit
-  queue get one attempt, as with the SDK.
+* each request is one :meth:`client.lowlevel.BrokerClient.send_encoded`: the SDK's own queue choice (writable
+  queues of groups with a master; the ``TBW102`` route when the topic does not exist yet, so brokers that
+  auto-create topics still do; round robin for rows without a queue) and its retry loop (a failed request is
+  retried whole on a queue of another broker group, ``retries`` times within ``sendTimeoutMs``, SEMANTICS.md
+  4.6); rows with an explicit queue get one attempt, as with the SDK.
 
 Up to ``sendConcurrency`` requests are in flight per task; a write task returns only after every request was
 answered, and any failure raises (Spark then fails or retries the task: at-least-once).
@@ -24,25 +24,15 @@ answered, and any failure raises (Spark then fails or retries the task: at-least
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 import logging
-import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from client._producer_core import RETRY_RESPONSE_CODES, send_failed, validate_message
-from client._routing import DEFAULT_TOPIC, TopicPublishInfo, default_route_for, topic_route_to_publish_info
-from client.errors import (
-    BrokerError,
-    BrokerNotFoundError,
-    ClientError,
-    MessageIllegalError,
-    ProtocolViolationError,
-    RouteNotFoundError,
-)
+from client.errors import MessageIllegalError
+from client.lowlevel import RawSendResult, TopicPublishInfo, validate_message
 from client.protocol.codec import (
     BATCH_ITEM_HEAD,
     BATCH_MAGIC,
@@ -51,10 +41,9 @@ from client.protocol.codec import (
     body_crc,
     record_size,
 )
+from client.protocol.codes import SendStatus
 from client.protocol.message import Message, MessageQueue
 from client.protocol.properties import KEYS, MAX_PROPERTIES_BYTES, SYSTEM_KEYS, TAGS, UNIQ_KEY
-from client.protocol.route import TopicRouteData
-from client.protocol.wire import SendReply
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +61,16 @@ __all__ = [
 #: Messages and (approximate) bytes per send request.
 MAX_BATCH_MESSAGES = 512
 MAX_BATCH_BYTES = 1024 * 1024
-#: Queues per group when a topic borrows the ``TBW102`` route (the SDK's ``defaultTopicQueueNums``).
-DEFAULT_TOPIC_QUEUE_NUMS = 4
-_STORED_CODES = frozenset({0, 10, 11, 12})  # SEND_OK and the stored-but-not-yet-durable statuses
 _U16 = 2
 
 
 class SendClient(Protocol):
     """What the sender needs from a client (the pooled :class:`~spark_connector.transport.BrokerClient`)."""
 
-    def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData: ...
+    def publish_info(self, topic: str, *, refresh: bool = False) -> TopicPublishInfo: ...
 
-    def send(
-        self, addr: str, mq: MessageQueue, group: str, body: bytes, *, timeout_s: float,
-        default_topic_queue_nums: int | None = None,
-    ) -> SendReply: ...
+    def send_encoded(self, topic: str, body: bytes, count: int, *, group: str, queue: MessageQueue | None = None,
+                     timeout_s: float = 3.0, retries: int = 2) -> RawSendResult: ...
 
 
 class Chunk(NamedTuple):
@@ -213,106 +197,41 @@ class ChunkBuilder:
 
 
 class Sender:
-    """Sends chunks with bounded concurrency, SDK-style queue choice and retries (module docstring).
+    """Sends chunks with bounded concurrency through the SDK's routed, retried send (module docstring).
 
     Args:
-        client: the pooled broker client (routes and HTTP).
+        client: the pooled broker client (routes, queue choice, retries).
         group: the producer group named in requests.
         send_timeout_s: the deadline of one chunk, all attempts included.
         retries: extra attempts on another broker group (chunks without an explicit queue).
         concurrency: requests in flight at most.
-        rng: picks the first queue of the round robin.
     """
 
     def __init__(self, client: SendClient, group: str, *, send_timeout_s: float, retries: int,
-                 concurrency: int, rng: random.Random | None = None) -> None:
+                 concurrency: int) -> None:
         self.client = client
         self.group = group
         self.send_timeout_s = send_timeout_s
         self.retries = retries
         self.concurrency = max(1, concurrency)
-        self._next = itertools.count((rng or random.Random()).randrange(1 << 16))
-        self._infos: dict[str, TopicPublishInfo] = {}
         self._lock = threading.Lock()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._inflight: deque[cf.Future[int]] = deque()
         self.requests = 0
         self.not_durable = 0
 
-    # --- routing ------------------------------------------------------------------------------------------
-
-    def publish_info(self, topic: str, *, refresh: bool = False) -> TopicPublishInfo:
-        """The topic's writable queues (cached; the ``TBW102`` route when the topic is unknown)."""
-        with self._lock:
-            info = self._infos.get(topic)
-        if info is not None and not refresh:
-            return info
-        try:
-            info = topic_route_to_publish_info(topic, self.client.route(topic, refresh=True))
-        except RouteNotFoundError:
-            info = None
-        if info is None or not info.ok:
-            default = default_route_for(self.client.route(DEFAULT_TOPIC, refresh=refresh), DEFAULT_TOPIC_QUEUE_NUMS)
-            info = topic_route_to_publish_info(topic, default, from_default_topic=True)
-        if not info.ok:
-            raise RouteNotFoundError(f"topic {topic} has no writable queue with a master (route and {DEFAULT_TOPIC})")
-        with self._lock:
-            self._infos[topic] = info
-        return info
-
     def queues(self, topic: str) -> list[MessageQueue]:
         """Writable queues of ``topic`` ordered by (brokerName, queueId): what a ``queueId`` column indexes."""
-        return sorted(self.publish_info(topic).message_queues)
-
-    def _pick(self, info: TopicPublishInfo, avoid: str | None) -> MessageQueue:
-        queues = info.message_queues
-        for _ in range(len(queues)):
-            mq = queues[next(self._next) % len(queues)]
-            if mq.broker_name != avoid:
-                return mq
-        return queues[next(self._next) % len(queues)]
-
-    # --- one request --------------------------------------------------------------------------------------
+        return sorted(self.client.publish_info(topic).message_queues)
 
     def _send_chunk(self, chunk: Chunk) -> int:
-        deadline = time.monotonic() + self.send_timeout_s
-        attempts: list[tuple[str, ClientError]] = []
-        last_broker: str | None = None
-        begin = time.monotonic()
-        for attempt in range(1 if chunk.queue is not None else 1 + self.retries):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise send_failed(chunk.topic, attempts, int((time.monotonic() - begin) * 1000), True)
-            info = self.publish_info(chunk.topic, refresh=attempt > 0)
-            mq = chunk.queue or self._pick(info, last_broker)
-            try:
-                return self._post(info, mq, chunk, left)
-            except ClientError as err:
-                attempts.append((mq.broker_name, err))
-                last_broker = mq.broker_name
-                retriable = err.code in RETRY_RESPONSE_CODES if isinstance(err, BrokerError) else err.retriable
-                if not retriable:
-                    raise
-                log.warning("send of %d messages to %s failed (attempt %d): %s", chunk.messages, mq, attempt + 1, err)
-        raise send_failed(chunk.topic, attempts, int((time.monotonic() - begin) * 1000), False)
-
-    def _post(self, info: TopicPublishInfo, mq: MessageQueue, chunk: Chunk, timeout_s: float) -> int:
-        data = info.route.broker_data(mq.broker_name)
-        addr = data.broker_addrs.get(0) if data is not None else None
-        if addr is None:
-            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist (no master for {mq})")
-        default_nums = (sum(1 for q in info.message_queues if q.broker_name == mq.broker_name)
-                        if info.from_default_topic else None)
-        reply = self.client.send(addr, mq, self.group, chunk.body, timeout_s=timeout_s,
-                                 default_topic_queue_nums=default_nums)
-        if len(reply.commit_log_offsets) != chunk.messages:
-            raise ProtocolViolationError(f"{addr} stored {len(reply.commit_log_offsets)} messages of a batch of "
-                                         f"{chunk.messages}", broker_addr=addr)
-        if reply.code not in _STORED_CODES:
-            raise BrokerError.for_code(reply.code, f"send answered code {reply.code}", broker_addr=addr)
-        if reply.code != 0:
-            log.warning("%s stored %d messages but answered code %d (not yet durable)", addr, chunk.messages, reply.code)
-            self.not_durable += chunk.messages
+        sent = self.client.send_encoded(chunk.topic, chunk.body, chunk.messages, group=self.group, queue=chunk.queue,
+                                        timeout_s=self.send_timeout_s, retries=self.retries)
+        if sent.send_status is not SendStatus.SEND_OK:
+            log.warning("%s stored %d messages but answered %s (not yet durable)", sent.message_queue,
+                        chunk.messages, sent.send_status.name)
+            with self._lock:
+                self.not_durable += chunk.messages
         return chunk.messages
 
     # --- the pipeline -------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             route = client.route(opts.topic)
             by_group: dict[str, list[tuple[Any, int]]] = {}
             for k, off in offsets_from_json(end).items():
-                by_group.setdefault(k.broker_name, []).append((k, off))
+                by_group.setdefault(k.broker_name, []).append((k.message_queue, off))
             for broker_name, items in by_group.items():
                 data = route.broker_data(broker_name)
                 if data is None or data.master_addr is None:

@@ -86,7 +86,7 @@ def test_resolve_start_rejects_expired_or_unknown_queues() -> None:
 
 
 def _mock_client(handler: httpx.MockTransport) -> BrokerClient:
-    return BrokerClient("ns1:1;ns2:1", http=httpx.Client(transport=handler))
+    return BrokerClient("ns1:1;ns2:1", transport=handler)
 
 
 def test_client_pull_keeps_records_raw_and_maps_errors() -> None:
@@ -122,8 +122,8 @@ def test_client_offsets_and_commit() -> None:
         return httpx.Response(200, json={"offset": 42})
 
     c = _mock_client(httpx.MockTransport(handle))
-    assert c.queue_offset("a0:1", "search", A0, timestamp_ms=7) == 42
-    c.commit_offsets("a0:1", "grp", [(A0, 5)])
+    assert c.queue_offset("a0:1", "search", A0.message_queue, timestamp_ms=7) == 42
+    c.commit_offsets("a0:1", "grp", [(A0.message_queue, 5)])
     assert seen == [{"group": "grp", "offsets": [{"topic": "T", "queueId": 0, "offset": 5}]}]
 
 

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import random
 import threading
 from typing import Any
 
+import httpx
 import pytest
 
-from client.errors import (
-    BrokerConnectError,
-    BrokerError,
-    MessageIllegalError,
-    RouteNotFoundError,
-    SendFailedError,
-)
+from client.errors import BrokerError, MessageIllegalError, SendFailedError
+from client.protocol.asgi import parse_query
 from client.protocol.codec import UniqKeyGenerator, decode_batch
 from client.protocol.codes import ResponseCode
 from client.protocol.message import MessageQueue
 from client.protocol.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
+from client.protocol.requests import SendRequestHeader
 from client.protocol.route import BrokerData, QueueData, TopicRouteData
-from client.protocol.wire import SendReply
+from client.protocol.wire import encode_error, encode_send_reply, http_status_for_code
 from spark_connector.send import Chunk, ChunkBuilder, ItemEncoder, Sender, encode_columns
+from spark_connector.transport import BrokerClient
 
 ROUTE = TopicRouteData(
     (QueueData("broker-a", 2, 2), QueueData("broker-b", 2, 2)),
@@ -83,34 +80,49 @@ def test_bad_rows_are_rejected_naming_the_row(columns: dict[str, list[Any]], top
         encode(columns, topic=topic, max_message_size=256)
 
 
-class FakeBrokers:
-    """Answers sends per master address; ``fail`` maps an address to the error it raises (``times`` times)."""
+_BROKER_OF = {"a0:1": "broker-a", "b0:1": "broker-b"}
+_REFUSE = -1
 
-    def __init__(self, fail: dict[str, Exception] | None = None, times: int = 1_000_000,
-                 known: frozenset[str] = frozenset({"T"})) -> None:
+
+class FakeBrokers:
+    """A nameserver (``ns:1``) and two masters behind an ``httpx.MockTransport``: the sender runs the SDK's
+    low-level client, its routing and its retry loop, against them. ``fail`` maps a master's address to
+    :data:`_REFUSE` (connection refused) or a broker error code, answered ``times`` times."""
+
+    def __init__(self, fail: dict[str, int] | None = None, times: int = 1_000_000,
+                 known: frozenset[str] = frozenset({"T"}), reply_code: int = 0) -> None:
         self.fail = fail or {}
+        self.reply_code = reply_code
         self.times = times
         self.known = known
         self.sent: list[tuple[str, MessageQueue, int | None]] = []
         self.lock = threading.Lock()
+        self.client = BrokerClient("ns:1", transport=httpx.MockTransport(self.handle))
 
-    def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
-        if topic == "TBW102":
-            return DEFAULT_ROUTE
-        if topic not in self.known:
-            raise RouteNotFoundError(f"No route info of this topic: {topic}")
-        return ROUTE
-
-    def send(self, addr: str, mq: MessageQueue, group: str, body: bytes, *, timeout_s: float,
-             default_topic_queue_nums: int | None = None) -> SendReply:
+    def handle(self, req: httpx.Request) -> httpx.Response:
+        query = parse_query(req.url.query)
+        if req.url.path == "/route":
+            topic = query["topic"]
+            if topic == "TBW102":
+                return httpx.Response(200, json=DEFAULT_ROUTE.to_json())
+            if topic not in self.known:
+                return httpx.Response(404, content=encode_error(17, f"No topic route info in name server for {topic}"))
+            return httpx.Response(200, json=ROUTE.to_json())
+        assert req.url.path == "/send"
+        addr = f"{req.url.host}:{req.url.port}"
+        h = SendRequestHeader.from_query(query)
+        assert h.group == "G"
         with self.lock:
-            self.sent.append((addr, mq, default_topic_queue_nums))
-            err = self.fail.get(addr)
-            if err is not None and self.times > 0:
+            self.sent.append((addr, MessageQueue(h.topic, _BROKER_OF[addr], h.queue_id), h.default_topic_queue_nums))
+            code = self.fail.get(addr)
+            if code is not None and self.times > 0:
                 self.times -= 1
-                raise err
-        n = len(decode_batch(body))
-        return SendReply(0, mq.queue_id, 0, b"\x7f\x00\x00\x01\x00\x00\x00\x01", tuple(range(n)))
+                if code == _REFUSE:
+                    raise httpx.ConnectError("refused")
+                return httpx.Response(http_status_for_code(code), content=encode_error(code, "bad batch"))
+        n = len(decode_batch(req.content))
+        return httpx.Response(200, content=encode_send_reply(self.reply_code, h.queue_id, 0, b"\x7f\x00\x00\x01\x00\x00\x00\x01",
+                                                             tuple(range(n))))
 
 
 def chunk(queue: MessageQueue | None = None, n: int = 3, topic: str = "T") -> Chunk:
@@ -118,8 +130,8 @@ def chunk(queue: MessageQueue | None = None, n: int = 3, topic: str = "T") -> Ch
     return Chunk(topic, queue, built.body, built.messages)
 
 
-def sender(client: FakeBrokers, *, retries: int = 2, concurrency: int = 1) -> Sender:
-    return Sender(client, "G", send_timeout_s=5.0, retries=retries, concurrency=concurrency, rng=random.Random(0))
+def sender(brokers: FakeBrokers, *, retries: int = 2, concurrency: int = 1) -> Sender:
+    return Sender(brokers.client, "G", send_timeout_s=5.0, retries=retries, concurrency=concurrency)
 
 
 def test_queues_go_round_robin_over_the_masters_writable_queues() -> None:
@@ -135,7 +147,7 @@ def test_queues_go_round_robin_over_the_masters_writable_queues() -> None:
 
 
 def test_a_failed_send_is_retried_on_another_broker_group() -> None:
-    c = FakeBrokers(fail={"a0:1": BrokerConnectError("refused", broker_addr="a0:1")})
+    c = FakeBrokers(fail={"a0:1": _REFUSE})
     s = sender(c)
     for _ in range(4):
         s.submit(chunk())
@@ -143,16 +155,15 @@ def test_a_failed_send_is_retried_on_another_broker_group() -> None:
     stored = [mq.broker_name for addr, mq, _ in c.sent if addr == "b0:1"]
     assert len(stored) == 4  # every chunk ended on broker-b
     with pytest.raises(SendFailedError):
-        sender(FakeBrokers(fail={a: BrokerConnectError("refused") for a in ("a0:1", "b0:1")}), retries=1).submit(
-            chunk())
+        sender(FakeBrokers(fail={a: _REFUSE for a in ("a0:1", "b0:1")}), retries=1).submit(chunk())
 
 
 def test_explicit_queue_gets_one_attempt_and_non_retriable_errors_raise_at_once() -> None:
-    c = FakeBrokers(fail={"a0:1": BrokerConnectError("refused", broker_addr="a0:1")})
+    c = FakeBrokers(fail={"a0:1": _REFUSE})
     with pytest.raises(SendFailedError):
         sender(c).submit(chunk(MessageQueue("T", "broker-a", 1)))
     assert len(c.sent) == 1
-    illegal = BrokerError.for_code(int(ResponseCode.MESSAGE_ILLEGAL), "bad batch", broker_addr="a0:1")
+    illegal = int(ResponseCode.MESSAGE_ILLEGAL)
     c = FakeBrokers(fail={"a0:1": illegal, "b0:1": illegal})
     with pytest.raises(BrokerError, match="bad batch"):
         sender(c).submit(chunk())
@@ -177,10 +188,17 @@ def test_concurrent_sends_all_complete_and_a_failure_surfaces_at_flush() -> None
     s.flush()
     s.close()
     assert len(c.sent) == 20 and s.requests == 20
-    bad = FakeBrokers(fail={a: BrokerConnectError("refused") for a in ("a0:1", "b0:1")}, times=1_000)
+    bad = FakeBrokers(fail={a: _REFUSE for a in ("a0:1", "b0:1")}, times=1_000)
     s = sender(bad, concurrency=3, retries=0)
     with pytest.raises(SendFailedError):
         for _ in range(5):
             s.submit(chunk())
         s.flush()
     s.close()
+
+
+def test_stored_but_not_durable_batches_are_counted() -> None:
+    s = sender(FakeBrokers(reply_code=int(ResponseCode.FLUSH_DISK_TIMEOUT)))
+    s.submit(chunk(n=3))
+    s.submit(chunk(n=2))
+    assert (s.requests, s.not_durable) == (2, 5)

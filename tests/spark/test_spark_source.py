@@ -154,7 +154,7 @@ def test_pipelined_pulls_against_a_broker_capped_at_32(cluster: LocalCluster, su
     client = BrokerClient(cluster.namesrv_addr)
     try:
         key = QueueKey(topic, "broker-a", 0)
-        if client.queue_offset(cluster.broker("broker-a", 0).addr, "max", key) == 0:  # once per module
+        if client.queue_offset(cluster.broker("broker-a", 0).addr, "max", key.message_queue) == 0:  # once per module
             _produce(cluster.namesrv_addr, topic, {("broker-a", 0): 700})
         addrs = tuple(sorted(client.broker_addrs(topic, "broker-a").items()))
         opts = parse_source_options({"nameserver": cluster.namesrv_addr, "topic": topic, "pullBatchSize": "200",
