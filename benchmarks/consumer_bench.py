@@ -25,9 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import Row
-from client import Admin, Message, MessageExt, Producer, PullConsumer, PullStatus
-from client._group_consumer import GroupConsumer
-from client._push_consumer import ConsumeStatus, PushConsumer
+from client import (
+    Admin,
+    ConsumeStatus,
+    GroupConsumer,
+    Message,
+    MessageExt,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    PushConsumer,
+)
 from client.cluster import LocalCluster
 
 __all__ = ["bench_group_consumer", "bench_pull_baseline", "bench_push_backlog_rss", "bench_push_consumer",

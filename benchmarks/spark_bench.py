@@ -119,7 +119,7 @@ def bench_encode(n_rows: int = 100_000, *, body_size: int = 100) -> tuple[float,
             pass
         builder.finish()
     fast = rounds * per / (time.perf_counter() - t0)
-    from client._producer_core import check_batch
+    from client.lowlevel import check_batch
 
     uniq = UniqKeyGenerator()
     t0 = time.perf_counter()
