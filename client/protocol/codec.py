@@ -322,7 +322,10 @@ class BatchItem(NamedTuple):
     the send path parses them again. Build one with :func:`decode_batch` or :func:`batch_item`.
 
     Attributes:
-        tags, keys, uniq_key: raw UTF-8 values, ``b""`` when absent.
+        properties: the raw property string, as stored.
+        tags: ``TAGS``, raw UTF-8, ``b""`` when absent (as ``keys`` and ``uniq_key``).
+        keys: ``KEYS``, space-separated.
+        uniq_key: the SDK's unique message id.
         delay_level: ``DELAY`` as a level (0: not delayed); the store reads it to reroute the message.
         wait: False only when the message says ``WAIT=false``.
     """

@@ -57,6 +57,9 @@ def test_scan_agrees_with_the_full_decode(raw: bytes) -> None:
         (b"", NO_PROPERTIES),
         (b"TAGS\x01A\x02KEYS\x01k1 k2\x02UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01U\x02", (b"A", b"k1 k2", b"U", 0, True)),
         (b"TAGS\x01A\x02TAGS\x01B", (b"B", b"", b"", 0, True)),  # last value wins; no trailing separator
+        (b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01U\x01V\x02", (b"", b"", b"U\x01V", 0, True)),  # the SDK's plain message
+        (b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01U\x02TAGS\x01A", (b"A", b"", b"U", 0, True)),
+        (b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01U", (b"", b"", b"U", 0, True)),
         (b"XTAGS\x01A\x02user\x01TAGS\x01B\x02", (b"", b"", b"", 0, True)),  # a name must be the whole name
         (b"TAGS\x01a\x01b\x02", (b"a\x01b", b"", b"", 0, True)),  # the value runs to the next \x02
         (b"DELAY\x013\x02WAIT\x01false\x02", (b"", b"", b"", 3, False)),
