@@ -1,6 +1,6 @@
 """Clients that sent heartbeats, per group, with their last-seen time (RocketMQ's consumer/producer
-managers). Bounded: at most ``max_groups`` groups and ``max_clients_per_group`` clients each. Used by
-rebalancing (consumer ids of a group).
+managers), and when each group last pulled each queue (:class:`LastPulls`). Bounded: at most ``max_groups``
+groups and ``max_clients_per_group`` clients each. Used by rebalancing (consumer ids of a group).
 
 Expiry: RocketMQ drops a client 120 s after its last heartbeat, or at once when its TCP channel closes. Over
 HTTP there is no channel to watch, so a client may announce its own ``heartbeatTimeoutMs`` (like Kafka's session
@@ -17,7 +17,7 @@ import attrs
 
 from client.errors import InvalidParameterError
 
-__all__ = ["MIN_CLIENT_TIMEOUT_MS", "ClientInfo", "ClientTable"]
+__all__ = ["MIN_CLIENT_TIMEOUT_MS", "ClientInfo", "ClientTable", "LastPulls"]
 
 
 @attrs.frozen
@@ -113,3 +113,26 @@ class ClientTable:
                 if not clients:
                     del table[group]
         return dropped
+
+
+class LastPulls:
+    """When each group last pulled each queue from this broker (``consumer progress`` asks every member of a
+    group and shows which one served the newest pull: read/write splitting seen from the operator's side).
+
+    Bounded: past ``max_keys`` (group, topic) pairs the table is cleared rather than grown.
+    """
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self._max_keys = max_keys
+        self._table: dict[tuple[str, str], dict[int, int]] = {}
+
+    def record(self, group: str, topic: str, queue_id: int, now_ms: int) -> None:
+        queues = self._table.get((group, topic))
+        if queues is None:
+            if len(self._table) >= self._max_keys:
+                self._table.clear()
+            queues = self._table[(group, topic)] = {}
+        queues[queue_id] = now_ms
+
+    def for_topic(self, group: str, topic: str) -> dict[int, int]:
+        return dict(self._table.get((group, topic), {}))

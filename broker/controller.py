@@ -1,6 +1,9 @@
 """The broker process around the store: metadata, processors, HA, registration and background tasks, all in one
 asyncio event loop (RocketMQ's ``BrokerController``).
 
+This module only wires: it builds the services and hands each processor of :mod:`broker.processor` the few
+collaborators it uses (never the controller itself), then runs the lifecycle.
+
 The append event: the store calls its append listeners once per append, with the new end of the commit log, on
 the appending thread (this loop's: sends, send-backs, delayed redeliveries, and a slave's HA client). Subscribed
 once at start, in this order: the HA service (an idle slave is sent the new frames from inside the append, so a
@@ -25,10 +28,8 @@ from typing import Any
 
 import httpx
 
-from broker.admin_processor import AdminProcessor
-from broker.clients import ClientTable
+from broker.clients import ClientTable, LastPulls
 from broker.config import BrokerConfig
-from broker.consumer_manager import ConsumerIdsProcessor, LastPulls
 from broker.dispatch_driver import DispatchDriver
 from broker.durability import DurabilityWaiter
 from broker.ha import HAClient, HAService
@@ -42,11 +43,13 @@ from broker.metadata import (
 )
 from broker.metadata.topics import SCHEDULE_TOPIC
 from broker.metrics import BrokerMetrics, BrokerState, RateMeter
-from broker.pull_processor import PullProcessor
+from broker.processor.admin import AdminProcessor, StatusViews
+from broker.processor.consumer_manager import ConsumerManageProcessor
+from broker.processor.pull import PullProcessor
+from broker.processor.send import SendProcessor
+from broker.processor.sendback import SendBackProcessor
 from broker.registration import BrokerIdentity, RegisterResult, Registrar, build_register_body
 from broker.schedule import ScheduleMessageService
-from broker.send_processor import SendProcessor
-from broker.sendback import SendBackProcessor
 from broker.slave_sync import SlaveSynchronizer
 from broker.store.api import AppendResult, MessageStore
 from broker.store.config import parse_delay_levels
@@ -132,18 +135,11 @@ class BrokerController:
         self.http = http_client or httpx.AsyncClient(timeout=config.register_broker_timeout_ms / 1000.0)
         self.registrar: Registrar | None = None
         self.slave_sync: SlaveSynchronizer | None = None
-        self._send = SendProcessor(self)
-        self._pull = PullProcessor(self)
-        self._admin = AdminProcessor(self)
         self.schedule = ScheduleMessageService(
             store, self.delay_offsets, delay_levels_ms=parse_delay_levels(config.message_delay_level),
             clock_ms=self._clock_ms, journal_path=cfg_dir / "delayDelivery.json", on_put=self._on_schedule_put,
         )
-        routes = {("POST", "/send"): self._send.handle, ("GET", "/pull"): self._pull.handle, **self._admin.routes(),
-                  **SendBackProcessor(self).routes(),
-                  **ConsumerIdsProcessor(self, clock_ms=self._clock_ms).routes()}
-        self.router = Router(routes, max_body_bytes=config.max_request_body_bytes,
-                             identity=lambda: (self.addr, self.role_name), observe=self.metrics.observe_request)
+        self.router = self._build_router()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -151,6 +147,31 @@ class BrokerController:
         self._register_wanted = False
         self._started = False
         self._stopped = False
+
+    def _build_router(self) -> Router:
+        """The processors, each given what it touches, and their routes."""
+        cfg, addr, store = self.config, self.addr, self.store
+        topics, groups, metrics = self.topics, self.groups, self.metrics
+        send = SendProcessor(cfg, addr=addr, store_host=self.store_host, store=store, topics=topics, groups=groups,
+                             metrics=metrics, durability=self.durability,
+                             request_registration=self.request_registration)
+        pull = PullProcessor(cfg, addr=addr, store=store, topics=topics, groups=groups, offsets=self.offsets,
+                             hold=self.hold, catch_up_dispatch=self.dispatch.catch_up,
+                             master_link_up=self.master_link_up, last_pulls=self.last_pulls, metrics=metrics,
+                             clock_ms=self._clock_ms)
+        send_back = SendBackProcessor(cfg, addr=addr, store=store, topics=topics, groups=groups, metrics=metrics,
+                                      durability=self.durability, request_registration=self.request_registration)
+        consumers = ConsumerManageProcessor(cfg, addr=addr, clients=self.clients, offsets=self.offsets,
+                                            last_pulls=self.last_pulls, topics=topics, groups=groups,
+                                            request_registration=self.request_registration, clock_ms=self._clock_ms)
+        admin = AdminProcessor(cfg, addr=addr, store=store, catch_up_dispatch=self.dispatch.catch_up, topics=topics,
+                               groups=groups, offsets=self.offsets, delay_offsets=self.delay_offsets,
+                               register_now=self.register_now,
+                               status=StatusViews(self.runtime_info, self.ha_status, self.metrics_text))
+        routes = {("POST", "/send"): send.handle, ("GET", "/pull"): pull.handle, **send_back.routes(),
+                  **consumers.routes(), **admin.routes()}
+        return Router(routes, max_body_bytes=cfg.max_request_body_bytes, identity=lambda: (self.addr, self.role_name),
+                      observe=metrics.observe_request)
 
     # --- identity ---------------------------------------------------------------------------------------
 
@@ -339,9 +360,11 @@ class BrokerController:
 
     # --- status -----------------------------------------------------------------------------------------
 
-    def refresh_gauges(self) -> None:
+    def metrics_text(self) -> bytes:
+        """``GET /metrics``: the Prometheus text, with the gauges read now."""
         self.metrics.parked_pulls.set(self.hold.parked_count)
         self.metrics.commitlog_max_offset.set(self.store.max_physical_offset)
+        return self.metrics.render()
 
     def metrics_state(self) -> BrokerState:
         """What ``GET /metrics`` reads at scrape time (consumer lag from committed offsets and queue ends)."""

@@ -1,47 +1,74 @@
-"""The read/write-split decision (SEMANTICS.md 3.2.1 table and decision 6) and the status -> code rules."""
+"""The pull's answer plan (SEMANTICS.md 3.2 status table, 3.2.1 read/write-split table, decision 6, the slave's
+offset rewrite): each row is one call of :func:`broker.read_split.plan_pull_answer`."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.read_split import PullRoute, code_for_status, decide_pull_route, rewrite_offset_moved
+from broker.read_split import PullAnswer, PullContext, code_for_status, plan_pull_answer
 from broker.store.api import GetMessageStatus as S
 from client.protocol.codes import ResponseCode as C
 
-# group brokerId 0, whichBrokerWhenConsumeSlowly 1 (the defaults) unless a row says otherwise
+# Columns: is_slave, slaveReadEnable, master_link_up, offsetCheckInSlave, group ids (brokerId,
+# whichBrokerWhenConsumeSlowly), store status (None: not read), request offset, suggestPullingFromSlave
+#   -> serves, code, suggestWhichBrokerId
 ROWS = [
-    # is_slave, slaveReadEnable, master_link_up, suggestPullingFromSlave, group ids -> serve, suggest
-    # SEMANTICS 3.2.1 rows
-    (False, False, False, False, (0, 1), True, 0),
-    (False, False, False, True, (0, 1), True, 0),
-    (False, True, False, False, (0, 1), True, 0),
-    (False, True, False, True, (0, 1), True, 1),
-    (True, True, True, False, (0, 1), True, 0),
-    (True, True, True, True, (0, 1), True, 1),
-    (True, True, False, True, (0, 1), True, 1),
-    # decision 6: slave with slaveReadEnable=false redirects while its master link is up ...
-    (True, False, True, False, (0, 1), False, 0),
-    (True, False, True, True, (0, 1), False, 0),
-    # ... and serves (suggesting the master) while the master is unreachable
-    (True, False, False, False, (0, 1), True, 0),
-    (True, False, False, True, (0, 1), True, 0),
+    # SEMANTICS 3.2.1: a master, slaveReadEnable=false: always the master
+    (False, False, False, False, (0, 1), S.FOUND, 5, False, True, C.SUCCESS, 0),
+    (False, False, False, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 0),
+    # ... slaveReadEnable=true: a cold read goes to whichBrokerWhenConsumeSlowly, else to the group's brokerId
+    (False, True, False, False, (0, 1), S.FOUND, 5, False, True, C.SUCCESS, 0),
+    (False, True, False, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 1),
+    (False, True, False, False, (2, 3), S.FOUND, 5, False, True, C.SUCCESS, 2),
+    (False, True, False, False, (2, 3), S.FOUND, 5, True, True, C.SUCCESS, 3),
+    # a slave with slaveReadEnable=true serves whatever its link does
+    (True, True, True, False, (0, 1), S.FOUND, 5, False, True, C.SUCCESS, 0),
+    (True, True, True, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 1),
+    (True, True, False, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 1),
+    (True, True, True, False, (2, 3), S.FOUND, 5, True, True, C.SUCCESS, 3),
+    # decision 6: slaveReadEnable=false, master link up: not read, sent back to the master
+    (True, False, True, False, (0, 1), None, 5, False, False, C.PULL_RETRY_IMMEDIATELY, 0),
+    (True, False, True, True, (2, 3), None, 5, False, False, C.PULL_RETRY_IMMEDIATELY, 0),
+    # ... master unreachable: the slave serves, suggesting the master
+    (True, False, False, False, (0, 1), S.FOUND, 5, False, True, C.SUCCESS, 0),
+    (True, False, False, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 0),
     # a master ignores the link flag
-    (False, False, True, True, (0, 1), True, 0),
-    # the group's own ids steer the suggestion when slaveReadEnable=true
-    (False, True, False, False, (2, 3), True, 2),
-    (False, True, False, True, (2, 3), True, 3),
-    (True, True, True, True, (2, 3), True, 3),
-    (True, False, True, True, (2, 3), False, 0),
+    (False, False, True, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 0),
+    # codes on a master (SEMANTICS 3.2)
+    (False, False, False, False, (0, 1), S.OFFSET_OVERFLOW_ONE, 5, False, True, C.PULL_NOT_FOUND, 0),
+    (False, False, False, False, (0, 1), S.OFFSET_TOO_SMALL, 5, False, True, C.PULL_OFFSET_MOVED, 0),
+    (False, False, False, False, (0, 1), S.NO_MESSAGE_IN_QUEUE, 0, False, True, C.PULL_NOT_FOUND, 0),
+    (False, False, False, False, (0, 1), S.NO_MESSAGE_IN_QUEUE, 3, False, True, C.PULL_OFFSET_MOVED, 0),
+    (False, True, False, False, (2, 3), S.NO_MATCHED_MESSAGE, 5, True, True, C.PULL_RETRY_IMMEDIATELY, 3),
+    # a slave without offsetCheckInSlave never says "offset moved": it sends the consumer to the group's broker
+    (True, True, True, False, (4, 1), S.OFFSET_OVERFLOW_BADLY, 5, False, True, C.PULL_RETRY_IMMEDIATELY, 4),
+    (True, False, False, False, (4, 1), S.OFFSET_TOO_SMALL, 5, True, True, C.PULL_RETRY_IMMEDIATELY, 4),
+    (True, False, False, False, (4, 1), S.NO_MESSAGE_IN_QUEUE, 3, False, True, C.PULL_RETRY_IMMEDIATELY, 4),
+    # ... with it, the code stands and the usual suggestion applies
+    (True, False, False, True, (4, 1), S.OFFSET_TOO_SMALL, 5, False, True, C.PULL_OFFSET_MOVED, 0),
+    (True, True, True, True, (4, 1), S.OFFSET_OVERFLOW_BADLY, 5, True, True, C.PULL_OFFSET_MOVED, 1),
+    # other codes are never rewritten on a slave
+    (True, True, True, False, (4, 1), S.OFFSET_OVERFLOW_ONE, 5, False, True, C.PULL_NOT_FOUND, 4),
+    (True, False, False, False, (4, 1), S.NO_MESSAGE_IN_QUEUE, 0, False, True, C.PULL_NOT_FOUND, 0),
 ]
 
 
-@pytest.mark.parametrize(("is_slave", "sre", "link", "slow", "ids", "serve", "suggest"), ROWS)
-def test_decide_pull_route(is_slave: bool, sre: bool, link: bool, slow: bool, ids: tuple[int, int], serve: bool,
-                           suggest: int) -> None:
-    route = decide_pull_route(is_slave=is_slave, slave_read_enable=sre, master_link_up=link,
-                              suggest_pulling_from_slave=slow, group_broker_id=ids[0],
-                              which_broker_when_consume_slowly=ids[1])
-    assert route == PullRoute(serve=serve, suggest_which_broker_id=suggest)
+@pytest.mark.parametrize(
+    ("is_slave", "sre", "link", "check", "ids", "status", "offset", "cold", "serves", "code", "suggest"), ROWS,
+)
+def test_plan_pull(is_slave: bool, sre: bool, link: bool, check: bool, ids: tuple[int, int], status: S | None,
+                   offset: int, cold: bool, serves: bool, code: C, suggest: int) -> None:
+    ctx = PullContext(is_slave=is_slave, slave_read_enable=sre, master_link_up=link, offset_check_in_slave=check,
+                      group_broker_id=ids[0], which_broker_when_consume_slowly=ids[1])
+    assert ctx.serves is serves
+    assert plan_pull_answer(ctx, status, offset, suggest_pulling_from_slave=cold) == PullAnswer(code, suggest)
+
+
+def test_a_served_pull_needs_the_store_answer() -> None:
+    ctx = PullContext(is_slave=False, slave_read_enable=False, master_link_up=False, offset_check_in_slave=False,
+                      group_broker_id=0, which_broker_when_consume_slowly=1)
+    with pytest.raises(ValueError, match="store's answer"):
+        plan_pull_answer(ctx, None, 0)
 
 
 @pytest.mark.parametrize(
@@ -68,17 +95,3 @@ def test_every_status_has_a_code() -> None:
     for status in S:
         assert code_for_status(status, 1) in (C.SUCCESS, C.PULL_RETRY_IMMEDIATELY, C.PULL_NOT_FOUND,
                                               C.PULL_OFFSET_MOVED)
-
-
-@pytest.mark.parametrize(
-    ("code", "is_slave", "check", "expected"),
-    [
-        (C.PULL_OFFSET_MOVED, True, False, (C.PULL_RETRY_IMMEDIATELY, 4)),
-        (C.PULL_OFFSET_MOVED, True, True, (C.PULL_OFFSET_MOVED, 1)),
-        (C.PULL_OFFSET_MOVED, False, False, (C.PULL_OFFSET_MOVED, 1)),
-        (C.PULL_NOT_FOUND, True, False, (C.PULL_NOT_FOUND, 1)),
-        (C.SUCCESS, True, False, (C.SUCCESS, 1)),
-    ],
-)
-def test_rewrite_offset_moved(code: C, is_slave: bool, check: bool, expected: tuple[C, int]) -> None:
-    assert rewrite_offset_moved(code, 1, is_slave=is_slave, offset_check_in_slave=check, group_broker_id=4) == expected

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from broker.consumer_manager import ConsumerIdsProcessor
-from broker.sendback import (
-    SendBackProcessor,
+from broker.processor.consumer_manager import ConsumerManageProcessor
+from broker.processor.sendback import SendBackProcessor
+from broker.retry import (
     SendBackTarget,
     build_send_back_properties,
     decide_send_back,
@@ -107,14 +107,20 @@ Scenario = Callable[[Any, httpx.AsyncClient, FileMessageStore], Awaitable[Any]]
 
 def run(tmp_path: Path, scenario: Scenario, *, clock: FakeClock | None = None, role: BrokerRole =
         BrokerRole.ASYNC_MASTER, **config: Any) -> Any:
-    """A controller (not started) over a real file store, with the send-back and consumer-ids routes."""
+    """A controller (not started) over a real file store, with the send-back and consumer-management routes (the
+    send-back's retry queue choice made predictable)."""
     clock = clock or FakeClock()
     store = make_store(tmp_path / "store", clock)
 
     async def main() -> Any:
         ctrl = make_controller(tmp_path, role=role, store=store, **config)  # type: ignore[arg-type]
-        routes = {**SendBackProcessor(ctrl, rand=lambda lo, hi: hi).routes(),
-                  **ConsumerIdsProcessor(ctrl, clock_ms=clock).routes()}
+        send_back = SendBackProcessor(ctrl.config, addr=ctrl.addr, store=store, topics=ctrl.topics,
+                                      groups=ctrl.groups, metrics=ctrl.metrics, durability=ctrl.durability,
+                                      request_registration=ctrl.request_registration, rand=lambda lo, hi: hi)
+        consumers = ConsumerManageProcessor(ctrl.config, addr=ctrl.addr, clients=ctrl.clients, offsets=ctrl.offsets,
+                                            last_pulls=ctrl.last_pulls, topics=ctrl.topics, groups=ctrl.groups,
+                                            request_registration=ctrl.request_registration, clock_ms=clock)
+        routes = {**send_back.routes(), **consumers.routes()}
         router = Router(routes, max_body_bytes=1 << 20, identity=lambda: (ctrl.addr, ctrl.role_name))
         transport = httpx.ASGITransport(app=router)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://b") as client:
@@ -298,16 +304,19 @@ def test_consumer_ids_lists_live_clients_sorted(tmp_path: Path) -> None:
     run(tmp_path, scenario, clock=clock)
 
 
-def test_live_client_ids_boundary() -> None:
+def test_live_client_ids_boundary(tmp_path: Path) -> None:
     from broker.clients import ClientInfo
-    from broker.consumer_manager import live_client_ids
+    from broker.processor.consumer_manager import live_client_ids
 
     clients = {"a": ClientInfo("a", 1000), "b": ClientInfo("b", 999), "c": ClientInfo("c", 5000)}
     assert live_client_ids(clients, 121_000) == ["a", "c"]
     assert live_client_ids(clients, 5000, expire_ms=1) == ["c"]
     assert live_client_ids({}, 0) == []
+    ctrl = make_controller(tmp_path, http_client=object())
     with pytest.raises(ValueError, match="expire_ms"):
-        ConsumerIdsProcessor(None, clock_ms=FakeClock(), expire_ms=0)  # type: ignore[arg-type]
+        ConsumerManageProcessor(ctrl.config, addr=ctrl.addr, clients=ctrl.clients, offsets=ctrl.offsets,
+                                last_pulls=ctrl.last_pulls, topics=ctrl.topics, groups=ctrl.groups,
+                                request_registration=ctrl.request_registration, clock_ms=FakeClock(), expire_ms=0)
 
 
 def test_protocol_doc_lists_the_new_endpoints() -> None:

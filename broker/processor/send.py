@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
+from broker.config import BrokerConfig
+from broker.durability import DurabilityWaiter
+from broker.metadata import SubscriptionGroupManager, TopicConfigManager
 from broker.metadata.topics import NOT_ALLOWED_SEND_TOPICS
-from broker.sendback import DLQ_QUEUE_NUMS, RETRY_GROUP_TOPIC_PREFIX, reroute_retry_batch
-from broker.store.api import AppendResult, PutMessageStatus
+from broker.metrics import BrokerMetrics
+from broker.processor.args import broker_where
+from broker.retry import DLQ_QUEUE_NUMS, RETRY_GROUP_TOPIC_PREFIX, reroute_retry_batch
+from broker.store.api import AppendResult, MessageStore, PutMessageStatus
 from client.errors import (
     BrokerError,
     BrokerSystemError,
@@ -39,9 +43,6 @@ from client.protocol.properties import validate_topic
 from client.protocol.requests import SendRequestHeader
 from client.protocol.route import TopicConfig
 from client.protocol.wire import encode_send_reply
-
-if TYPE_CHECKING:
-    from broker.controller import BrokerController
 
 __all__ = ["SendProcessor"]
 
@@ -78,24 +79,45 @@ def _wait_store_msg_ok(items: Sequence[BatchItem]) -> bool:
 
 
 class SendProcessor:
-    """Serves ``POST /send`` for one broker."""
+    """Serves ``POST /send`` for one broker.
 
-    def __init__(self, ctrl: BrokerController) -> None:
-        self._ctrl = ctrl
+    Args:
+        config: the broker's configuration (role, permission, ``maxMessageSize``, topic auto-creation).
+        addr: the broker's client address (in error messages).
+        store_host: the packed ``addr`` echoed in send replies.
+        store: where the batch is appended.
+        topics / groups: the topic table (auto-created and retry/DLQ topics) and the subscription groups (the
+            retry limit of a ``%RETRY%`` topic's group).
+        metrics: stored messages and answered codes.
+        durability: the flush / replica wait after an append.
+        request_registration: asks for a registration soon (after a topic was created).
+    """
+
+    def __init__(self, config: BrokerConfig, *, addr: str, store_host: bytes, store: MessageStore,
+                 topics: TopicConfigManager, groups: SubscriptionGroupManager, metrics: BrokerMetrics,
+                 durability: DurabilityWaiter, request_registration: Callable[[], None]) -> None:
+        self._config = config
+        self._addr = addr
+        self._store_host = store_host
+        self._store = store
+        self._topics = topics
+        self._groups = groups
+        self._metrics = metrics
+        self._durability = durability
+        self._request_registration = request_registration
 
     async def handle(self, request: Request) -> Response:
-        ctrl = self._ctrl
-        cfg = ctrl.config
+        cfg = self._config
         req = SendRequestHeader.from_query(request.query)
         topic, queue_id, reconsume_times = req.topic, req.queue_id, req.reconsume_times
         client_queue_nums = req.create_queue_nums
         if cfg.broker_role is BrokerRole.SLAVE:
             raise ServiceNotAvailableError(
-                f"broker {cfg.broker_name} (id {cfg.broker_id}, {ctrl.addr}) is a SLAVE and does not accept "
+                f"broker {cfg.broker_name} (id {cfg.broker_id}, {self._addr}) is a SLAVE and does not accept "
                 f"messages; send to the master of {cfg.broker_name}"
             )
         if not Perm.writeable(cfg.broker_permission):
-            raise NoPermissionError(f"the broker[{cfg.broker_name} {ctrl.addr}] sending message is forbidden "
+            raise NoPermissionError(f"the broker[{cfg.broker_name} {self._addr}] sending message is forbidden "
                                     f"(brokerPermission={cfg.broker_permission})")
         validate_topic(topic)
         if topic in NOT_ALLOWED_SEND_TOPICS:
@@ -111,20 +133,21 @@ class SendProcessor:
         if not 0 <= queue_id < tc.write_queue_nums:
             raise InvalidParameterError(
                 f"queueId {queue_id} of topic {topic} is outside [0, {tc.write_queue_nums}) writeQueueNums on "
-                f"broker {cfg.broker_name} ({ctrl.addr})"
+                f"broker {cfg.broker_name} ({self._addr})"
             )
-        result = ctrl.store.append_batch(topic, queue_id, items, born_host=_born_host(request.client),
-                                         reconsume_times=reconsume_times)
+        # The store's append event (HA push, dispatch, put rate) runs inside append_batch.
+        result = self._store.append_batch(topic, queue_id, items, born_host=_born_host(request.client),
+                                          reconsume_times=reconsume_times)
         if result.status is not PutMessageStatus.PUT_OK:
             self._raise_failure(topic, queue_id, result)
-        ctrl.metrics.stored(topic, result.msg_count, result.wrote_bytes)
-        code = await ctrl.durability.wait(result) if _wait_store_msg_ok(items) else ResponseCode.SUCCESS
-        ctrl.metrics.count_request(code, pull=False)
-        return Response(encode_send_reply(int(code), queue_id, result.queue_offset, ctrl.store_host,
+        self._metrics.stored(topic, result.msg_count, result.wrote_bytes)
+        code = await self._durability.wait(result) if _wait_store_msg_ok(items) else ResponseCode.SUCCESS
+        self._metrics.count_request(code, pull=False)
+        return Response(encode_send_reply(int(code), queue_id, result.queue_offset, self._store_host,
                                           result.physical_offsets))
 
     def _check_sizes(self, topic: str, items: Sequence[BatchItem]) -> None:
-        limit = self._ctrl.config.max_message_size
+        limit = self._config.max_message_size
         topic_len = len(topic.encode())
         for i, item in enumerate(items):
             size = record_size(len(item.body), topic_len, len(item.properties))
@@ -136,43 +159,41 @@ class SendProcessor:
     def _maybe_dead_letter(self, topic: str, tc: TopicConfig, queue_id: int, items: list[BatchItem],
                            reconsume_times: int) -> tuple[str, TopicConfig, int, list[BatchItem]]:
         """A batch sent straight to ``%RETRY%<group>`` past its retry limit goes to ``%DLQ%<group>`` (8.3)."""
-        ctrl = self._ctrl
-        group = ctrl.groups.find_or_create(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
+        group = self._groups.find_or_create(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
         max_times = group.retry_max_times if group is not None else 16
         rerouted = reroute_retry_batch(topic, reconsume_times, items, max_times)
         if rerouted is None:
             return topic, tc, queue_id, items
         dlq, dlq_queue, dlq_items = rerouted
-        dlq_tc = ctrl.topics.get(dlq)
+        dlq_tc = self._topics.get(dlq)
         if dlq_tc is None:
-            dlq_tc = ctrl.topics.create_retry_topic(dlq, DLQ_QUEUE_NUMS)
-            ctrl.request_registration()
+            dlq_tc = self._topics.create_retry_topic(dlq, DLQ_QUEUE_NUMS)
+            self._request_registration()
         return dlq, dlq_tc, dlq_queue, dlq_items
 
     def _topic_for_send(self, topic: str, client_queue_nums: int) -> TopicConfig:
-        ctrl = self._ctrl
-        cfg = ctrl.config
-        tc = ctrl.topics.get(topic)
+        cfg = self._config
+        topics = self._topics
+        tc = topics.get(topic)
         if tc is not None:
             return tc
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            group = ctrl.groups.find_or_create(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
+            group = self._groups.find_or_create(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
             if group is not None:
-                tc = ctrl.topics.create_retry_topic(topic, group.retry_queue_nums)
+                tc = topics.create_retry_topic(topic, group.retry_queue_nums)
         elif cfg.auto_create_topic_enable:
-            tc = ctrl.topics.create_in_send(topic, client_queue_nums, cfg.default_topic_queue_nums)
+            tc = topics.create_in_send(topic, client_queue_nums, cfg.default_topic_queue_nums)
         if tc is None:
             raise TopicNotExistError(
-                f"topic[{topic}] not exist on broker {cfg.broker_name} ({ctrl.addr}), apply first please! "
+                f"topic[{topic}] not exist on broker {cfg.broker_name} ({self._addr}), apply first please! "
                 f"(autoCreateTopicEnable={str(cfg.auto_create_topic_enable).lower()})"
             )
-        ctrl.request_registration()
+        self._request_registration()
         return tc
 
     def _raise_failure(self, topic: str, queue_id: int, result: AppendResult) -> None:
-        ctrl = self._ctrl
-        where = f"topic {topic} queue {queue_id} on broker {ctrl.config.broker_name} ({ctrl.addr}, {ctrl.role_name})"
+        where = f"topic {topic} queue {queue_id} on {broker_where(self._config, self._addr)}"
         remark = f"{result.status.value}: {result.remark or 'store refused the message'} [{where}]"
         cls = _FAILURES.get(result.status, BrokerSystemError)
-        ctrl.metrics.count_request(cls.code, pull=False)
+        self._metrics.count_request(cls.code, pull=False)
         raise cls(remark)

@@ -4,18 +4,31 @@ Arguments are read by :meth:`client.protocol.requests.PullRequestHeader.from_que
 the bad one). Pre-checks in order: broker readable (NO_PERMISSION), subscription group (auto-created, else
 SUBSCRIPTION_GROUP_NOT_EXIST; ``consumeEnable=false`` -> NO_PERMISSION), topic exists (TOPIC_NOT_EXIST),
 topic readable (NO_PERMISSION), ``queueId`` in ``[0, readQueueNums)`` (INVALID_PARAMETER), subscription
-expression (SUBSCRIPTION_PARSE_FAILED). Then :func:`broker.read_split.decide_pull_route` says whether this broker
-serves; the store is read; the status becomes a code; a PULL_NOT_FOUND with the suspend flag is parked in
+expression (SUBSCRIPTION_PARSE_FAILED). Then the store is read when this broker serves the pull
+(:attr:`broker.read_split.PullContext.serves`), and :func:`broker.read_split.plan_pull_answer` plans the answer
+(code, suggested broker, a slave's offset rewrite) in one call. Before a read answers "no message", what is pending is
+dispatched (read-your-writes). A PULL_NOT_FOUND with the suspend flag is parked in
 :class:`broker.long_polling.PullHoldService` and re-run once when woken or at its deadline.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from broker.read_split import code_for_status, decide_pull_route, rewrite_offset_moved
-from broker.store.api import GetMessageResult, GetMessageStatus, TagFilter
+from broker.clients import LastPulls
+from broker.config import BrokerConfig
+from broker.long_polling import PullHoldService
+from broker.metadata import (
+    ConsumerOffsetManager,
+    SubscriptionGroupConfig,
+    SubscriptionGroupManager,
+    TopicConfigManager,
+)
+from broker.metrics import BrokerMetrics
+from broker.processor.args import broker_where
+from broker.read_split import PullContext, plan_pull_answer
+from broker.store.api import GetMessageResult, GetMessageStatus, MessageStore, TagFilter
 from broker.tag_filter import build_tag_filter
 from client.errors import (
     InvalidParameterError,
@@ -25,14 +38,10 @@ from client.errors import (
 )
 from client.protocol.asgi import Request, Response
 from client.protocol.codes import Perm, PullSysFlag, ResponseCode
-from client.protocol.requests import INT64_MAX, PullRequestHeader, checked_name
+from client.protocol.requests import PullRequestHeader
 from client.protocol.wire import encode_pull_header
 
-if TYPE_CHECKING:
-    from broker.controller import BrokerController
-    from broker.metadata.subscription_groups import SubscriptionGroupConfig
-
-__all__ = ["INT64_MAX", "PullProcessor", "checked_name"]
+__all__ = ["PullProcessor"]
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +53,39 @@ _AT_QUEUE_END = frozenset({
 
 
 class PullProcessor:
-    """Serves ``GET /pull`` for one broker."""
+    """Serves ``GET /pull`` for one broker.
 
-    def __init__(self, ctrl: BrokerController) -> None:
-        self._ctrl = ctrl
+    Args:
+        config: the broker's configuration (role, permission, read split and long-polling settings).
+        addr: the broker's client address (in error messages).
+        store: what is read.
+        topics / groups: the topic table and the subscription groups (auto-created on a pull).
+        offsets: the consumer offsets a pull may commit (``COMMIT_OFFSET`` flag, masters only).
+        hold: where a pull that found nothing waits (long polling).
+        catch_up_dispatch: dispatches what is pending before a read answers "no message"
+            (:meth:`broker.dispatch_driver.DispatchDriver.catch_up`).
+        master_link_up: on a slave, whether its HA link to the master is connected.
+        last_pulls: records which group pulled which queue when.
+        metrics: answered codes and served messages.
+        clock_ms: the wall clock of ``last_pulls``.
+    """
+
+    def __init__(self, config: BrokerConfig, *, addr: str, store: MessageStore, topics: TopicConfigManager,
+                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, hold: PullHoldService,
+                 catch_up_dispatch: Callable[[], bool], master_link_up: Callable[[], bool], last_pulls: LastPulls,
+                 metrics: BrokerMetrics, clock_ms: Callable[[], int]) -> None:
+        self._config = config
+        self._addr = addr
+        self._store = store
+        self._topics = topics
+        self._groups = groups
+        self._offsets = offsets
+        self._hold = hold
+        self._catch_up_dispatch = catch_up_dispatch
+        self._master_link_up = master_link_up
+        self._last_pulls = last_pulls
+        self._metrics = metrics
+        self._clock_ms = clock_ms
 
     async def handle(self, request: Request) -> Response:
         req = PullRequestHeader.from_query(request.query)
@@ -57,21 +95,20 @@ class PullProcessor:
         return Response(body)
 
     def _check(self, req: PullRequestHeader) -> SubscriptionGroupConfig:
-        ctrl = self._ctrl
-        cfg = ctrl.config
-        where = f"broker {cfg.broker_name} ({ctrl.addr}, {ctrl.role_name})"
+        cfg = self._config
+        where = broker_where(cfg, self._addr)
         if not Perm.readable(cfg.broker_permission):
-            raise NoPermissionError(f"the broker[{cfg.broker_name} {ctrl.addr}] pulling message is forbidden "
+            raise NoPermissionError(f"the broker[{cfg.broker_name} {self._addr}] pulling message is forbidden "
                                     f"(brokerPermission={cfg.broker_permission})")
-        group = ctrl.groups.find_or_create(req.group)
+        group = self._groups.find_or_create(req.group)
         if group is None:
             raise SubscriptionGroupNotExistError(
                 f"subscription group [{req.group}] does not exist on {where} (autoCreateSubscriptionGroup=false)"
             )
         if not group.consume_enable:
             raise NoPermissionError(f"subscription group [{req.group}] has consumeEnable=false on {where}")
-        tc = ctrl.topics.get(req.topic)
-        if tc is None and cfg.is_slave and ctrl.store.get_max_offset_in_queue(req.topic, req.queue_id) > 0:
+        tc = self._topics.get(req.topic)
+        if tc is None and cfg.is_slave and self._store.get_max_offset_in_queue(req.topic, req.queue_id) > 0:
             # The replicated commit log already holds this queue but the 10 s metadata sync has not brought the
             # topic's config yet (a topic created just before its master died): serve what was replicated
             # rather than refuse it (RocketMQ answers TOPIC_NOT_EXIST until the sync).
@@ -89,22 +126,20 @@ class PullProcessor:
 
     async def _process(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None
                        ) -> bytes:
-        ctrl = self._ctrl
-        cfg = ctrl.config
-        if (req.sys_flag & PullSysFlag.COMMIT_OFFSET and req.commit_offset >= 0 and not cfg.is_slave):
-            ctrl.offsets.commit(req.group, req.topic, req.queue_id, req.commit_offset)
+        if (req.sys_flag & PullSysFlag.COMMIT_OFFSET and req.commit_offset >= 0 and not self._config.is_slave):
+            self._offsets.commit(req.group, req.topic, req.queue_id, req.commit_offset)
         allow_suspend = bool(req.sys_flag & PullSysFlag.SUSPEND)
         body = self._run_once(req, group, tag_filter, allow_suspend)
         if body is not None:
             return body
-        woken = await ctrl.hold.wait(req.topic, req.queue_id, req.offset, self._hold_timeout_s(req))
+        woken = await self._hold.wait(req.topic, req.queue_id, req.offset, self._hold_timeout_s(req))
         log.debug("parked pull %s/%d@%d %s", req.topic, req.queue_id, req.offset, "woken" if woken else "expired")
         body = self._run_once(req, group, tag_filter, allow_suspend=False)
         assert body is not None
         return body
 
     def _hold_timeout_s(self, req: PullRequestHeader) -> float:
-        cfg = self._ctrl.config
+        cfg = self._config
         if not cfg.long_polling_enable:
             return cfg.short_polling_time_ms / 1000.0
         return min(req.suspend_timeout_ms, cfg.max_suspend_timeout_ms) / 1000.0
@@ -112,44 +147,36 @@ class PullProcessor:
     def _run_once(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None,
                   allow_suspend: bool) -> bytes | None:
         """One pass over the store; None when the pull should be parked."""
-        ctrl = self._ctrl
-        cfg = ctrl.config
-        store = ctrl.store
-        own_id = cfg.broker_id
-        route = decide_pull_route(
-            is_slave=cfg.is_slave, slave_read_enable=cfg.slave_read_enable, master_link_up=ctrl.master_link_up(),
-            suggest_pulling_from_slave=False, group_broker_id=group.broker_id,
+        cfg = self._config
+        store = self._store
+        ctx = PullContext(
+            is_slave=cfg.is_slave, slave_read_enable=cfg.slave_read_enable, master_link_up=self._master_link_up(),
+            offset_check_in_slave=cfg.offset_check_in_slave, group_broker_id=group.broker_id,
             which_broker_when_consume_slowly=group.which_broker_when_consume_slowly,
         )
-        if not route.serve:
-            ctrl.metrics.count_request(ResponseCode.PULL_RETRY_IMMEDIATELY, pull=True)
+        if not ctx.serves:
+            plan = plan_pull_answer(ctx, None, req.offset)
+            self._metrics.count_request(plan.code, pull=True)
             return encode_pull_header(
-                int(ResponseCode.PULL_RETRY_IMMEDIATELY), req.offset,
-                store.get_min_offset_in_queue(req.topic, req.queue_id),
-                store.get_max_offset_in_queue(req.topic, req.queue_id), route.suggest_which_broker_id, own_id, 0,
+                int(plan.code), req.offset, store.get_min_offset_in_queue(req.topic, req.queue_id),
+                store.get_max_offset_in_queue(req.topic, req.queue_id), plan.suggest_which_broker_id, cfg.broker_id, 0,
             )
         result: GetMessageResult = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums,
                                                      req.max_bytes, tag_filter)
         if result.status in _AT_QUEUE_END and store.dispatch_behind_bytes > 0:
-            ctrl.dispatch.catch_up()  # a stored message not yet in its queue must not read as "no message"
+            self._catch_up_dispatch()  # a stored message not yet in its queue must not read as "no message"
             result = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums, req.max_bytes,
                                        tag_filter)
-        ctrl.last_pulls.record(req.group, req.topic, req.queue_id, ctrl.now_ms())
-        suggest = decide_pull_route(
-            is_slave=cfg.is_slave, slave_read_enable=cfg.slave_read_enable, master_link_up=ctrl.master_link_up(),
-            suggest_pulling_from_slave=result.suggest_pulling_from_slave, group_broker_id=group.broker_id,
-            which_broker_when_consume_slowly=group.which_broker_when_consume_slowly,
-        ).suggest_which_broker_id
-        code = code_for_status(result.status, req.offset)
-        code, suggest = rewrite_offset_moved(code, suggest, is_slave=cfg.is_slave,
-                                             offset_check_in_slave=cfg.offset_check_in_slave,
-                                             group_broker_id=group.broker_id)
-        if code is ResponseCode.PULL_NOT_FOUND and allow_suspend and ctrl.hold.can_park():
+        self._last_pulls.record(req.group, req.topic, req.queue_id, self._clock_ms())
+        plan = plan_pull_answer(ctx, result.status, req.offset,
+                                suggest_pulling_from_slave=result.suggest_pulling_from_slave)
+        code = plan.code
+        if code is ResponseCode.PULL_NOT_FOUND and allow_suspend and self._hold.can_park():
             return None
-        ctrl.metrics.count_request(code, pull=True)
+        self._metrics.count_request(code, pull=True)
         records = result.records if code is ResponseCode.SUCCESS else []
         if records:
-            ctrl.metrics.served(req.topic, len(records), result.total_size)
+            self._metrics.served(req.topic, len(records), result.total_size)
         head = encode_pull_header(int(code), result.next_begin_offset, result.min_offset, result.max_offset,
-                                  suggest, own_id, len(records))
+                                  plan.suggest_which_broker_id, cfg.broker_id, len(records))
         return b"".join((head, *records)) if records else head
