@@ -18,42 +18,30 @@ The commit-offset bit of a pull is set only when the pull goes to the master.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
-import time
 import types
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import httpx
 
 from client import _requests as rq
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState, _InstanceCore
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
+from client._ops import member_call_op, pull_op
 from client._rebalance import TagFilter
-from client._requests import PullResult
-from client._routing import PullNodeTable, PullPlan, PullTarget, plan_pull, pull_refused
-from client.errors import (
-    BrokerNotFoundError,
-    ClientError,
-    InvalidParameterError,
-    QueryNotFoundError,
-)
+from client._requests import Answer, Op, PullResult
+from client._routing import PullNodeTable, pull_refused
+from client.errors import InvalidParameterError, QueryNotFoundError
 from client.protocol.codes import MASTER_ID
 from client.protocol.message import MessageQueue
 from client.protocol.properties import validate_group, validate_topic
+from client.protocol.requests import PullRequestHeader
 
 __all__ = ["AsyncPullConsumer", "ConsumerConfig", "PullConsumer"]
 
-log = logging.getLogger(__name__)
-
 #: Messages per pull at most (RocketMQ caps a pull batch at 32 by default; the broker may cap it lower).
 MAX_PULL_NUMS = 1024
-
-
-def _now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 def _positive(_: Any, attribute: Any, value: float) -> None:
@@ -75,26 +63,6 @@ class ConsumerConfig:
     """Bound on one pull without long polling (with it: the suspend time plus this)."""
 
 
-_Target = PullTarget
-
-
-def pull_plan(client: _InstanceCore, nodes: PullNodeTable, mq: MessageQueue) -> PullPlan | None:
-    """The members to ask for a pull of ``mq`` (see :class:`client._routing.PullPlan`); None: none in the route."""
-    return plan_pull(mq.broker_name, client.routes.broker_addrs(mq.broker_name), nodes.recalculate(mq),
-                     client.broker_down, _now_ms(), pinned=nodes.connect_broker_by_user)
-
-
-def admin_targets(client: _InstanceCore, broker_name: str) -> list[_Target]:
-    """Master first when present and not down, then the other members (offsets and range queries)."""
-    members = client.routes.broker_addrs(broker_name)
-    if not members:
-        return []
-    now = _now_ms()
-    up = [bid for bid in sorted(members) if not client.broker_down.is_down(broker_name, bid, now)]
-    down = [bid for bid in sorted(members) if bid not in up]
-    return [_Target(bid, members[bid], bid != MASTER_ID) for bid in (up + down)[:2]]
-
-
 def _check_pull_args(mq: object, offset: int, max_nums: int) -> MessageQueue:
     if not isinstance(mq, MessageQueue):
         raise InvalidParameterError(f"mq must be a MessageQueue, got {type(mq).__name__}")
@@ -114,7 +82,18 @@ def _tag_filter(sub_expression: str) -> TagFilter:
         raise InvalidParameterError(str(e)) from None
 
 
+def _offset_or_unset(resp: Answer, addr: str) -> int:
+    """A committed offset; -1 when the group never committed one."""
+    try:
+        return rq.parse_offset(resp, addr)
+    except QueryNotFoundError:
+        return -1
+
+
 class _ConsumerBase:
+    """State and operations shared by both pull consumers; every call is an operation
+    (:data:`client._requests.Op`) the instance's ``drive`` runs."""
+
     _kind = "consumer"
 
     def __init__(self, group: str, namesrv_addr: str, *, connect_broker_by_user: bool, default_broker_id: int,
@@ -129,10 +108,12 @@ class _ConsumerBase:
 
     @property
     def group(self) -> str:
+        """The consumer group."""
         return self.config.group
 
     @property
     def state(self) -> ClientState:
+        """UNOPENED until the first use (or ``start``), then OPENED, then CLOSED."""
         return self._state
 
     @property
@@ -144,53 +125,45 @@ class _ConsumerBase:
         """The member id the next pull of ``mq`` asks for (before down-member avoidance)."""
         return self._nodes.recalculate(mq)
 
-    def _pull_target(self, t: _Target, mq: MessageQueue, offset: int, max_nums: int, sub_expression: str,
-                     suspend_timeout_s: float | None) -> str:
-        commit = None if t.slave else self._committed.get(mq)
-        suspend_ms = int(suspend_timeout_s * 1000) if suspend_timeout_s else None
-        return rq.pull_target(self.group, mq, offset, max_nums, commit_offset=commit,
-                              suspend_timeout_ms=suspend_ms, sub_expression=sub_expression)
+    # --- operations ---
 
-    def _pull_timeout(self, timeout_s: float | None, suspend_timeout_s: float | None) -> float:
-        base = timeout_s if timeout_s is not None else self.config.pull_timeout_s
-        return base + (suspend_timeout_s or 0.0)
+    def _queues_op(self, core: _InstanceCore, topic: str) -> Op[list[MessageQueue]]:
+        validate_topic(topic)
+        core.consumer_uses_topic(self.group, topic)
+        return list((yield from core.subscribe_queues_op(topic)))
 
-    def _finish_pull(self, mq: MessageQueue, result: PullResult, sub_expression: str) -> PullResult:
-        """Remember the suggested member, and re-check tags: the broker filters by tag hash, so a tag whose Java
-        hash collides with a subscribed one gets through (RocketMQ's ``processPullResult`` filters again)."""
-        self._nodes.update(mq, result.suggest_which_broker_id)
+    def _pull_op(self, core: _InstanceCore, mq: MessageQueue, offset: int, max_nums: int, sub_expression: str,
+                 timeout_s: float | None, suspend_timeout_s: float | None) -> Op[PullResult]:
+        mq = _check_pull_args(mq, offset, max_nums)
+        header = PullRequestHeader.of(
+            self.group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
+            commit_offset=self._committed.get(mq),
+            suspend_timeout_ms=int(suspend_timeout_s * 1000) if suspend_timeout_s else None)
+        timeout = (timeout_s if timeout_s is not None else self.config.pull_timeout_s) + (suspend_timeout_s or 0.0)
+        result = yield from pull_op(core, self._nodes, mq, header, timeout, rq.parse_pull, pull_refused)
+        # The broker filters by tag hash, so a tag whose Java hash collides with a subscribed one gets through
+        # (RocketMQ's processPullResult filters again).
         tags = _tag_filter(sub_expression).tags
         if tags is None or not result.msg_found_list:
             return result
         kept = [m for m in result.msg_found_list if m.tags in tags]
         return result if len(kept) == len(result.msg_found_list) else attrs.evolve(result, msg_found_list=kept)
 
-    def _role(self, t: _Target) -> str:
-        return "slave" if t.slave else "master"
+    def _commit_op(self, core: _InstanceCore, mq: MessageQueue, offset: int) -> Op[None]:
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidParameterError(f"offset must be an int >= 0, got {offset!r}")
+        yield from member_call_op(core, mq, "commit offset", "POST", "/offset/consumer", rq.json_of,
+                                  rq.commit_offset_body(self.group, mq, offset))
+        self._committed[mq] = offset
 
-    def _pull_failed(self, plan: PullPlan, mq: MessageQueue, t: _Target, e: httpx.HTTPError) -> ClientError:
-        plan.failed(t, _now_ms())
-        error = rq.map_transport_error(e, t.addr, f"pull {mq} from {self._role(t)} {mq.broker_name}[{t.broker_id}] "
-                                                  f"{t.addr}")
-        log.info("%s", error)
-        return error
+    def _committed_op(self, core: _InstanceCore, mq: MessageQueue) -> Op[int]:
+        return (yield from member_call_op(core, mq, "fetch consume offset", "GET",
+                                          rq.offset_target("consumer", mq, group=self.group), _offset_or_unset))
 
-    def _pull_answered(self, plan: PullPlan, t: _Target, result: PullResult, offset: int) -> bool:
-        """True when ``result`` is the pull's answer; False when ``t`` refused and the plan goes on."""
-        refused = pull_refused(result, offset)
-        if refused:
-            log.debug("pull at %d refused by %s [%d], which suggests [%d]", offset, t.addr, t.broker_id,
-                      result.suggest_which_broker_id)
-        return plan.answered(t, refused=refused, suggest_which_broker_id=result.suggest_which_broker_id,
-                             now_ms=_now_ms())
-
-    def _pull_outcome(self, mq: MessageQueue, refusal: PullResult | None, error: ClientError | None,
-                      sub_expression: str) -> PullResult:
-        """No member served the pull: a refusal is an answer (the offset unchanged), else the transport error."""
-        if refusal is not None:
-            return self._finish_pull(mq, refusal, sub_expression)
-        assert error is not None
-        raise error
+    def _offset_op(self, core: _InstanceCore, mq: MessageQueue, kind: str, timestamp_ms: int | None = None
+                   ) -> Op[int]:
+        return (yield from member_call_op(core, mq, f"{kind} offset", "GET",
+                                          rq.offset_target(kind, mq, timestamp_ms=timestamp_ms), rq.parse_offset))
 
 
 class PullConsumer(SyncLifecycle, _ConsumerBase):
@@ -231,9 +204,7 @@ class PullConsumer(SyncLifecycle, _ConsumerBase):
             RouteNotFoundError: no nameserver knows the topic.
         """
         client = self._ensure_open()
-        validate_topic(topic)
-        client.consumer_uses_topic(self.group, topic)
-        return list(client.subscribe_queues_or_fetch(topic))
+        return client.drive(self._queues_op(client, topic))
 
     def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, sub_expression: str = "*", *,
              timeout_s: float | None = None, suspend_timeout_s: float | None = None) -> PullResult:
@@ -256,90 +227,33 @@ class PullConsumer(SyncLifecycle, _ConsumerBase):
             BrokerError: the broker refused the pull (unknown topic, bad queue id...).
         """
         client = self._ensure_open()
-        mq = _check_pull_args(mq, offset, max_nums)
-        plan = pull_plan(client, self._nodes, mq)
-        if plan is None:
-            client.update_topic_route_from_nameserver(mq.topic)
-            plan = pull_plan(client, self._nodes, mq)
-        if plan is None:
-            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-        timeout = self._pull_timeout(timeout_s, suspend_timeout_s)
-        error: ClientError | None = None
-        refusal: PullResult | None = None
-        while (t := plan.next()) is not None:
-            target = self._pull_target(t, mq, offset, max_nums, sub_expression, suspend_timeout_s)
-            try:
-                resp = client.exchange("GET", t.addr, target, timeout=timeout)
-            except httpx.HTTPError as e:
-                error = self._pull_failed(plan, mq, t, e)
-                continue
-            result = rq.parse_pull(resp, t.addr, mq)
-            if self._pull_answered(plan, t, result, offset):
-                return self._finish_pull(mq, result, sub_expression)
-            refusal = result
-        return self._pull_outcome(mq, refusal, error, sub_expression)
-
-    def _admin_call(self, mq: MessageQueue, what: str, call: Any) -> Any:
-        """Run ``call(target)`` on the master, or on a slave when the master is missing, down or unreachable."""
-        client = self._ensure_open()
-        targets = admin_targets(client, mq.broker_name)
-        if not targets or MASTER_ID not in (client.routes.broker_addrs(mq.broker_name) or {}):
-            client.update_topic_route_from_nameserver(mq.topic)
-            targets = admin_targets(client, mq.broker_name)
-        if not targets:
-            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-        error: ClientError | None = None
-        for t in targets:
-            try:
-                return call(client, t)
-            except httpx.HTTPError as e:
-                client.broker_down.mark_down(mq.broker_name, t.broker_id, _now_ms())
-                error = rq.map_transport_error(e, t.addr, f"{what} of {mq} at {self._role(t)} {t.addr}")
-        assert error is not None
-        raise error
+        return client.drive(self._pull_op(client, mq, offset, max_nums, sub_expression, timeout_s,
+                                          suspend_timeout_s))
 
     def update_consume_offset(self, mq: MessageQueue, offset: int) -> None:
         """Commit ``offset`` for this group (to the master, or to a slave when the master is gone)."""
-        if not isinstance(offset, int) or offset < 0:
-            raise InvalidParameterError(f"offset must be an int >= 0, got {offset!r}")
-        body = rq.commit_offset_body(self.group, mq, offset)
-
-        def call(client: ClientInstance, t: _Target) -> None:
-            rq.json_of(client.http.post(f"http://{t.addr}/offset/consumer", content=body), t.addr)
-
-        self._admin_call(mq, "commit offset", call)
-        self._committed[mq] = offset
+        client = self._ensure_open()
+        client.drive(self._commit_op(client, mq, offset))
 
     def fetch_consume_offset(self, mq: MessageQueue) -> int:
         """The group's committed offset of ``mq``, -1 when never committed."""
-
-        def call(client: ClientInstance, t: _Target) -> int:
-            url = rq.offset_url(t.addr, "consumer", mq, group=self.group)
-            try:
-                return rq.parse_offset(client.http.get(url), t.addr)
-            except QueryNotFoundError:
-                return -1
-
-        return int(self._admin_call(mq, "fetch consume offset", call))
-
-    def _offset_query(self, mq: MessageQueue, kind: str, timestamp_ms: int | None = None) -> int:
-        def call(client: ClientInstance, t: _Target) -> int:
-            url = rq.offset_url(t.addr, kind, mq, timestamp_ms=timestamp_ms)
-            return rq.parse_offset(client.http.get(url), t.addr)
-
-        return int(self._admin_call(mq, f"{kind} offset", call))
+        client = self._ensure_open()
+        return client.drive(self._committed_op(client, mq))
 
     def min_offset(self, mq: MessageQueue) -> int:
         """Smallest logical offset still stored in ``mq``."""
-        return self._offset_query(mq, "min")
+        client = self._ensure_open()
+        return client.drive(self._offset_op(client, mq, "min"))
 
     def max_offset(self, mq: MessageQueue) -> int:
         """One past the last logical offset of ``mq``."""
-        return self._offset_query(mq, "max")
+        client = self._ensure_open()
+        return client.drive(self._offset_op(client, mq, "max"))
 
     def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
         """First offset of ``mq`` stored at or after ``timestamp_ms``."""
-        return self._offset_query(mq, "search", timestamp_ms)
+        client = self._ensure_open()
+        return client.drive(self._offset_op(client, mq, "search", timestamp_ms))
 
 
 class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
@@ -356,6 +270,7 @@ class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
         client.register_consumer(self.group)
 
     async def close(self) -> None:
+        """See :meth:`PullConsumer.close`."""
         was_open = self._state is ClientState.OPENED
         self._state = ClientState.CLOSED
         if was_open and self._client is not None:
@@ -364,91 +279,36 @@ class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
     async def fetch_subscribe_message_queues(self, topic: str) -> list[MessageQueue]:
         """See :meth:`PullConsumer.fetch_subscribe_message_queues`."""
         client = self._ensure_open()
-        validate_topic(topic)
-        client.consumer_uses_topic(self.group, topic)
-        return list(await client.subscribe_queues_or_fetch(topic))
+        return await client.drive(self._queues_op(client, topic))
 
     async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, sub_expression: str = "*", *,
                    timeout_s: float | None = None, suspend_timeout_s: float | None = None) -> PullResult:
         """See :meth:`PullConsumer.pull`."""
         client = self._ensure_open()
-        mq = _check_pull_args(mq, offset, max_nums)
-        plan = pull_plan(client, self._nodes, mq)
-        if plan is None:
-            await client.update_topic_route_from_nameserver(mq.topic)
-            plan = pull_plan(client, self._nodes, mq)
-        if plan is None:
-            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-        timeout = self._pull_timeout(timeout_s, suspend_timeout_s)
-        error: ClientError | None = None
-        refusal: PullResult | None = None
-        while (t := plan.next()) is not None:
-            target = self._pull_target(t, mq, offset, max_nums, sub_expression, suspend_timeout_s)
-            try:
-                resp = await client.exchange("GET", t.addr, target, timeout=timeout)
-            except httpx.HTTPError as e:
-                error = self._pull_failed(plan, mq, t, e)
-                continue
-            result = rq.parse_pull(resp, t.addr, mq)
-            if self._pull_answered(plan, t, result, offset):
-                return self._finish_pull(mq, result, sub_expression)
-            refusal = result
-        return self._pull_outcome(mq, refusal, error, sub_expression)
-
-    async def _admin_call(self, mq: MessageQueue, what: str, call: Any) -> Any:
-        client = self._ensure_open()
-        targets = admin_targets(client, mq.broker_name)
-        if not targets or MASTER_ID not in (client.routes.broker_addrs(mq.broker_name) or {}):
-            await client.update_topic_route_from_nameserver(mq.topic)
-            targets = admin_targets(client, mq.broker_name)
-        if not targets:
-            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-        error: ClientError | None = None
-        for t in targets:
-            try:
-                return await call(client, t)
-            except httpx.HTTPError as e:
-                client.broker_down.mark_down(mq.broker_name, t.broker_id, _now_ms())
-                error = rq.map_transport_error(e, t.addr, f"{what} of {mq} at {self._role(t)} {t.addr}")
-        assert error is not None
-        raise error
+        return await client.drive(self._pull_op(client, mq, offset, max_nums, sub_expression, timeout_s,
+                                                suspend_timeout_s))
 
     async def update_consume_offset(self, mq: MessageQueue, offset: int) -> None:
         """See :meth:`PullConsumer.update_consume_offset`."""
-        if not isinstance(offset, int) or offset < 0:
-            raise InvalidParameterError(f"offset must be an int >= 0, got {offset!r}")
-        body = rq.commit_offset_body(self.group, mq, offset)
-
-        async def call(client: AsyncClientInstance, t: _Target) -> None:
-            rq.json_of(await client.http.post(f"http://{t.addr}/offset/consumer", content=body), t.addr)
-
-        await self._admin_call(mq, "commit offset", call)
-        self._committed[mq] = offset
+        client = self._ensure_open()
+        await client.drive(self._commit_op(client, mq, offset))
 
     async def fetch_consume_offset(self, mq: MessageQueue) -> int:
         """See :meth:`PullConsumer.fetch_consume_offset`."""
-
-        async def call(client: AsyncClientInstance, t: _Target) -> int:
-            url = rq.offset_url(t.addr, "consumer", mq, group=self.group)
-            try:
-                return rq.parse_offset(await client.http.get(url), t.addr)
-            except QueryNotFoundError:
-                return -1
-
-        return int(await self._admin_call(mq, "fetch consume offset", call))
-
-    async def _offset_query(self, mq: MessageQueue, kind: str, timestamp_ms: int | None = None) -> int:
-        async def call(client: AsyncClientInstance, t: _Target) -> int:
-            return rq.parse_offset(await client.http.get(rq.offset_url(t.addr, kind, mq, timestamp_ms=timestamp_ms)),
-                                   t.addr)
-
-        return int(await self._admin_call(mq, f"{kind} offset", call))
+        client = self._ensure_open()
+        return await client.drive(self._committed_op(client, mq))
 
     async def min_offset(self, mq: MessageQueue) -> int:
-        return await self._offset_query(mq, "min")
+        """See :meth:`PullConsumer.min_offset`."""
+        client = self._ensure_open()
+        return await client.drive(self._offset_op(client, mq, "min"))
 
     async def max_offset(self, mq: MessageQueue) -> int:
-        return await self._offset_query(mq, "max")
+        """See :meth:`PullConsumer.max_offset`."""
+        client = self._ensure_open()
+        return await client.drive(self._offset_op(client, mq, "max"))
 
     async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return await self._offset_query(mq, "search", timestamp_ms)
+        """See :meth:`PullConsumer.search_offset`."""
+        client = self._ensure_open()
+        return await client.drive(self._offset_op(client, mq, "search", timestamp_ms))

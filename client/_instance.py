@@ -10,13 +10,17 @@ admin of the process; each user holds a reference and the instance closes when t
   a consumer uses the instance.
 * Background work: a daemon thread waiting on an Event (sync) or an asyncio task (async); both stop at close.
 
-The two classes are thin I/O shells over :class:`_InstanceCore`, which holds the state and decisions.
+The two classes are thin I/O shells over :class:`_InstanceCore`, which holds the state, the decisions and the
+operations (route fetch with nameserver failover, heartbeats) as generators; each class's ``drive`` runs an
+operation, blocking or on the event loop, and every producer, consumer and low-level client runs its own
+operations (send with retries, pull with the read/write split) the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 import http.cookiejar
 import itertools
@@ -26,12 +30,13 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 import httpx
 
 from client import _requests as rq
+from client._requests import Exchange, Op
 from client._routing import (
     DEFAULT_TOPIC,
     BrokerDownTable,
@@ -50,6 +55,8 @@ __all__ = ["AsyncClientInstance", "ClientConfig", "ClientInstance", "ClientState
 log = logging.getLogger(__name__)
 
 _client_ids = itertools.count(1)
+
+T = TypeVar("T")
 
 
 class ClientState(enum.Enum):
@@ -117,7 +124,11 @@ def _registry_key(namesrv_addr: str) -> str:
 
 
 class _InstanceCore:
-    """State and decisions shared by the sync and async instances (no I/O here)."""
+    """State, decisions and operations shared by the sync and async instances (no I/O here).
+
+    The instance's I/O logic -- route fetch across nameservers, the ``TBW102`` fallback, heartbeats -- is written
+    here once as operations (:data:`client._requests.Op`); each instance's ``drive`` runs them.
+    """
 
     def __init__(self, namesrv_addr: str, config: ClientConfig, *, clock_ms: Callable[[], int] | None = None,
                  rng: random.Random | None = None) -> None:
@@ -131,9 +142,14 @@ class _InstanceCore:
         self.producer_groups: collections.Counter[str] = collections.Counter()
         self.consumer_groups: dict[str, set[str]] = {}
         self.topics_in_use: set[str] = set()
+        self.route_asked_ms: dict[str, int] = {}
+        """When each topic's route was last asked of the nameservers (``clock_ms``), answered or not."""
         self.state = ClientState.OPENED
         self.refcount = 0
         self.last_nameserver_error: ClientError | None = None
+        now = time.monotonic()
+        self._next_poll = now + config.poll_name_server_interval_s
+        self._next_heartbeat = now + 0.05  # RocketMQ heartbeats right after start
 
     # --- inspection (CONTRACT section 3) ---
 
@@ -152,25 +168,31 @@ class _InstanceCore:
         return self.routes.route(topic)
 
     def subscribe_queues(self, topic: str) -> tuple[MessageQueue, ...] | None:
+        """The cached subscribe set of ``topic``."""
         return self.routes.subscribe_info(topic)
 
     def publish_info(self, topic: str) -> TopicPublishInfo | None:
+        """The cached publish info of ``topic``."""
         return self.routes.publish_info(topic)
 
     # --- users ---
 
     def register_producer(self, group: str) -> None:
+        """Heartbeat ``group`` as a producer group (counted: one per producer)."""
         self.producer_groups[group] += 1
 
     def unregister_producer(self, group: str) -> None:
+        """One producer of ``group`` left."""
         self.producer_groups[group] -= 1
         if self.producer_groups[group] <= 0:
             del self.producer_groups[group]
 
     def register_consumer(self, group: str) -> None:
+        """Heartbeat ``group`` as a consumer group (and heartbeat slaves too from now on)."""
         self.consumer_groups.setdefault(group, set())
 
     def consumer_uses_topic(self, group: str, topic: str) -> None:
+        """``group`` subscribes ``topic`` (announced in the heartbeats)."""
         self.consumer_groups.setdefault(group, set()).add(topic)
 
     def heartbeat_targets(self) -> list[str]:
@@ -178,22 +200,131 @@ class _InstanceCore:
         return [addr for _, _, addr in self.routes.all_broker_addrs(include_slaves=bool(self.consumer_groups))]
 
     def heartbeat_body(self) -> bytes:
+        """The ``POST /heartbeat`` body announcing this instance's groups."""
         return rq.heartbeat_body(self.client_id, self.producer_groups, self.consumer_groups,
                                  heartbeat_timeout_ms=self.config.effective_heartbeat_timeout_ms)
 
-    def forget_consumer_group(self, group: str) -> tuple[list[str], bytes]:
-        """Stop heartbeating ``group``; returns the brokers to tell and the ``/client/unregister`` body."""
-        targets = self.heartbeat_targets()
-        self.consumer_groups.pop(group, None)
-        return targets, rq.unregister_body(self.client_id, consumer_groups=[group])
-
     def check_open(self) -> None:
+        """Raise ClientClosedError once the instance is closed."""
         if self.state is not ClientState.OPENED:
             raise ClientClosedError(f"client instance for {self.namesrv_addr} is closed")
 
     def no_route_error(self, topic: str) -> RouteNotFoundError:
+        """The error of a topic without a route, naming the last nameserver error."""
         why = f" (last nameserver error: {self.last_nameserver_error})" if self.last_nameserver_error else ""
         return RouteNotFoundError(f"No route info of this topic: {topic}, nameservers {self.namesrv_addr}{why}")
+
+    # --- operations (run by drive) ---
+
+    def fetch_route_op(self, topic: str) -> Op[TopicRouteData | None]:
+        """``topic``'s route from the first nameserver that answers, starting with the current one; None when
+        none does or one says TOPIC_NOT_EXIST (SEMANTICS.md 6.6: the caller keeps what it knew)."""
+        for addr in self.nameservers.rotation():
+            try:
+                route = rq.parse_route((yield Exchange("GET", addr, rq.route_target(topic))), addr)
+            except httpx.HTTPError as e:
+                self.last_nameserver_error = rq.map_transport_error(e, addr, f"nameserver {addr} route of {topic}")
+                log.info("%s; trying the next nameserver", self.last_nameserver_error)
+                continue
+            except ClientError as e:
+                self.last_nameserver_error = e
+                continue
+            self.nameservers.settle(addr)
+            self.last_nameserver_error = None
+            return route
+        return None
+
+    def update_route_op(self, topic: str) -> Op[bool]:
+        """Fetch ``topic``'s route into the cache; True when the cached route changed (see
+        :meth:`ClientInstance.update_topic_route_from_nameserver`)."""
+        self.check_open()
+        route = yield from self.fetch_route_op(topic)
+        self.route_asked_ms[topic] = self.clock_ms()
+        if route is None:
+            return False
+        self.topics_in_use.add(topic)
+        return self.routes.apply_route(topic, route)
+
+    def update_all_routes_op(self) -> Op[None]:
+        """Refresh every topic in use (the periodic job)."""
+        for topic in sorted(self.topics_in_use):
+            if self.state is not ClientState.OPENED:
+                return
+            yield from self.update_route_op(topic)
+
+    def publish_info_op(self, topic: str) -> Op[TopicPublishInfo]:
+        """Cached publish info, else the nameserver's route, else the ``TBW102`` route (auto-create).
+
+        Raises:
+            RouteNotFoundError: none of these yields a writable queue.
+        """
+        info = self.routes.publish_info(topic)
+        if info is not None and info.ok:
+            return info
+        yield from self.update_route_op(topic)
+        self.topics_in_use.add(topic)
+        info = self.routes.publish_info(topic)
+        if info is not None and info.ok:
+            return info
+        default = yield from self.fetch_route_op(DEFAULT_TOPIC)
+        if default is not None:
+            info = self.routes.apply_default_route(topic, default)
+            if info.ok:
+                return info
+        raise self.no_route_error(topic)
+
+    def subscribe_queues_op(self, topic: str) -> Op[tuple[MessageQueue, ...]]:
+        """The subscribe set of ``topic`` (fetched when not cached).
+
+        Raises:
+            RouteNotFoundError: no nameserver knows the topic.
+        """
+        queues = self.routes.subscribe_info(topic)
+        if queues is None:
+            yield from self.update_route_op(topic)
+            self.topics_in_use.add(topic)
+            queues = self.routes.subscribe_info(topic)
+        if queues is None:
+            raise self.no_route_error(topic)
+        return queues
+
+    def _each_broker_op(self, path: str, body: bytes, what: str, targets: list[str]) -> Op[int]:
+        """``POST path`` to each of ``targets``, best effort (each request bounded); how many answered."""
+        ok = 0
+        for addr in targets:
+            try:
+                rq.raise_for_status((yield Exchange("POST", addr, path, body)), addr)
+                ok += 1
+            except (httpx.HTTPError, ClientError) as e:
+                log.debug("%s to %s failed: %s", what, addr, e)
+        return ok
+
+    def heartbeat_op(self) -> Op[int]:
+        """One heartbeat to each target; how many brokers answered."""
+        return (yield from self._each_broker_op("/heartbeat", self.heartbeat_body(), "heartbeat",
+                                                self.heartbeat_targets()))
+
+    def unregister_consumer_group_op(self, group: str) -> Op[None]:
+        """Stop heartbeating ``group`` and leave it on every broker now, so the other instances rebalance without
+        waiting for our heartbeat timeout."""
+        targets = self.heartbeat_targets()
+        self.consumer_groups.pop(group, None)
+        body = rq.unregister_body(self.client_id, consumer_groups=[group])
+        yield from self._each_broker_op("/client/unregister", body, f"unregister of {group}", targets)
+
+    def periodic_op(self) -> Op[None]:
+        """The background jobs that are due: the route refresh and the heartbeats."""
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + self.config.poll_name_server_interval_s
+            yield from self.update_all_routes_op()
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.heartbeat_broker_interval_s
+            yield from self.heartbeat_op()
+
+    def periodic_wait_s(self) -> float:
+        """Seconds until a background job is due."""
+        return max(0.0, min(self._next_poll, self._next_heartbeat) - time.monotonic())
 
 
 class ClientInstance(_InstanceCore):
@@ -241,7 +372,8 @@ class ClientInstance(_InstanceCore):
         self.close()
 
     def _start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"splitmq-client-{self.client_id}", daemon=True)
+        self._thread = threading.Thread(target=self._background, name=f"splitmq-client-{self.client_id}",
+                                        daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -255,25 +387,15 @@ class ClientInstance(_InstanceCore):
             self._thread.join(self.config.close_timeout_s)
         self.http.close()
 
-    def _run(self) -> None:
-        cfg = self.config
-        now = time.monotonic()
-        next_poll = now + cfg.poll_name_server_interval_s
-        next_hb = now + 0.05  # RocketMQ heartbeats right after start
-        while not self._stop.wait(max(0.0, min(next_poll, next_hb) - time.monotonic())):
-            now = time.monotonic()
+    def _background(self) -> None:
+        while not self._stop.wait(self.periodic_wait_s()):
             try:
-                if now >= next_poll:
-                    next_poll = now + cfg.poll_name_server_interval_s
-                    self.update_all_routes()
-                if now >= next_hb:
-                    next_hb = now + cfg.heartbeat_broker_interval_s
-                    self.send_heartbeat_to_all_brokers()
+                self.drive(self.periodic_op())
             except Exception as e:  # the loop must survive anything a server answers
                 if not self._stop.is_set():
                     log.warning("client %s background refresh failed: %s", self.client_id, e)
 
-    # --- routes ---
+    # --- I/O: the operations of _InstanceCore, run ---
 
     def update_topic_route_from_nameserver(self, topic: str) -> bool:
         """Fetch ``topic``'s route from a nameserver; True when the cached route changed.
@@ -281,36 +403,11 @@ class ClientInstance(_InstanceCore):
         Tries each nameserver once, starting with the current one. TOPIC_NOT_EXIST and unreachable nameservers
         leave the cached route as it was.
         """
-        self.check_open()
-        route = self._fetch_route(topic)
-        if route is None:
-            return False
-        self.topics_in_use.add(topic)
-        return self.routes.apply_route(topic, route)
-
-    def _fetch_route(self, topic: str) -> TopicRouteData | None:
-        for addr in self.nameservers.rotation():
-            try:
-                resp = self.http.get(rq.route_url(addr, topic))
-                route = rq.parse_route(resp, addr)
-            except httpx.HTTPError as e:
-                self.last_nameserver_error = rq.map_transport_error(e, addr, f"nameserver {addr} route of {topic}")
-                log.info("%s; trying the next nameserver", self.last_nameserver_error)
-                continue
-            except ClientError as e:
-                self.last_nameserver_error = e
-                continue
-            self.nameservers.settle(addr)
-            self.last_nameserver_error = None
-            return route
-        return None
+        return self.drive(self.update_route_op(topic))
 
     def update_all_routes(self) -> None:
         """Refresh every topic in use (the periodic job)."""
-        for topic in sorted(self.topics_in_use):
-            if self.state is not ClientState.OPENED:
-                return
-            self.update_topic_route_from_nameserver(topic)
+        self.drive(self.update_all_routes_op())
 
     def try_to_find_topic_publish_info(self, topic: str) -> TopicPublishInfo:
         """Cached publish info, else the nameserver's route, else the ``TBW102`` route (auto-create).
@@ -318,69 +415,60 @@ class ClientInstance(_InstanceCore):
         Raises:
             RouteNotFoundError: none of these yields a writable queue.
         """
-        info = self.routes.publish_info(topic)
-        if info is not None and info.ok:
-            return info
-        self.update_topic_route_from_nameserver(topic)
-        self.topics_in_use.add(topic)
-        info = self.routes.publish_info(topic)
-        if info is not None and info.ok:
-            return info
-        default = self._fetch_route(DEFAULT_TOPIC)
-        if default is not None:
-            info = self.routes.apply_default_route(topic, default)
-            if info.ok:
-                return info
-        raise self.no_route_error(topic)
+        return self.drive(self.publish_info_op(topic))
 
     def subscribe_queues_or_fetch(self, topic: str) -> tuple[MessageQueue, ...]:
         """The subscribe set of ``topic`` (fetched when not cached)."""
-        queues = self.routes.subscribe_info(topic)
-        if queues is None:
-            self.update_topic_route_from_nameserver(topic)
-            self.topics_in_use.add(topic)
-            queues = self.routes.subscribe_info(topic)
-        if queues is None:
-            raise self.no_route_error(topic)
-        return queues
-
-    # --- heartbeats ---
+        return self.drive(self.subscribe_queues_op(topic))
 
     def unregister_consumer_group(self, group: str) -> None:
         """Leave ``group`` on every broker at once (best effort, each call bounded), so the other instances
         rebalance without waiting for our heartbeat timeout."""
-        targets, body = self.forget_consumer_group(group)
-        for addr in targets:
-            try:
-                rq.raise_for_status(self.http.post(f"http://{addr}/client/unregister", content=body), addr)
-            except (httpx.HTTPError, ClientError) as e:
-                log.debug("unregister of %s from %s failed: %s", group, addr, e)
+        self.drive(self.unregister_consumer_group_op(group))
 
     def send_heartbeat_to_all_brokers(self) -> int:
         """One heartbeat to each target; returns how many brokers answered."""
-        body = self.heartbeat_body()
-        ok = 0
-        for addr in self.heartbeat_targets():
-            try:
-                rq.raise_for_status(self.http.post(f"http://{addr}/heartbeat", content=body), addr)
-                ok += 1
-            except (httpx.HTTPError, ClientError) as e:
-                log.debug("heartbeat to %s failed: %s", addr, e)
-        return ok
+        return self.drive(self.heartbeat_op())
 
-    def exchange(self, method: str, addr: str, target: str, body: bytes = b"", *,
-                 timeout: float | None) -> rq.Answer:
-        """One data-path request to ``addr`` (``host:port``): through the SDK transport without httpx's models
-        when this instance uses it, else through ``http`` (tests inject other transports).
+    def exchange(self, method: str, addr: str, target: str, body: bytes = b"", timeout: float | None = None
+                 ) -> rq.Answer:
+        """One request to ``addr`` (``host:port``): a data-path one (``timeout`` given) through the SDK transport
+        without httpx's models when this instance uses it, else through ``http`` (control-plane timeouts when
+        ``timeout`` is None; tests inject other transports).
 
         Raises:
             httpx.HTTPError: the request failed (callers map it with :func:`client._requests.map_transport_error`).
         """
         raw = self._raw
-        if raw is not None:
+        if raw is not None and timeout is not None:
             host, port = rq.split_addr(addr)
             return raw.exchange(method, host, port, target, body, timeout=timeout)
+        if timeout is None:
+            return self.http.request(method, f"http://{addr}{target}", content=body)
         return self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
+
+    def drive(self, op: Op[T]) -> T:
+        """Run ``op`` to its end: make each request it yields and send the answer back in (a failed request's
+        exception is thrown in at its ``yield``).
+
+        Returns:
+            What ``op`` returns.
+
+        Raises:
+            Exception: whatever ``op`` raises.
+        """
+        exchange = self.exchange
+        try:
+            req = next(op)
+            while True:
+                try:
+                    answer = exchange(*req)
+                except BaseException as e:
+                    req = op.throw(e)
+                else:
+                    req = op.send(answer)
+        except StopIteration as stop:
+            return stop.value
 
     def __repr__(self) -> str:
         return f"ClientInstance({self.namesrv_addr!r}, state={self.state.value}, refs={self.refcount})"
@@ -412,7 +500,7 @@ class AsyncClientInstance(_InstanceCore):
         if inst is None or inst.state is not ClientState.OPENED:
             inst = cls(key[0], config, transport=transport)
             inst._loop_key = id(loop)
-            inst._task = loop.create_task(inst._run(), name=f"splitmq-client-{inst.client_id}")
+            inst._task = loop.create_task(inst._background(), name=f"splitmq-client-{inst.client_id}")
             cls._registry[key] = inst
         inst.refcount += 1
         return inst
@@ -444,122 +532,66 @@ class AsyncClientInstance(_InstanceCore):
                 log.debug("client background task ended with %s", e)
         await self.http.aclose()
 
-    async def _run(self) -> None:
-        cfg = self.config
-        loop = asyncio.get_running_loop()
-        next_poll = loop.time() + cfg.poll_name_server_interval_s
-        next_hb = loop.time() + 0.05
+    async def _background(self) -> None:
         while self.state is ClientState.OPENED:
-            try:
-                await asyncio.wait_for(self._stop.wait(), max(0.0, min(next_poll, next_hb) - loop.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.periodic_wait_s())
                 return
-            except TimeoutError:
-                pass
-            now = loop.time()
             try:
-                if now >= next_poll:
-                    next_poll = now + cfg.poll_name_server_interval_s
-                    await self.update_all_routes()
-                if now >= next_hb:
-                    next_hb = now + cfg.heartbeat_broker_interval_s
-                    await self.send_heartbeat_to_all_brokers()
+                await self.drive(self.periodic_op())
             except Exception as e:
                 if self.state is ClientState.OPENED:
                     log.warning("client %s background refresh failed: %s", self.client_id, e)
 
     async def update_topic_route_from_nameserver(self, topic: str) -> bool:
         """See :meth:`ClientInstance.update_topic_route_from_nameserver`."""
-        self.check_open()
-        route = await self._fetch_route(topic)
-        if route is None:
-            return False
-        self.topics_in_use.add(topic)
-        return self.routes.apply_route(topic, route)
-
-    async def _fetch_route(self, topic: str) -> TopicRouteData | None:
-        for addr in self.nameservers.rotation():
-            try:
-                resp = await self.http.get(rq.route_url(addr, topic))
-                route = rq.parse_route(resp, addr)
-            except httpx.HTTPError as e:
-                self.last_nameserver_error = rq.map_transport_error(e, addr, f"nameserver {addr} route of {topic}")
-                log.info("%s; trying the next nameserver", self.last_nameserver_error)
-                continue
-            except ClientError as e:
-                self.last_nameserver_error = e
-                continue
-            self.nameservers.settle(addr)
-            self.last_nameserver_error = None
-            return route
-        return None
+        return await self.drive(self.update_route_op(topic))
 
     async def update_all_routes(self) -> None:
-        for topic in sorted(self.topics_in_use):
-            if self.state is not ClientState.OPENED:
-                return
-            await self.update_topic_route_from_nameserver(topic)
+        """See :meth:`ClientInstance.update_all_routes`."""
+        await self.drive(self.update_all_routes_op())
 
     async def try_to_find_topic_publish_info(self, topic: str) -> TopicPublishInfo:
         """See :meth:`ClientInstance.try_to_find_topic_publish_info`."""
-        info = self.routes.publish_info(topic)
-        if info is not None and info.ok:
-            return info
-        await self.update_topic_route_from_nameserver(topic)
-        self.topics_in_use.add(topic)
-        info = self.routes.publish_info(topic)
-        if info is not None and info.ok:
-            return info
-        default = await self._fetch_route(DEFAULT_TOPIC)
-        if default is not None:
-            info = self.routes.apply_default_route(topic, default)
-            if info.ok:
-                return info
-        raise self.no_route_error(topic)
+        return await self.drive(self.publish_info_op(topic))
 
     async def subscribe_queues_or_fetch(self, topic: str) -> tuple[MessageQueue, ...]:
-        queues = self.routes.subscribe_info(topic)
-        if queues is None:
-            await self.update_topic_route_from_nameserver(topic)
-            self.topics_in_use.add(topic)
-            queues = self.routes.subscribe_info(topic)
-        if queues is None:
-            raise self.no_route_error(topic)
-        return queues
+        """See :meth:`ClientInstance.subscribe_queues_or_fetch`."""
+        return await self.drive(self.subscribe_queues_op(topic))
 
     async def unregister_consumer_group(self, group: str) -> None:
-        """Async twin of :meth:`ClientInstance.unregister_consumer_group`."""
-        targets, body = self.forget_consumer_group(group)
-        for addr in targets:
-            try:
-                rq.raise_for_status(await self.http.post(f"http://{addr}/client/unregister", content=body), addr)
-            except (httpx.HTTPError, ClientError) as e:
-                log.debug("unregister of %s from %s failed: %s", group, addr, e)
+        """See :meth:`ClientInstance.unregister_consumer_group`."""
+        await self.drive(self.unregister_consumer_group_op(group))
 
     async def send_heartbeat_to_all_brokers(self) -> int:
-        body = self.heartbeat_body()
-        ok = 0
-        for addr in self.heartbeat_targets():
-            try:
-                rq.raise_for_status(await self.http.post(f"http://{addr}/heartbeat", content=body), addr)
-                ok += 1
-            except (httpx.HTTPError, ClientError) as e:
-                log.debug("heartbeat to %s failed: %s", addr, e)
-        return ok
+        """See :meth:`ClientInstance.send_heartbeat_to_all_brokers`."""
+        return await self.drive(self.heartbeat_op())
 
-    async def exchange(self, method: str, addr: str, target: str, body: bytes = b"", *,
-                 timeout: float | None) -> rq.Answer:
-        """One data-path request to ``addr`` (``host:port``): through the SDK transport without httpx's models
-        when this instance uses it, else through ``http`` (tests inject other transports).
-
-        Raises:
-            httpx.HTTPError: the request failed (callers map it with :func:`client._requests.map_transport_error`).
-        """
+    async def exchange(self, method: str, addr: str, target: str, body: bytes = b"", timeout: float | None = None
+                       ) -> rq.Answer:
+        """See :meth:`ClientInstance.exchange`."""
         raw = self._raw
-        if raw is not None:
+        if raw is not None and timeout is not None:
             host, port = rq.split_addr(addr)
             return await raw.exchange(method, host, port, target, body, timeout=timeout)
+        if timeout is None:
+            return await self.http.request(method, f"http://{addr}{target}", content=body)
         return await self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
+
+    async def drive(self, op: Op[T]) -> T:
+        """See :meth:`ClientInstance.drive`; the requests are made on the running loop."""
+        exchange = self.exchange
+        try:
+            req = next(op)
+            while True:
+                try:
+                    answer = await exchange(*req)
+                except BaseException as e:
+                    req = op.throw(e)
+                else:
+                    req = op.send(answer)
+        except StopIteration as stop:
+            return stop.value
 
     def __repr__(self) -> str:
         return f"AsyncClientInstance({self.namesrv_addr!r}, state={self.state.value}, refs={self.refcount})"
-

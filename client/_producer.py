@@ -1,5 +1,8 @@
 """``Producer`` and ``AsyncProducer``: two thin I/O shells over :mod:`client._producer_core`.
 
+Every send is an operation of ``_ProducerBase`` (:func:`client._ops.send_op` underneath), run by the client
+instance's ``drive``; only the waits of automatic batching (a Condition, or futures on the loop) are twins.
+
 Sends go to masters only. A send picks a queue with :class:`~client._routing.QueueSelector` (avoiding the broker
 of the previous failed attempt, and isolated brokers when latency fault tolerance is on), retries retryable
 failures within ``send_timeout_s`` (SEMANTICS.md 4.6), and returns a :class:`SendResult` also for codes 10/11/12
@@ -15,11 +18,10 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-import httpx
-
 from client import _requests as rq
-from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
+from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState, _InstanceCore
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
+from client._ops import send_op
 from client._producer_core import (
     Accumulator,
     Pending,
@@ -30,20 +32,13 @@ from client._producer_core import (
     explicit_queue,
     validate_message,
 )
-from client._requests import SendResult
+from client._requests import Op, SendResult
 from client._routing import LatencyFaultTolerance, QueueSelector, TopicPublishInfo
-from client.errors import (
-    BrokerError,
-    BrokerNotFoundError,
-    ClientClosedError,
-    ClientError,
-    RequestTimeoutError,
-    SendFailedError,
-)
-from client.protocol import codec, wire
+from client.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
+from client.protocol import codec
 from client.protocol.message import Message, MessageQueue
 
-__all__ = ["AsyncProducer", "Producer", "send_with_retries", "send_with_retries_async"]
+__all__ = ["AsyncProducer", "Producer"]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +54,18 @@ def _abandon(batch: list[Pending]) -> None:
             p.error = SendFailedError("send abandoned: the thread or task sending its batch was interrupted")
 
 
+def _live_members(batch: list[Pending], topic: str) -> list[Pending]:
+    """The members still within their send timeout; the others get their timeout error now."""
+    now = time.monotonic()
+    for p in batch:
+        if p.deadline <= now:
+            p.error = RequestTimeoutError(f"send to {topic} waited past send_timeout_s in the accumulator")
+    return [p for p in batch if p.deadline > now]
+
+
 class _ProducerBase:
-    """State shared by both producers: config, selection, fault table, unique ids, accumulator."""
+    """State and operations shared by both producers: config, selection, fault table, unique ids, accumulator,
+    and every send as an operation (:data:`client._requests.Op`) the instance's ``drive`` runs."""
 
     _kind = "producer"
 
@@ -83,6 +88,7 @@ class _ProducerBase:
 
     @property
     def group(self) -> str:
+        """The producer group."""
         return self.config.group
 
     def _prepare(self, msg: Message) -> tuple[bytes, str]:
@@ -90,101 +96,75 @@ class _ProducerBase:
         uniq = self._uniq.next()
         return encode_one(msg, uniq, int(time.time() * 1000), self.config.max_message_size), uniq
 
-    def _prepare_batch(self, msgs: Sequence[Message]) -> tuple[str, bytes, list[str]]:
-        topic = check_batch(msgs, self.config.max_message_size)
-        keys = [self._uniq.next() for _ in msgs]
-        body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
-                                  max_message_size=self.config.max_message_size)
-        return topic, body, keys
+    def _admit(self, msg: Message, queue: MessageQueue | None, waker: Any) -> tuple[Hashable, MessageQueue | None,
+                                                                                    Pending]:
+        """A message of ``send``: its batching key, explicit queue, and its place in a batch."""
+        item, uniq = self._prepare(msg)
+        fixed = explicit_queue(queue, msg.topic)
+        key: Hashable = fixed if fixed is not None else msg.topic
+        return key, fixed, Pending(item, uniq, time.monotonic() + self.config.send_timeout_s, waker)
 
-    def _choose(self, info: TopicPublishInfo, fixed: MessageQueue | None, last_broker: str | None) -> MessageQueue:
-        if fixed is not None:
-            return fixed
-        return self._selector.select(info.message_queues, last_broker, fault=self._fault, now_ms=_now_ms())
+    @staticmethod
+    def _outcome(me: Pending) -> SendResult:
+        if me.error is not None:
+            raise me.error
+        result: SendResult = me.result
+        return result
 
     def _attempts(self, info: TopicPublishInfo, fixed: MessageQueue | None, deadline: float) -> SendAttempts:
         cfg = self.config
         return SendAttempts(info, fixed, deadline, group=cfg.group, retries=cfg.retry_times_when_send_failed,
                             selector=self._selector, fault=self._fault)
 
-    @staticmethod
-    def _deliver(batch: list[Pending], results: list[SendResult] | None, error: BaseException | None) -> None:
-        for i, p in enumerate(batch):
-            if error is not None:
-                p.error = error
-            else:
-                assert results is not None
-                p.result = results[i]
+    # --- operations ---
 
+    def _send_op(self, core: _InstanceCore, topic: str, body: bytes, uniq_keys: list[str],
+                 fixed: MessageQueue | None, deadline: float) -> Op[list[SendResult]]:
+        run = self._attempts((yield from core.publish_info_op(topic)), fixed, deadline)
+        mq, reply = yield from send_op(core, run, body, len(uniq_keys))
+        return rq.send_results(reply, mq, uniq_keys)
 
-def _live_members(batch: list[Pending], topic: str) -> list[Pending]:
-    """The members still within their send timeout; the others get their timeout error now."""
-    now = time.monotonic()
-    for p in batch:
-        if p.deadline <= now:
-            p.error = RequestTimeoutError(f"send to {topic} waited past send_timeout_s in the accumulator")
-    return [p for p in batch if p.deadline > now]
-
-
-def send_with_retries(client: ClientInstance, run: SendAttempts, body: bytes, count: int
-                      ) -> tuple[MessageQueue, wire.SendReply]:
-    """Drive ``run`` over ``client``: send the encoded batch ``body`` of ``count`` messages to the master of each
-    attempt's queue until one stores it (the sync half of the one retry loop; see :class:`SendAttempts`).
-
-    Returns:
-        The queue that stored the batch and the broker's reply.
-
-    Raises:
-        SendFailedError: every attempt failed, or the deadline passed.
-        ClientError: an attempt failed with an error that is not retried.
-    """
-    while (step := run.next()) is not None:
-        mq, left = step
+    def _batch_op(self, core: _InstanceCore, topic: str, fixed: MessageQueue | None, batch: list[Pending]
+                  ) -> Op[None]:
+        """Send the members of an automatic batch still within their timeout; each gets its result or error."""
+        live = _live_members(batch, topic)
+        if not live:
+            return
+        body = b"".join(p.item for p in live)
         try:
-            addr = client.find_broker_address_in_publish(mq.broker_name)
-            if addr is None:
-                client.update_topic_route_from_nameserver(mq.topic)
-                addr = client.find_broker_address_in_publish(mq.broker_name)
-            if addr is None:
-                raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-            try:
-                resp = client.exchange("POST", addr, run.target(mq), body, timeout=left)
-            except httpx.HTTPError as e:
-                raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
-            reply = rq.parse_send(resp, addr, count)
-        except ClientError as err:
-            if not run.failed(mq, err):
-                raise
-            continue
-        run.succeeded(mq)
-        return mq, reply
-    raise run.exhausted()
+            results = yield from self._send_op(core, topic, body, [p.uniq_key for p in live], fixed,
+                                               min(p.deadline for p in live))
+        except Exception as e:  # an interruption (BaseException) leaves the members to _abandon
+            for p in live:
+                p.error = e
+            return
+        for p, r in zip(live, results, strict=True):
+            p.result = r
 
+    def _send_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], queue: MessageQueue | None
+                       ) -> Op[list[SendResult]]:
+        topic = check_batch(msgs, self.config.max_message_size)
+        keys = [self._uniq.next() for _ in msgs]
+        body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
+                                  max_message_size=self.config.max_message_size)
+        fixed = explicit_queue(queue, topic)
+        return (yield from self._send_op(core, topic, body, keys, fixed,
+                                         time.monotonic() + self.config.send_timeout_s))
 
-async def send_with_retries_async(client: AsyncClientInstance, run: SendAttempts, body: bytes, count: int
-                                  ) -> tuple[MessageQueue, wire.SendReply]:
-    """The asyncio twin of :func:`send_with_retries`."""
-    while (step := run.next()) is not None:
-        mq, left = step
+    def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None) -> Op[None]:
+        """One attempt; a failure to send is logged, not raised (invalid messages and a closed client are)."""
+        item, uniq = self._prepare(msg)
+        fixed = explicit_queue(queue, msg.topic)
+        deadline = time.monotonic() + self.config.send_timeout_s
         try:
-            addr = client.find_broker_address_in_publish(mq.broker_name)
-            if addr is None:
-                await client.update_topic_route_from_nameserver(mq.topic)
-                addr = client.find_broker_address_in_publish(mq.broker_name)
-            if addr is None:
-                raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-            try:
-                resp = await client.exchange("POST", addr, run.target(mq), body, timeout=left)
-            except httpx.HTTPError as e:
-                raise rq.map_transport_error(e, addr, f"send to {mq} at master {addr}") from None
-            reply = rq.parse_send(resp, addr, count)
-        except ClientError as err:
-            if not run.failed(mq, err):
-                raise
-            continue
-        run.succeeded(mq)
-        return mq, reply
-    raise run.exhausted()
+            if fixed is None:
+                info = yield from core.publish_info_op(msg.topic)
+                fixed = self._selector.select(info.message_queues, None, fault=self._fault, now_ms=_now_ms())
+            yield from self._send_op(core, msg.topic, item, [uniq], fixed, deadline)
+        except ClientClosedError:
+            raise
+        except ClientError as e:  # BrokerError included: a oneway send reports nothing
+            log.debug("oneway send to %s failed: %s", msg.topic, e)
 
 
 class Producer(SyncLifecycle, _ProducerBase):
@@ -211,8 +191,6 @@ class Producer(SyncLifecycle, _ProducerBase):
         self._room = threading.Condition(self._lock)
         self._client: ClientInstance | None = None
 
-    # --- lifecycle ---
-
     def _attach(self, client: ClientInstance) -> None:
         client.register_producer(self.group)
 
@@ -235,8 +213,6 @@ class Producer(SyncLifecycle, _ProducerBase):
             client.unregister_producer(self.group)
             client.release()
 
-    # --- sending ---
-
     def send(self, msg: Message, queue: MessageQueue | None = None, *,
              message_queue: MessageQueue | None = None) -> SendResult:
         """Send one message to a master; batched with concurrent sends of the same topic.
@@ -256,21 +232,15 @@ class Producer(SyncLifecycle, _ProducerBase):
             ClientClosedError: the producer is closed.
         """
         client = self._ensure_open()
-        item, uniq = self._prepare(msg)
-        fixed = explicit_queue(queue or message_queue, msg.topic)
-        key: Hashable = fixed if fixed is not None else msg.topic
-        deadline = time.monotonic() + self.config.send_timeout_s
-        me = Pending(item, uniq, deadline, threading.Event())
+        key, fixed, me = self._admit(msg, queue or message_queue, threading.Event())
         with self._lock:
-            self._wait_room(len(item), deadline)
+            self._wait_room(len(me.item), me.deadline)
             batch = self._acc.offer(key, me)
         if batch is None:
-            if not me.waker.wait(max(0.0, deadline - time.monotonic()) + self.config.send_timeout_s):
+            if not me.waker.wait(max(0.0, me.deadline - time.monotonic()) + self.config.send_timeout_s):
                 raise RequestTimeoutError(f"send to {msg.topic} got no result within 2 x send_timeout_s")
             if not me.lead:
-                if me.error is not None:
-                    raise me.error
-                return me.result
+                return self._outcome(me)
             batch = me.batch
             assert batch is not None
         elif self.config.batch_linger_s > 0:
@@ -278,9 +248,7 @@ class Producer(SyncLifecycle, _ProducerBase):
             with self._lock:
                 batch = self._acc.join_pending(key, batch)
         self._lead(client, key, msg.topic, fixed, batch)
-        if me.error is not None:
-            raise me.error
-        return me.result
+        return self._outcome(me)
 
     def _wait_room(self, size: int, deadline: float) -> None:
         while not self._acc.has_room(size):
@@ -297,30 +265,19 @@ class Producer(SyncLifecycle, _ProducerBase):
               batch: list[Pending]) -> None:
         """Send ``batch``, deliver each member's result, then hand the lead of the next batches on."""
         try:
-            live = _live_members(batch, topic)
-            if live:
-                body = b"".join(p.item for p in live)
-                try:
-                    results = self._send_body(client, topic, body, [p.uniq_key for p in live], fixed,
-                                              min(p.deadline for p in live))
-                    self._deliver(live, results, None)
-                except BaseException as e:
-                    self._deliver(live, None, e)
+            client.drive(self._batch_op(client, topic, fixed, batch))
         finally:
-            _abandon(batch)
-            with self._lock:
-                nexts = self._acc.complete(key)
-                self._room.notify_all()
-            for p in batch[1:]:  # batch[0] is this thread, the leader
-                p.waker.set()
-            for nb in nexts:
-                nb[0].waker.set()
+            self._hand_on(key, batch)
 
-    def _send_body(self, client: ClientInstance, topic: str, body: bytes, uniq_keys: list[str],
-                   fixed: MessageQueue | None, deadline: float) -> list[SendResult]:
-        run = self._attempts(client.try_to_find_topic_publish_info(topic), fixed, deadline)
-        mq, reply = send_with_retries(client, run, body, len(uniq_keys))
-        return rq.send_results(reply, mq, uniq_keys)
+    def _hand_on(self, key: Hashable, batch: list[Pending]) -> None:
+        _abandon(batch)
+        with self._lock:
+            nexts = self._acc.complete(key)
+            self._room.notify_all()
+        for p in batch[1:]:  # batch[0] is this thread, the leader
+            p.waker.set()
+        for nb in nexts:
+            nb[0].waker.set()
 
     def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
                    message_queue: MessageQueue | None = None) -> list[SendResult]:
@@ -330,23 +287,12 @@ class Producer(SyncLifecycle, _ProducerBase):
             One SendResult per message, in order, each with its own queue offset and offset msgId.
         """
         client = self._ensure_open()
-        topic, body, keys = self._prepare_batch(msgs)
-        fixed = explicit_queue(queue or message_queue, topic)
-        return self._send_body(client, topic, body, keys, fixed, time.monotonic() + self.config.send_timeout_s)
+        return client.drive(self._send_batch_op(client, msgs, queue or message_queue))
 
     def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """One attempt, no result: the broker's answer is read (keep-alive) but not reported."""
         client = self._ensure_open()
-        item, uniq = self._prepare(msg)
-        fixed = explicit_queue(queue, msg.topic)
-        try:
-            self._send_body(client, msg.topic, item, [uniq], fixed or self._choose(
-                client.try_to_find_topic_publish_info(msg.topic), None, None),
-                time.monotonic() + self.config.send_timeout_s)
-        except (BrokerError, ClientError) as e:
-            if isinstance(e, ClientClosedError):
-                raise
-            log.debug("oneway send to %s failed: %s", msg.topic, e)
+        client.drive(self._oneway_op(client, msg, queue))
 
 
 class AsyncProducer(AsyncLifecycle, _ProducerBase):
@@ -396,22 +342,16 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                    message_queue: MessageQueue | None = None) -> SendResult:
         """See :meth:`Producer.send`."""
         client = self._ensure_open()
-        item, uniq = self._prepare(msg)
-        fixed = explicit_queue(queue or message_queue, msg.topic)
-        key: Hashable = fixed if fixed is not None else msg.topic
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + self.config.send_timeout_s
-        if not self._acc.has_room(len(item)):  # the common case skips a coroutine call
-            await self._wait_room(len(item), deadline, loop)
-        me = Pending(item, uniq, deadline, loop.create_future())
+        key, fixed, me = self._admit(msg, queue or message_queue, loop.create_future())
+        if not self._acc.has_room(len(me.item)):  # the common case skips a coroutine call
+            await self._wait_room(len(me.item), me.deadline, loop)
         batch = self._acc.offer(key, me)
         if batch is None:
             # Every lead ends within its send deadline (requests are bounded by it), so this wait is bounded.
             lead = await me.waker
             if lead is None:
-                if me.error is not None:
-                    raise me.error
-                return me.result
+                return self._outcome(me)
             batch = lead
         else:
             # One turn of the loop even without a linger: senders woken by the last reply are runnable now and
@@ -419,9 +359,7 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
             await asyncio.sleep(self.config.batch_linger_s)
             batch = self._acc.join_pending(key, batch)
         await self._lead(client, key, msg.topic, fixed, batch)
-        if me.error is not None:
-            raise me.error
-        return me.result
+        return self._outcome(me)
 
     async def _wait_room(self, size: int, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
         while not self._acc.has_room(size):
@@ -440,53 +378,32 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
 
     async def _lead(self, client: AsyncClientInstance, key: Hashable, topic: str, fixed: MessageQueue | None,
                     batch: list[Pending]) -> None:
+        """See :meth:`Producer._lead`."""
         try:
-            live = _live_members(batch, topic)
-            if live:
-                body = b"".join(p.item for p in live)
-                try:
-                    results = await self._send_body(client, topic, body, [p.uniq_key for p in live], fixed,
-                                                    min(p.deadline for p in live))
-                    self._deliver(live, results, None)
-                except Exception as e:
-                    self._deliver(live, None, e)
+            await client.drive(self._batch_op(client, topic, fixed, batch))
         finally:
-            _abandon(batch)
-            nexts = self._acc.complete(key)
-            self._wake_room()
-            for p in batch[1:]:  # batch[0] is this coroutine, the leader
-                if not p.waker.done():
-                    p.waker.set_result(None)
-            for nb in nexts:
-                if not nb[0].waker.done():
-                    nb[0].waker.set_result(nb)
-            if self._idle is not None and not self._acc.in_flight():
-                self._idle.set()
+            self._hand_on(key, batch)
 
-    async def _send_body(self, client: AsyncClientInstance, topic: str, body: bytes, uniq_keys: list[str],
-                         fixed: MessageQueue | None, deadline: float) -> list[SendResult]:
-        run = self._attempts(await client.try_to_find_topic_publish_info(topic), fixed, deadline)
-        mq, reply = await send_with_retries_async(client, run, body, len(uniq_keys))
-        return rq.send_results(reply, mq, uniq_keys)
+    def _hand_on(self, key: Hashable, batch: list[Pending]) -> None:
+        _abandon(batch)
+        nexts = self._acc.complete(key)
+        self._wake_room()
+        for p in batch[1:]:  # batch[0] is this coroutine, the leader
+            if not p.waker.done():
+                p.waker.set_result(None)
+        for nb in nexts:
+            if not nb[0].waker.done():
+                nb[0].waker.set_result(nb)
+        if self._idle is not None and not self._acc.in_flight():
+            self._idle.set()
 
     async def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
                          message_queue: MessageQueue | None = None) -> list[SendResult]:
         """See :meth:`Producer.send_batch`."""
         client = self._ensure_open()
-        topic, body, keys = self._prepare_batch(msgs)
-        fixed = explicit_queue(queue or message_queue, topic)
-        return await self._send_body(client, topic, body, keys, fixed, time.monotonic() + self.config.send_timeout_s)
+        return await client.drive(self._send_batch_op(client, msgs, queue or message_queue))
 
     async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """See :meth:`Producer.send_oneway`."""
         client = self._ensure_open()
-        item, uniq = self._prepare(msg)
-        fixed = explicit_queue(queue, msg.topic)
-        try:
-            info = await client.try_to_find_topic_publish_info(msg.topic)
-            await self._send_body(client, msg.topic, item, [uniq], fixed or self._choose(info, None, None),
-                                  time.monotonic() + self.config.send_timeout_s)
-        except ClientError as e:
-            if isinstance(e, ClientClosedError):
-                raise
-            log.debug("oneway send to %s failed: %s", msg.topic, e)
+        await client.drive(self._oneway_op(client, msg, queue))

@@ -3,14 +3,17 @@
 The sync and async shells (``_instance``, ``_producer``, ``_consumer``, ``_admin``) only move bytes; everything
 they send is built here and everything they receive is read here, following docs/PROTOCOL.md. URLs are built as
 strings (httpx's ``params=`` costs ~50 µs a request on the data path).
+
+Operations that need I/O are written once, as generators (:data:`Op`) that yield :class:`Exchange` requests;
+the instances' ``drive`` runs them, blocking or on the event loop.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import attrs
 import httpx
@@ -26,10 +29,12 @@ from client.errors import (
 from client.protocol import codec, wire
 from client.protocol.codes import PullStatus, ResponseCode, SendStatus
 from client.protocol.message import MessageExt, MessageQueue
-from client.protocol.requests import PullRequestHeader, SendRequestHeader, quote_arg
+from client.protocol.requests import SendRequestHeader, quote_arg
 from client.protocol.route import TopicRouteData
 
-__all__ = ["Answer", "PullResult", "RawPullResult", "RawSendResult", "SendResult"]
+__all__ = ["Answer", "Exchange", "Op", "PullResult", "RawPullResult", "RawSendResult", "SendResult", "call_op"]
+
+T = TypeVar("T")
 
 #: A response as the data path reads it: ``status_code`` and ``content`` (httpx's, or the SDK transport's raw one).
 Answer = httpx.Response | RawResponse
@@ -159,14 +164,55 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+# --- operations ------------------------------------------------------------------------------------------
+
+
+class Exchange(NamedTuple):
+    """One request an operation asks its driver to make (see :data:`Op`)."""
+
+    method: str
+    """``GET`` or ``POST``."""
+    addr: str
+    """``host:port`` of the server."""
+    target: str
+    """Path and query, already percent-encoded."""
+    body: bytes = b""
+    """Request body."""
+    timeout: float | None = None
+    """Data path: seconds for each of connect, pool wait, write and read. None: a control-plane request, bounded
+    by :class:`~client.ClientConfig`'s ``request_timeout_s`` and ``connect_timeout_s``."""
+
+
+#: A sans-I/O operation returning ``T``: a generator that yields each :class:`Exchange` it needs and gets the
+#: answer sent back -- or the transport's exception (an ``httpx.HTTPError``) thrown in at the ``yield``.
+#: ``ClientInstance.drive`` and ``AsyncClientInstance.drive`` run one, so the logic of an operation (retries,
+#: failover, read/write split) is written once for both; operations compose with ``yield from``.
+Op = Generator[Exchange, Answer, T]
+
+
+def call_op(method: str, addr: str, target: str, what: str, parse: Callable[[Answer, str], T], body: bytes = b"",
+            timeout: float | None = None) -> Op[T]:
+    """One request to ``addr``, its answer read by ``parse(answer, addr)``.
+
+    Raises:
+        TransportError: the request failed (``what`` names it in the message).
+        ClientError: whatever ``parse`` raises for the answer.
+    """
+    try:
+        resp = yield Exchange(method, addr, target, body, timeout)
+    except httpx.HTTPError as e:
+        raise map_transport_error(e, addr, what) from None
+    return parse(resp, addr)
+
+
 # --- nameserver -------------------------------------------------------------------------------------------
 
 
-def route_url(namesrv: str, topic: str) -> str:
-    return f"http://{namesrv}/route?topic={q(topic)}"
+def route_target(topic: str) -> str:
+    return f"/route?topic={q(topic)}"
 
 
-def parse_route(resp: httpx.Response, addr: str) -> TopicRouteData | None:
+def parse_route(resp: Answer, addr: str) -> TopicRouteData | None:
     """The route, or None when the nameserver says TOPIC_NOT_EXIST."""
     if resp.status_code != 200:
         err = wire.decode_error(resp.status_code, resp.content, addr=addr)
@@ -202,13 +248,9 @@ def unregister_body(client_id: str, *, producer_groups: Iterable[str] = (), cons
 # --- send -------------------------------------------------------------------------------------------------
 
 
-def send_url(addr: str, topic: str, queue_id: int, group: str, *, default_topic_queue_nums: int | None = None) -> str:
-    return f"http://{addr}{send_target(topic, queue_id, group, default_topic_queue_nums=default_topic_queue_nums)}"
-
-
-def send_target(topic: str, queue_id: int, group: str, *, default_topic_queue_nums: int | None = None) -> str:
-    """Path and query of a ``POST /send`` (:class:`~client.protocol.requests.SendRequestHeader`)."""
-    return SendRequestHeader(topic, queue_id, group, default_topic_queue_nums=default_topic_queue_nums).target()
+def send_url(addr: str, topic: str, queue_id: int, group: str) -> str:
+    """URL of a ``POST /send`` (:class:`~client.protocol.requests.SendRequestHeader`)."""
+    return f"http://{addr}{SendRequestHeader(topic, queue_id, group).target()}"
 
 
 def parse_send(resp: Answer, addr: str, expected: int) -> wire.SendReply:
@@ -241,23 +283,6 @@ def send_results(reply: wire.SendReply, mq: MessageQueue, uniq_keys: Sequence[st
 
 
 # --- pull -------------------------------------------------------------------------------------------------
-
-
-def pull_url(
-    addr: str, group: str, mq: MessageQueue, offset: int, max_nums: int, *, commit_offset: int | None,
-    suspend_timeout_ms: int | None, sub_expression: str,
-) -> str:
-    return "http://" + addr + pull_target(group, mq, offset, max_nums, commit_offset=commit_offset,
-                                          suspend_timeout_ms=suspend_timeout_ms, sub_expression=sub_expression)
-
-
-def pull_target(
-    group: str, mq: MessageQueue, offset: int, max_nums: int, *, commit_offset: int | None,
-    suspend_timeout_ms: int | None, sub_expression: str,
-) -> str:
-    """Path and query of a ``GET /pull`` (:class:`~client.protocol.requests.PullRequestHeader`)."""
-    return PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
-                                commit_offset=commit_offset, suspend_timeout_ms=suspend_timeout_ms).target()
 
 
 def parse_pull(resp: Answer, addr: str, mq: MessageQueue) -> PullResult:
@@ -297,15 +322,20 @@ def parse_pull_raw(resp: Answer, addr: str, mq: MessageQueue) -> RawPullResult:
 
 
 def offset_url(addr: str, kind: str, mq: MessageQueue, *, group: str | None = None, timestamp_ms: int | None = None) -> str:
-    url = f"http://{addr}/offset/{kind}?topic={q(mq.topic)}&queueId={mq.queue_id}"
+    return f"http://{addr}{offset_target(kind, mq, group=group, timestamp_ms=timestamp_ms)}"
+
+
+def offset_target(kind: str, mq: MessageQueue, *, group: str | None = None, timestamp_ms: int | None = None) -> str:
+    """Path and query of a ``GET /offset/<kind>`` (``min``, ``max``, ``search``, ``consumer``)."""
+    target = f"/offset/{kind}?topic={q(mq.topic)}&queueId={mq.queue_id}"
     if group is not None:
-        url += f"&group={q(group)}"
+        target += f"&group={q(group)}"
     if timestamp_ms is not None:
-        url += f"&timestamp={timestamp_ms}"
-    return url
+        target += f"&timestamp={timestamp_ms}"
+    return target
 
 
-def parse_offset(resp: httpx.Response, addr: str) -> int:
+def parse_offset(resp: Answer, addr: str) -> int:
     obj = json_of(resp, addr)
     try:
         return int(obj["offset"])

@@ -43,7 +43,7 @@ import httpx
 
 from client import _requests as rq
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, _InstanceCore
-from client._producer import send_with_retries, send_with_retries_async
+from client._ops import pull_op, send_op
 from client._producer_core import (
     RETRY_RESPONSE_CODES,
     SendAttempts,
@@ -52,7 +52,7 @@ from client._producer_core import (
     is_retriable,
     validate_message,
 )
-from client._requests import PullResult, RawPullResult, RawSendResult
+from client._requests import Op, PullResult, RawPullResult, RawSendResult, call_op
 from client._routing import (
     DEFAULT_TOPIC,
     BrokerDownTable,
@@ -72,7 +72,6 @@ from client._routing import (
     topic_route_to_publish_info,
     topic_route_to_subscribe_info,
 )
-from client.errors import BrokerNotFoundError, ClientError
 from client.protocol.codes import PullStatus
 from client.protocol.message import MessageQueue
 from client.protocol.requests import PullRequestHeader, SendRequestHeader
@@ -130,7 +129,8 @@ def raw_pull_refused(result: RawPullResult, requested_offset: int) -> bool:
 
 
 class _LowLevelCore:
-    """State and decisions shared by the sync and async clients (no I/O here)."""
+    """State, decisions and operations shared by the sync and async clients (no I/O here): each public call is
+    an operation (:data:`client._requests.Op`) that the instance's ``drive`` runs."""
 
     def __init__(self, inst: _InstanceCore, *, latency_fault_enable: bool, fault_tolerance: FaultToleranceConfig | None,
                  rng: random.Random | None) -> None:
@@ -138,7 +138,6 @@ class _LowLevelCore:
         self._selector = QueueSelector(rng=rng)
         self._fault = LatencyFaultTolerance(enabled=latency_fault_enable, config=fault_tolerance)
         self._pull_nodes = PullNodeTable()
-        self._fetched_ms: dict[str, int] = {}
 
     @property
     def namesrv_addr(self) -> str:
@@ -157,7 +156,7 @@ class _LowLevelCore:
 
     @property
     def pull_nodes(self) -> PullNodeTable:
-        """``pullFromWhichNodeTable``: the member each queue is pulled from next (updated by :meth:`pull_raw`)."""
+        """``pullFromWhichNodeTable``: the member each queue is pulled from next (updated by ``pull_raw``)."""
         return self._pull_nodes
 
     @property
@@ -165,17 +164,19 @@ class _LowLevelCore:
         """Members found unreachable, or refusing pulls, lately."""
         return self._core.broker_down
 
-    def _needs_fetch(self, topic: str, refresh: bool) -> bool:
-        self._core.check_open()
-        if refresh:
-            return True
-        fetched = self._fetched_ms.get(topic)
-        return fetched is None or self._core.clock_ms() - fetched >= self.config.poll_name_server_interval_s * 1000
+    # --- operations ---
 
-    def _fetched(self, topic: str) -> None:
-        self._fetched_ms[topic] = self._core.clock_ms()
+    def _fetch_op(self, topic: str, refresh: bool) -> Op[None]:
+        """Ask a nameserver for ``topic``'s route when ``refresh``, or when it was never asked or was asked
+        ``poll_name_server_interval_s`` ago (this client runs no background refresh)."""
+        core = self._core
+        core.check_open()
+        asked = core.route_asked_ms.get(topic)
+        if refresh or asked is None or core.clock_ms() - asked >= self.config.poll_name_server_interval_s * 1000:
+            yield from core.update_route_op(topic)
 
-    def _cached_route(self, topic: str) -> TopicRouteData:
+    def _route_op(self, topic: str, refresh: bool) -> Op[TopicRouteData]:
+        yield from self._fetch_op(topic, refresh)
         core = self._core
         route = core.routes.route(topic)
         info = core.routes.publish_info(topic)
@@ -183,39 +184,60 @@ class _LowLevelCore:
             raise core.no_route_error(topic)
         return route
 
-    def _attempts(self, info: TopicPublishInfo, queue: MessageQueue | None, *, group: str, timeout_s: float,
-                  retries: int) -> SendAttempts:
-        return SendAttempts(info, explicit_queue(queue, info.topic), time.monotonic() + timeout_s, group=group,
-                            retries=retries, selector=self._selector, fault=self._fault)
+    def _broker_addrs_op(self, topic: str, broker_name: str, refresh: bool) -> Op[dict[int, str]]:
+        data = (yield from self._route_op(topic, refresh)).broker_data(broker_name)
+        return dict(data.broker_addrs) if data else {}
 
-    def _plan(self, mq: MessageQueue) -> PullPlan | None:
-        core = self._core
-        nodes = self._pull_nodes
-        return plan_pull(mq.broker_name, core.routes.broker_addrs(mq.broker_name), nodes.recalculate(mq),
-                         core.broker_down, core.clock_ms(), pinned=nodes.connect_broker_by_user)
+    def _publish_info_op(self, topic: str, refresh: bool) -> Op[TopicPublishInfo]:
+        yield from self._fetch_op(topic, refresh)
+        return (yield from self._core.publish_info_op(topic))
 
-    def _answered(self, plan: PullPlan, t: PullTarget, result: RawPullResult, offset: int) -> bool:
-        return plan.answered(t, refused=raw_pull_refused(result, offset),
-                             suggest_which_broker_id=result.suggest_which_broker_id, now_ms=self._core.clock_ms())
+    def _subscribe_queues_op(self, topic: str, refresh: bool) -> Op[tuple[MessageQueue, ...]]:
+        yield from self._fetch_op(topic, refresh)
+        return (yield from self._core.subscribe_queues_op(topic))
 
-    def _settle(self, mq: MessageQueue, result: RawPullResult) -> RawPullResult:
-        self._pull_nodes.update(mq, result.suggest_which_broker_id)
-        return result
+    def _send_op(self, topic: str, body: bytes, count: int, group: str, queue: MessageQueue | None,
+                 timeout_s: float, retries: int) -> Op[RawSendResult]:
+        info = yield from self._publish_info_op(topic, False)
+        run = SendAttempts(info, explicit_queue(queue, info.topic), time.monotonic() + timeout_s, group=group,
+                           retries=retries, selector=self._selector, fault=self._fault)
+        mq, reply = yield from send_op(self._core, run, body, count)
+        return RawSendResult(mq, reply)
 
+    def _pull_op(self, mq: MessageQueue, offset: int, group: str, max_nums: int, max_bytes: int | None,
+                 sub_expression: str, timeout_s: float, commit_offset: int | None, suspend_timeout_ms: int | None
+                 ) -> Op[RawPullResult]:
+        header = PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
+                                      commit_offset=commit_offset, suspend_timeout_ms=suspend_timeout_ms,
+                                      max_bytes=max_bytes)
+        timeout = timeout_s + (suspend_timeout_ms or 0) / 1000
+        return (yield from pull_op(self._core, self._pull_nodes, mq, header, timeout, rq.parse_pull_raw,
+                                   raw_pull_refused))
 
-def _pull_target(mq: MessageQueue, offset: int, *, group: str, max_nums: int, max_bytes: int | None,
-                 sub_expression: str, commit_offset: int | None, suspend_timeout_ms: int | None) -> str:
-    return PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
-                                commit_offset=commit_offset, suspend_timeout_ms=suspend_timeout_ms,
-                                max_bytes=max_bytes).target()
+    @staticmethod
+    def _pull_from_op(addr: str, mq: MessageQueue, offset: int, group: str, max_nums: int, max_bytes: int | None,
+                      sub_expression: str, timeout_s: float, commit_offset: int | None,
+                      suspend_timeout_ms: int | None) -> Op[RawPullResult]:
+        header = PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
+                                      commit_offset=commit_offset, suspend_timeout_ms=suspend_timeout_ms,
+                                      max_bytes=max_bytes)
+        return (yield from call_op("GET", addr, header.target(), f"pull of {mq} at {offset} from {addr}",
+                                   lambda resp, a: rq.parse_pull_raw(resp, a, mq),
+                                   timeout=timeout_s + (suspend_timeout_ms or 0) / 1000))
 
+    @staticmethod
+    def _queue_offset_op(addr: str, kind: str, mq: MessageQueue, timestamp_ms: int | None) -> Op[int]:
+        if kind not in _OFFSET_KINDS:
+            raise ValueError(f"offset kind must be one of {sorted(_OFFSET_KINDS)}, got {kind!r}")
+        if (kind == "search") != (timestamp_ms is not None):
+            raise ValueError("timestamp_ms is needed by, and only by, the 'search' offset kind")
+        return (yield from call_op("GET", addr, rq.offset_target(kind, mq, timestamp_ms=timestamp_ms),
+                                   f"{kind} offset of {mq} from {addr}", rq.parse_offset))
 
-def _offset_url(addr: str, kind: str, mq: MessageQueue, timestamp_ms: int | None) -> str:
-    if kind not in _OFFSET_KINDS:
-        raise ValueError(f"offset kind must be one of {sorted(_OFFSET_KINDS)}, got {kind!r}")
-    if (kind == "search") != (timestamp_ms is not None):
-        raise ValueError("timestamp_ms is needed by, and only by, the 'search' offset kind")
-    return rq.offset_url(addr, kind, mq, timestamp_ms=timestamp_ms)
+    @staticmethod
+    def _commit_offsets_op(addr: str, group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> Op[None]:
+        yield from call_op("POST", addr, "/offset/consumer", f"consumer offset commit to {addr}", rq.json_of,
+                           rq.commit_offsets_body(group, offsets))
 
 
 class BrokerClient(_LowLevelCore):
@@ -252,11 +274,6 @@ class BrokerClient(_LowLevelCore):
 
     # --- routes -------------------------------------------------------------------------------------------
 
-    def _fetch(self, topic: str, refresh: bool) -> None:
-        if self._needs_fetch(topic, refresh):
-            self._inst.update_topic_route_from_nameserver(topic)
-            self._fetched(topic)
-
     def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
         """The topic's route (cached; fetched when absent, stale, or ``refresh``).
 
@@ -271,8 +288,7 @@ class BrokerClient(_LowLevelCore):
             RouteNotFoundError: no route is known (the last nameserver error is in the message).
             ClientClosedError: the client is closed.
         """
-        self._fetch(topic, refresh)
-        return self._cached_route(topic)
+        return self._inst.drive(self._route_op(topic, refresh))
 
     def broker_addrs(self, topic: str, broker_name: str, *, refresh: bool = False) -> dict[int, str]:
         """``{brokerId: addr}`` of one broker group in the topic's route (empty when the group is absent).
@@ -280,8 +296,7 @@ class BrokerClient(_LowLevelCore):
         Raises:
             RouteNotFoundError: no route is known.
         """
-        data = self.route(topic, refresh=refresh).broker_data(broker_name)
-        return dict(data.broker_addrs) if data else {}
+        return self._inst.drive(self._broker_addrs_op(topic, broker_name, refresh))
 
     def publish_info(self, topic: str, *, refresh: bool = False) -> TopicPublishInfo:
         """The topic's writable queues of groups with a master, or the ``TBW102`` route's for a new topic.
@@ -289,8 +304,7 @@ class BrokerClient(_LowLevelCore):
         Raises:
             RouteNotFoundError: neither route has a writable queue with a master.
         """
-        self._fetch(topic, refresh)
-        return self._inst.try_to_find_topic_publish_info(topic)
+        return self._inst.drive(self._publish_info_op(topic, refresh))
 
     def subscribe_queues(self, topic: str, *, refresh: bool = False) -> tuple[MessageQueue, ...]:
         """The topic's readable queues on every group, master or not.
@@ -298,8 +312,7 @@ class BrokerClient(_LowLevelCore):
         Raises:
             RouteNotFoundError: no route is known.
         """
-        self._fetch(topic, refresh)
-        return self._inst.subscribe_queues_or_fetch(topic)
+        return self._inst.drive(self._subscribe_queues_op(topic, refresh))
 
     # --- data path ----------------------------------------------------------------------------------------
 
@@ -327,9 +340,7 @@ class BrokerClient(_LowLevelCore):
             MessageIllegalError: ``queue`` is not a queue of ``topic``.
             RouteNotFoundError: the topic has no writable queue with a master.
         """
-        run = self._attempts(self.publish_info(topic), queue, group=group, timeout_s=timeout_s, retries=retries)
-        mq, reply = send_with_retries(self._inst, run, body, count)
-        return RawSendResult(mq, reply)
+        return self._inst.drive(self._send_op(topic, body, count, group, queue, timeout_s, retries))
 
     def pull_raw(self, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
                  max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
@@ -355,33 +366,8 @@ class BrokerClient(_LowLevelCore):
             TransportError: no member could be reached.
             BrokerError: the broker refused the pull (unknown topic, bad queue id...).
         """
-        plan = self._plan(mq)
-        if plan is None:
-            self._fetch(mq.topic, True)
-            plan = self._plan(mq)
-        if plan is None:
-            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-        timeout = timeout_s + (suspend_timeout_ms or 0) / 1000
-        error: ClientError | None = None
-        refusal: RawPullResult | None = None
-        while (t := plan.next()) is not None:
-            target = _pull_target(mq, offset, group=group, max_nums=max_nums, max_bytes=max_bytes,
-                                  sub_expression=sub_expression, commit_offset=None if t.slave else commit_offset,
-                                  suspend_timeout_ms=suspend_timeout_ms)
-            try:
-                resp = self._inst.exchange("GET", t.addr, target, timeout=timeout)
-            except httpx.HTTPError as e:
-                plan.failed(t, self._inst.clock_ms())
-                error = rq.map_transport_error(e, t.addr, f"pull {mq} from {mq.broker_name}[{t.broker_id}] {t.addr}")
-                continue
-            result = rq.parse_pull_raw(resp, t.addr, mq)
-            if self._answered(plan, t, result, offset):
-                return self._settle(mq, result)
-            refusal = result
-        if refusal is not None:
-            return self._settle(mq, refusal)
-        assert error is not None
-        raise error
+        return self._inst.drive(self._pull_op(mq, offset, group, max_nums, max_bytes, sub_expression, timeout_s,
+                                              commit_offset, suspend_timeout_ms))
 
     def pull_raw_from(self, addr: str, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
                       max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
@@ -397,14 +383,8 @@ class BrokerClient(_LowLevelCore):
             TransportError: no answer (connection refused or timed out).
             BrokerError: the broker answered an error code.
         """
-        target = _pull_target(mq, offset, group=group, max_nums=max_nums, max_bytes=max_bytes,
-                              sub_expression=sub_expression, commit_offset=commit_offset,
-                              suspend_timeout_ms=suspend_timeout_ms)
-        try:
-            resp = self._inst.exchange("GET", addr, target, timeout=timeout_s + (suspend_timeout_ms or 0) / 1000)
-        except httpx.HTTPError as e:
-            raise rq.map_transport_error(e, addr, f"pull of {mq} at {offset} from {addr}") from None
-        return rq.parse_pull_raw(resp, addr, mq)
+        return self._inst.drive(self._pull_from_op(addr, mq, offset, group, max_nums, max_bytes, sub_expression,
+                                                   timeout_s, commit_offset, suspend_timeout_ms))
 
     # --- offsets ------------------------------------------------------------------------------------------
 
@@ -418,11 +398,7 @@ class BrokerClient(_LowLevelCore):
             TransportError: no answer.
             BrokerError: the broker answered an error code.
         """
-        url = _offset_url(addr, kind, mq, timestamp_ms)
-        try:
-            return rq.parse_offset(self._inst.http.get(url), addr)
-        except httpx.HTTPError as e:
-            raise rq.map_transport_error(e, addr, f"{kind} offset of {mq} from {addr}") from None
+        return self._inst.drive(self._queue_offset_op(addr, kind, mq, timestamp_ms))
 
     def commit_offsets(self, addr: str, group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> None:
         """Store ``group``'s consumed offset of each queue on the member at ``addr`` (``POST /offset/consumer``).
@@ -431,11 +407,7 @@ class BrokerClient(_LowLevelCore):
             TransportError: no answer.
             BrokerError: the broker answered an error code.
         """
-        body = rq.commit_offsets_body(group, offsets)
-        try:
-            rq.json_of(self._inst.http.post(f"http://{addr}/offset/consumer", content=body), addr)
-        except httpx.HTTPError as e:
-            raise rq.map_transport_error(e, addr, f"consumer offset commit to {addr}") from None
+        self._inst.drive(self._commit_offsets_op(addr, group, offsets))
 
 
 class AsyncBrokerClient(_LowLevelCore):
@@ -463,100 +435,49 @@ class AsyncBrokerClient(_LowLevelCore):
         """See :meth:`BrokerClient.close`."""
         await self._inst.aclose()
 
-    async def _fetch(self, topic: str, refresh: bool) -> None:
-        if self._needs_fetch(topic, refresh):
-            await self._inst.update_topic_route_from_nameserver(topic)
-            self._fetched(topic)
-
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
         """See :meth:`BrokerClient.route`."""
-        await self._fetch(topic, refresh)
-        return self._cached_route(topic)
+        return await self._inst.drive(self._route_op(topic, refresh))
 
     async def broker_addrs(self, topic: str, broker_name: str, *, refresh: bool = False) -> dict[int, str]:
         """See :meth:`BrokerClient.broker_addrs`."""
-        data = (await self.route(topic, refresh=refresh)).broker_data(broker_name)
-        return dict(data.broker_addrs) if data else {}
+        return await self._inst.drive(self._broker_addrs_op(topic, broker_name, refresh))
 
     async def publish_info(self, topic: str, *, refresh: bool = False) -> TopicPublishInfo:
         """See :meth:`BrokerClient.publish_info`."""
-        await self._fetch(topic, refresh)
-        return await self._inst.try_to_find_topic_publish_info(topic)
+        return await self._inst.drive(self._publish_info_op(topic, refresh))
 
     async def subscribe_queues(self, topic: str, *, refresh: bool = False) -> tuple[MessageQueue, ...]:
         """See :meth:`BrokerClient.subscribe_queues`."""
-        await self._fetch(topic, refresh)
-        return await self._inst.subscribe_queues_or_fetch(topic)
+        return await self._inst.drive(self._subscribe_queues_op(topic, refresh))
 
     async def send_encoded(self, topic: str, body: bytes, count: int, *, group: str,
                            queue: MessageQueue | None = None, timeout_s: float = 3.0, retries: int = 2
                            ) -> RawSendResult:
         """See :meth:`BrokerClient.send_encoded`."""
-        run = self._attempts(await self.publish_info(topic), queue, group=group, timeout_s=timeout_s,
-                             retries=retries)
-        mq, reply = await send_with_retries_async(self._inst, run, body, count)
-        return RawSendResult(mq, reply)
+        return await self._inst.drive(self._send_op(topic, body, count, group, queue, timeout_s, retries))
 
     async def pull_raw(self, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
                        max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
                        commit_offset: int | None = None, suspend_timeout_ms: int | None = None) -> RawPullResult:
         """See :meth:`BrokerClient.pull_raw`."""
-        plan = self._plan(mq)
-        if plan is None:
-            await self._fetch(mq.topic, True)
-            plan = self._plan(mq)
-        if plan is None:
-            raise BrokerNotFoundError(f"The broker[{mq.broker_name}] not exist")
-        timeout = timeout_s + (suspend_timeout_ms or 0) / 1000
-        error: ClientError | None = None
-        refusal: RawPullResult | None = None
-        while (t := plan.next()) is not None:
-            target = _pull_target(mq, offset, group=group, max_nums=max_nums, max_bytes=max_bytes,
-                                  sub_expression=sub_expression, commit_offset=None if t.slave else commit_offset,
-                                  suspend_timeout_ms=suspend_timeout_ms)
-            try:
-                resp = await self._inst.exchange("GET", t.addr, target, timeout=timeout)
-            except httpx.HTTPError as e:
-                plan.failed(t, self._inst.clock_ms())
-                error = rq.map_transport_error(e, t.addr, f"pull {mq} from {mq.broker_name}[{t.broker_id}] {t.addr}")
-                continue
-            result = rq.parse_pull_raw(resp, t.addr, mq)
-            if self._answered(plan, t, result, offset):
-                return self._settle(mq, result)
-            refusal = result
-        if refusal is not None:
-            return self._settle(mq, refusal)
-        assert error is not None
-        raise error
+        return await self._inst.drive(self._pull_op(mq, offset, group, max_nums, max_bytes, sub_expression,
+                                                    timeout_s, commit_offset, suspend_timeout_ms))
 
     async def pull_raw_from(self, addr: str, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
                             max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
                             commit_offset: int | None = None, suspend_timeout_ms: int | None = None
                             ) -> RawPullResult:
         """See :meth:`BrokerClient.pull_raw_from`."""
-        target = _pull_target(mq, offset, group=group, max_nums=max_nums, max_bytes=max_bytes,
-                              sub_expression=sub_expression, commit_offset=commit_offset,
-                              suspend_timeout_ms=suspend_timeout_ms)
-        try:
-            resp = await self._inst.exchange("GET", addr, target,
-                                             timeout=timeout_s + (suspend_timeout_ms or 0) / 1000)
-        except httpx.HTTPError as e:
-            raise rq.map_transport_error(e, addr, f"pull of {mq} at {offset} from {addr}") from None
-        return rq.parse_pull_raw(resp, addr, mq)
+        return await self._inst.drive(self._pull_from_op(addr, mq, offset, group, max_nums, max_bytes,
+                                                         sub_expression, timeout_s, commit_offset,
+                                                         suspend_timeout_ms))
 
     async def queue_offset(self, addr: str, kind: str, mq: MessageQueue, *, timestamp_ms: int | None = None
                            ) -> int:
         """See :meth:`BrokerClient.queue_offset`."""
-        url = _offset_url(addr, kind, mq, timestamp_ms)
-        try:
-            return rq.parse_offset(await self._inst.http.get(url), addr)
-        except httpx.HTTPError as e:
-            raise rq.map_transport_error(e, addr, f"{kind} offset of {mq} from {addr}") from None
+        return await self._inst.drive(self._queue_offset_op(addr, kind, mq, timestamp_ms))
 
     async def commit_offsets(self, addr: str, group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> None:
         """See :meth:`BrokerClient.commit_offsets`."""
-        body = rq.commit_offsets_body(group, offsets)
-        try:
-            rq.json_of(await self._inst.http.post(f"http://{addr}/offset/consumer", content=body), addr)
-        except httpx.HTTPError as e:
-            raise rq.map_transport_error(e, addr, f"consumer offset commit to {addr}") from None
+        await self._inst.drive(self._commit_offsets_op(addr, group, offsets))
