@@ -25,7 +25,7 @@ import select
 import socket
 import threading
 from collections import deque
-from typing import cast
+from typing import Generic, Protocol, TypeVar, cast
 
 import httpx
 
@@ -201,6 +201,62 @@ def _retry_or_raise(e: _Incomplete, reused: bool, attempt: int, origin: tuple[st
     ) from None
 
 
+class _Conn(Protocol):
+    def is_stale(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Conn)
+
+
+class _HostPool(Generic[C]):
+    """The connections of one ``host:port``: idle ones (newest reused first, at most ``max_idle``) and the count
+    of open ones, at most ``max_connections``. Pure accounting; each transport adds its way of waiting for a
+    free slot (a Condition, or futures on the loop)."""
+
+    def __init__(self, max_connections: int, max_idle: int) -> None:
+        self.idle: deque[C] = deque()
+        self.open_count = 0
+        self.max_connections = max_connections
+        self.max_idle = max_idle
+
+    def reuse(self) -> C | None:
+        """An idle connection still usable, or None; stale ones are closed on the way."""
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.is_stale():
+                return conn
+            self.open_count -= 1
+            conn.close()
+        return None
+
+    def reserve(self) -> bool:
+        """Count a new connection in; False when ``max_connections`` are open (the caller waits)."""
+        if self.open_count < self.max_connections:
+            self.open_count += 1
+            return True
+        return False
+
+    def release(self) -> None:
+        """A reserved connection could not be opened."""
+        self.open_count -= 1
+
+    def put_back(self, conn: C, reusable: bool) -> None:
+        """A request on ``conn`` ended: keep it idle when ``reusable`` and there is room, else close it."""
+        if reusable and len(self.idle) < self.max_idle:
+            self.idle.append(conn)
+        else:
+            self.open_count -= 1
+            conn.close()
+
+    def close_idle(self) -> None:
+        """Close every idle connection (the transport is closing)."""
+        while self.idle:
+            self.idle.pop().close()
+            self.open_count -= 1
+
+
 # --- sync ------------------------------------------------------------------------------------------------
 
 
@@ -255,12 +311,9 @@ class _SyncConnection:
                 return parser
 
 
-class _SyncHostPool:
+class _SyncHostPool(_HostPool[_SyncConnection]):
     def __init__(self, max_connections: int, max_idle: int) -> None:
-        self.idle: deque[_SyncConnection] = deque()
-        self.open_count = 0
-        self.max_connections = max_connections
-        self.max_idle = max_idle
+        super().__init__(max_connections, max_idle)
         self.cond = threading.Condition()
 
 
@@ -292,14 +345,10 @@ class SyncTransport(httpx.BaseTransport):
             while True:
                 if self._closed:
                     raise httpx.ConnectError("transport is closed")
-                while pool.idle:
-                    conn = pool.idle.pop()
-                    if not conn.is_stale():
-                        return conn, True
-                    pool.open_count -= 1
-                    conn.close()
-                if pool.open_count < pool.max_connections:
-                    pool.open_count += 1
+                conn = pool.reuse()
+                if conn is not None:
+                    return conn, True
+                if pool.reserve():
                     break
                 if not pool.cond.wait(pool_t):
                     raise httpx.PoolTimeout(
@@ -319,16 +368,12 @@ class SyncTransport(httpx.BaseTransport):
 
     def _release_slot(self, pool: _SyncHostPool) -> None:
         with pool.cond:
-            pool.open_count -= 1
+            pool.release()
             pool.cond.notify()
 
     def _put_back(self, pool: _SyncHostPool, conn: _SyncConnection, reusable: bool) -> None:
         with pool.cond:
-            if reusable and not self._closed and len(pool.idle) < pool.max_idle:
-                pool.idle.append(conn)
-            else:
-                pool.open_count -= 1
-                conn.close()
+            pool.put_back(conn, reusable and not self._closed)
             pool.cond.notify()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -380,9 +425,7 @@ class SyncTransport(httpx.BaseTransport):
             pools = list(self._pools.values())
         for pool in pools:
             with pool.cond:
-                while pool.idle:
-                    pool.idle.pop().close()
-                    pool.open_count -= 1
+                pool.close_idle()
                 pool.cond.notify_all()
 
 
@@ -427,6 +470,9 @@ class _AsyncConnection(asyncio.Protocol):
             else:
                 waiter.set_exception(_Incomplete(self.got_bytes))
 
+    def is_stale(self) -> bool:
+        return self.closed
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
@@ -459,12 +505,9 @@ def _expire(waiter: asyncio.Future[None], read_t: float) -> None:
         waiter.set_exception(httpx.ReadTimeout(f"no response within the read timeout ({read_t} s)"))
 
 
-class _AsyncHostPool:
+class _AsyncHostPool(_HostPool[_AsyncConnection]):
     def __init__(self, max_connections: int, max_idle: int) -> None:
-        self.idle: deque[_AsyncConnection] = deque()
-        self.open_count = 0
-        self.max_connections = max_connections
-        self.max_idle = max_idle
+        super().__init__(max_connections, max_idle)
         self.waiters: deque[asyncio.Future[None]] = deque()
 
 
@@ -477,23 +520,23 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         self._max_idle = max_idle_per_host
         self._closed = False
 
-    async def _acquire(self, origin: tuple[str, int], timeouts: Timeouts
-                       ) -> tuple[_AsyncConnection, _AsyncHostPool, bool]:
-        connect_t, _, _, pool_t = timeouts
+    def _pool(self, origin: tuple[str, int]) -> _AsyncHostPool:
         pool = self._pools.get(origin)
         if pool is None:
             pool = self._pools[origin] = _AsyncHostPool(self._max_conn, self._max_idle)
+        return pool
+
+    async def _acquire(self, pool: _AsyncHostPool, origin: tuple[str, int], timeouts: Timeouts
+                       ) -> tuple[_AsyncConnection, bool]:
+        connect_t, _, _, pool_t = timeouts
         loop = asyncio.get_running_loop()
         while True:
             if self._closed:
                 raise httpx.ConnectError("transport is closed")
-            while pool.idle:
-                conn = pool.idle.pop()
-                if not conn.closed:
-                    return conn, pool, True
-                pool.open_count -= 1
-            if pool.open_count < pool.max_connections:
-                pool.open_count += 1
+            conn = pool.reuse()
+            if conn is not None:
+                return conn, True
+            if pool.reserve():
                 break
             fut: asyncio.Future[None] = loop.create_future()
             pool.waiters.append(fut)
@@ -508,7 +551,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 with contextlib.suppress(ValueError):
                     pool.waiters.remove(fut)
         try:
-            _, conn = await asyncio.wait_for(
+            _, new = await asyncio.wait_for(
                 loop.create_connection(lambda: _AsyncConnection(loop), origin[0], origin[1]), connect_t
             )
         except TimeoutError:
@@ -520,7 +563,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self._release_slot(pool)
             raise
-        return conn, pool, False
+        return new, False
 
     @staticmethod
     def _wake_one(pool: _AsyncHostPool) -> None:
@@ -531,15 +574,11 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 return
 
     def _release_slot(self, pool: _AsyncHostPool) -> None:
-        pool.open_count -= 1
+        pool.release()
         self._wake_one(pool)
 
     def _put_back(self, pool: _AsyncHostPool, conn: _AsyncConnection, reusable: bool) -> None:
-        if reusable and not conn.closed and not self._closed and len(pool.idle) < pool.max_idle:
-            pool.idle.append(conn)
-        else:
-            pool.open_count -= 1
-            conn.close()
+        pool.put_back(conn, reusable and not conn.closed and not self._closed)
         self._wake_one(pool)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -558,8 +597,9 @@ class AsyncTransport(httpx.AsyncBaseTransport):
 
     async def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
                         no_body: bool) -> _ResponseParser:
+        pool = self._pool(origin)
         for attempt in range(2):
-            conn, pool, reused = await self._acquire(origin, timeouts)
+            conn, reused = await self._acquire(pool, origin, timeouts)
             try:
                 parser = await conn.roundtrip(head, body, timeouts, no_body)
             except _Incomplete as e:
@@ -576,9 +616,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         self._closed = True
         for pool in self._pools.values():
-            while pool.idle:
-                pool.idle.pop().close()
-                pool.open_count -= 1
+            pool.close_idle()
             while pool.waiters:
                 fut = pool.waiters.popleft()
                 if not fut.done():
