@@ -377,6 +377,7 @@ class SyncTransport(httpx.BaseTransport):
             pool.cond.notify()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` and read the whole response (httpx's transport interface)."""
         origin = _origin(request)
         body = request.read()
         head = _encode_head(request, len(body))
@@ -420,6 +421,7 @@ class SyncTransport(httpx.BaseTransport):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        """Close idle connections and refuse new requests; requests in flight finish."""
         self._closed = True
         with self._lock:
             pools = list(self._pools.values())
@@ -582,11 +584,12 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         self._wake_one(pool)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """See :meth:`SyncTransport.handle_request`."""
         origin = _origin(request)
         body = await request.aread()
         head = _encode_head(request, len(body))
-        parser = await self._exchange(origin, head, body, _timeouts(request), request.method == "HEAD")
-        return parser.response(request)
+        return (await self._exchange(origin, head, body, _timeouts(request), request.method == "HEAD")
+                ).response(request)
 
     async def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
                        timeout: float | None) -> RawResponse:
@@ -614,6 +617,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
+        """See :meth:`SyncTransport.close`."""
         self._closed = True
         for pool in self._pools.values():
             pool.close_idle()
