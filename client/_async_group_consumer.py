@@ -17,14 +17,13 @@ from typing import Any
 import attrs
 import httpx
 
-from client._consume_core import GroupConsumerConfig, GroupCore, next_pull_delay_s
+from client._consume_core import GroupConsumerConfig, GroupCore, consume_timestamp_ms
 from client._consumer import AsyncPullConsumer
 from client._group_consumer import consumer_ids_url, id_query_addrs, parse_consumer_ids
 from client._instance import AsyncClientInstance, ClientConfig, ClientState
 from client._offset_store import LocalFileOffsetStore
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset
 from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
-from client.protocol.codes import PullStatus
 from client.protocol.message import MessageExt, MessageQueue
 
 __all__ = ["AsyncGroupConsumer"]
@@ -59,10 +58,12 @@ class AsyncGroupConsumer:
 
     @property
     def group(self) -> str:
+        """The consumer group."""
         return self.config.group
 
     @property
     def state(self) -> ClientState:
+        """UNOPENED until ``start``, then OPENED, then CLOSED."""
         return self._state
 
     def _open(self) -> tuple[AsyncClientInstance, AsyncPullConsumer]:
@@ -72,9 +73,16 @@ class AsyncGroupConsumer:
 
     @property
     def client(self) -> AsyncClientInstance:
+        """The client instance this consumer uses."""
         return self._open()[0]
 
+    @property
+    def pull_consumer(self) -> AsyncPullConsumer:
+        """The pull machinery underneath (``pull_from_which_node_table`` and friends)."""
+        return self._open()[1]
+
     async def start(self) -> AsyncGroupConsumer:
+        """See :meth:`client.GroupConsumer.start`."""
         if self._state is ClientState.CLOSED:
             raise ClientClosedError(f"consumer {self.group} is closed; create a new one")
         if self._state is ClientState.OPENED:
@@ -123,21 +131,29 @@ class AsyncGroupConsumer:
     # --- subscription ---
 
     def subscribe(self, topic: str, sub_expression: str = "*") -> None:
+        """See :meth:`client.GroupConsumer.subscribe`."""
         self.core.subscribe(topic, sub_expression)
         if self._state is ClientState.OPENED:
             self.client.consumer_uses_topic(self.group, topic)
             self._wake.set()
 
     def unsubscribe(self, topic: str) -> None:
+        """See :meth:`client.GroupConsumer.unsubscribe`."""
         self.core.unsubscribe(topic)
         self._wake.set()
 
     def assign(self, queues: Iterable[MessageQueue]) -> None:
+        """See :meth:`client.GroupConsumer.assign`."""
         self.core.assign(queues)
         self._wake.set()
 
     def assignment(self) -> set[MessageQueue]:
+        """See :meth:`client.GroupConsumer.assignment`."""
         return self.core.held()
+
+    async def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        """See :meth:`client.GroupConsumer.fetch_message_queues`."""
+        return await self._open()[1].fetch_subscribe_message_queues(topic)
 
     # --- background ---
 
@@ -229,8 +245,7 @@ class AsyncGroupConsumer:
             return plan.offset
         if plan.kind == "max":
             return await puller.max_offset(mq)
-        ts = self.config.consume_timestamp_ms or int(time.time() * 1000) - 30 * 60 * 1000
-        return await puller.search_offset(mq, ts)
+        return await puller.search_offset(mq, consume_timestamp_ms(self.config, int(time.time() * 1000)))
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
         cfg = self.config
@@ -256,18 +271,11 @@ class AsyncGroupConsumer:
         began = time.monotonic()
         r = await puller.pull(pq.mq, offset, cfg.pull_batch_size, self.core.filter_of(pq.mq.topic).expression,
                               suspend_timeout_s=cfg.pull_suspend_s or None)
-        if r.pull_status is PullStatus.FOUND:
-            added = self.core.on_pulled(pq, gen, r.msg_found_list, r.next_begin_offset, self.group)
+        added, delay = self.core.after_pull(pq, gen, offset, r, time.monotonic() - began, self.group)
+        if added:
             self.core.offer(pq, gen, added)
-            if added:
-                self._avail.set()
-            return 0.0
-        if r.pull_status is PullStatus.OFFSET_ILLEGAL:
-            if self.core.live(pq, gen):
-                self.core.reset_queue(pq, r.next_begin_offset)
-            return 0.0
-        self.core.on_pulled(pq, gen, [], r.next_begin_offset, self.group)
-        return next_pull_delay_s(r, offset, time.monotonic() - began, cfg)
+            self._avail.set()
+        return delay
 
     # --- consuming ---
 
@@ -344,15 +352,23 @@ class AsyncGroupConsumer:
             raise InvalidParameterError(f"seek offset {offset!r} of {mq} is outside [{lo}, {hi}]")
         self.core.reset_queue(pq, offset)
 
+    async def committed(self, mq: MessageQueue) -> int:
+        """See :meth:`client.GroupConsumer.committed`."""
+        return await self._open()[1].fetch_consume_offset(mq)
+
     async def seek_to_begin(self, mq: MessageQueue) -> None:
+        """See :meth:`client.GroupConsumer.seek_to_begin`."""
         await self.seek(mq, await self._open()[1].min_offset(mq))
 
     async def seek_to_end(self, mq: MessageQueue) -> None:
+        """See :meth:`client.GroupConsumer.seek_to_end`."""
         await self.seek(mq, await self._open()[1].max_offset(mq))
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
+        """See :meth:`client.GroupConsumer.pause`."""
         self.core.set_paused(queues, True)
 
     def resume(self, queues: Iterable[MessageQueue]) -> None:
+        """See :meth:`client.GroupConsumer.resume`."""
         self.core.set_paused(queues, False)
         self._avail.set()

@@ -12,6 +12,7 @@ still be processing; a crash re-delivers it instead (at least once, as RocketMQ'
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -34,7 +35,9 @@ from client.protocol.codes import PullStatus
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.properties import validate_group, validate_topic
 
-__all__ = ["GroupConsumerConfig", "GroupCore", "PulledBatch", "next_pull_delay_s"]
+__all__ = ["GroupConsumerConfig", "GroupCore", "PulledBatch", "consume_timestamp_ms", "next_pull_delay_s"]
+
+log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 #: The least wait before pulling a queue again after an answer without messages that the broker did not hold
@@ -230,6 +233,27 @@ class GroupCore:
             self.stash.pop(pq.mq, None)
             self.offsets.update(pq.mq, offset, increase_only=False)
 
+    def after_pull(self, pq: ProcessQueue, generation: int, offset: int, result: PullResult, held_s: float,
+                   group: str) -> tuple[list[MessageExt], float]:
+        """Record the answer to a pull of ``pq`` at ``offset`` that took ``held_s`` (both engines, sync and async).
+
+        Returns:
+            The messages to deliver (tags re-checked, retry topic restored), and how long the queue waits before
+            its next pull (:func:`next_pull_delay_s`).
+        """
+        status = result.pull_status
+        if status is PullStatus.FOUND:
+            return self.on_pulled(pq, generation, result.msg_found_list, result.next_begin_offset, group), 0.0
+        if status is PullStatus.OFFSET_ILLEGAL:
+            log.warning("%s: offset %d of %s is illegal (min %d max %d); moving to %d", group, offset, pq.mq,
+                        result.min_offset, result.max_offset, result.next_begin_offset)
+            with self.lock:
+                if self.live(pq, generation):
+                    self.reset_queue(pq, result.next_begin_offset)
+            return [], 0.0
+        self.on_pulled(pq, generation, [], result.next_begin_offset, group)
+        return [], next_pull_delay_s(result, offset, held_s, self.config)
+
     def consumed(self, pq: ProcessQueue, msgs: Sequence[MessageExt], generation: int | None = None) -> None:
         """``msgs`` of ``pq`` are consumed: advance its offset to the smallest still in flight."""
         with self.lock:
@@ -321,6 +345,13 @@ def next_pull_delay_s(result: PullResult, requested_offset: int, held_s: float, 
     if status is PullStatus.NO_NEW_MSG and held_s < config.pull_suspend_s / 2:
         return NO_NEW_MIN_DELAY_S
     return 0.0
+
+
+def consume_timestamp_ms(config: GroupConsumerConfig, now_ms: int) -> int:
+    """Where a group that never committed starts under TIMESTAMP: ``consume_timestamp_ms``, else 30 minutes
+    before now (RocketMQ's ``consumeTimestamp`` default)."""
+    ts = config.consume_timestamp_ms
+    return now_ms - 30 * 60 * 1000 if ts is None else ts
 
 
 def run_quietly(fn: Callable[[], Any], what: str, log: Any) -> bool:

@@ -30,7 +30,7 @@ import attrs
 import httpx
 
 from client import _requests as rq
-from client._consume_core import GroupConsumerConfig, GroupCore, next_pull_delay_s, run_quietly
+from client._consume_core import GroupConsumerConfig, GroupCore, consume_timestamp_ms, run_quietly
 from client._consumer import PullConsumer
 from client._instance import ClientConfig, ClientInstance, ClientState
 from client._offset_store import LocalFileOffsetStore
@@ -438,10 +438,7 @@ class SyncEngine:
             return plan.offset
         if plan.kind == "max":
             return puller.max_offset(mq)
-        ts = self.config.consume_timestamp_ms
-        if ts is None:
-            ts = int(time.time() * 1000) - 30 * 60 * 1000
-        return puller.search_offset(mq, ts)
+        return puller.search_offset(mq, consume_timestamp_ms(self.config, int(time.time() * 1000)))
 
     # --- offsets ---
 
@@ -525,18 +522,10 @@ class SyncEngine:
             return 0.0  # closed while the pull was parked: its answer is dropped, nothing is delivered
         if r.pull_status is PullStatus.FOUND:
             self.pulled_messages += len(r.msg_found_list)
-            added = core.on_pulled(pq, gen, r.msg_found_list, r.next_begin_offset, self.group)
-            if added:
-                self._deliver(pq, gen, added)
-            return 0.0
-        if r.pull_status is PullStatus.OFFSET_ILLEGAL:
-            log.warning("%s: offset %d of %s is illegal (min %d max %d); moving to %d", self.group, offset, pq.mq,
-                        r.min_offset, r.max_offset, r.next_begin_offset)
-            if core.live(pq, gen):
-                core.reset_queue(pq, r.next_begin_offset)
-            return 0.0
-        core.on_pulled(pq, gen, [], r.next_begin_offset, self.group)
-        return next_pull_delay_s(r, offset, time.monotonic() - began, cfg)
+        added, delay = core.after_pull(pq, gen, offset, r, time.monotonic() - began, self.group)
+        if added:
+            self._deliver(pq, gen, added)
+        return delay
 
 
 class GroupConsumer:
@@ -568,10 +557,12 @@ class GroupConsumer:
 
     @property
     def group(self) -> str:
+        """The consumer group."""
         return self.config.group
 
     @property
     def state(self) -> ClientState:
+        """UNOPENED until ``start``, then OPENED, then CLOSED."""
         return self._engine.state
 
     @property
@@ -616,6 +607,7 @@ class GroupConsumer:
             self._engine.wake_rebalance()
 
     def unsubscribe(self, topic: str) -> None:
+        """Stop consuming ``topic``; its queues are handed over at the next rebalance (now)."""
         self._engine.core.unsubscribe(topic)
         self._engine.wake_rebalance()
 
@@ -707,9 +699,11 @@ class GroupConsumer:
         self._engine.core.reset_queue(pq, offset)
 
     def seek_to_begin(self, mq: MessageQueue) -> None:
+        """Next ``poll`` of ``mq`` starts at its smallest stored offset."""
         self.seek(mq, self.pull_consumer.min_offset(mq))
 
     def seek_to_end(self, mq: MessageQueue) -> None:
+        """Next ``poll`` of ``mq`` starts after its last stored message."""
         self.seek(mq, self.pull_consumer.max_offset(mq))
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
@@ -717,6 +711,7 @@ class GroupConsumer:
         self._engine.core.set_paused(queues, True)
 
     def resume(self, queues: Iterable[MessageQueue]) -> None:
+        """Pull and return ``queues`` again (what was pulled before the pause comes first)."""
         self._engine.core.set_paused(queues, False)
         with self._avail:
             self._avail.notify_all()
