@@ -7,7 +7,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from client._consume_core import GroupConsumerConfig, GroupCore
+from client._consume_core import GroupConsumerConfig, GroupCore, consume_timestamp_ms
 from client._offset_store import LocalFileOffsetStore, OffsetTable
 from client._push_consumer import (
     ConsumeStatus,
@@ -25,6 +25,8 @@ from client._rebalance import (
     plan_start_offset,
     restore_retry_topic,
 )
+from client._requests import PullResult
+from client.protocol.codes import PullStatus
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.properties import MAX_RECONSUME_TIMES, ORIGIN_MESSAGE_ID, RECONSUME_TIME, RETRY_TOPIC
 
@@ -125,6 +127,31 @@ def test_plan_start_offset(where: ConsumeFromWhere, committed: int, topic: str, 
 def test_plan_start_offset_refuses_read_errors() -> None:
     with pytest.raises(ValueError, match="-2"):
         plan_start_offset(ConsumeFromWhere.LAST_OFFSET, -2, "T")
+
+
+@pytest.mark.parametrize(("configured", "start"), [(None, 10_000_000 - 30 * 60 * 1000), (0, 0), (1234, 1234)])
+def test_consume_timestamp(configured: int | None, start: int) -> None:
+    # Both consumers read it here; the async one read 0 as "30 minutes ago".
+    cfg = GroupConsumerConfig("g", consume_from_where="TIMESTAMP", consume_timestamp_ms=configured)
+    assert consume_timestamp_ms(cfg, 10_000_000) == start
+
+
+def test_after_pull_is_the_answer_of_both_engines() -> None:
+    core = GroupCore(GroupConsumerConfig("g", pull_suspend_s=0, pull_delay_on_error_s=2.0))
+    mq = MessageQueue("T", "broker-a", 0)
+    pq = core.add_queue(mq, 5)
+    assert pq is not None
+    found = PullResult(PullStatus.FOUND, 7, 0, 7, [msg(5), msg(6)], 0, 0)
+    added, delay = core.after_pull(pq, pq.generation, 5, found, 0.0, "g")
+    assert [m.queue_offset for m in added] == [5, 6] and delay == 0.0 and pq.next_pull_offset == 7
+    illegal = PullResult(PullStatus.OFFSET_ILLEGAL, 3, 3, 9, [], 0, 0)
+    assert core.after_pull(pq, pq.generation, 7, illegal, 0.0, "g") == ([], 0.0)
+    assert pq.next_pull_offset == 3
+    refused = PullResult(PullStatus.NO_MATCHED_MSG, 3, 0, 9, [], 0, 1)  # a slave sends the pull to the master
+    assert core.after_pull(pq, pq.generation, 3, refused, 0.0, "g") == ([], 2.0)
+    stale = pq.generation
+    core.reset_queue(pq, 0)
+    assert core.after_pull(pq, stale, 0, found, 0.0, "g") == ([], 0.0)  # an answer to a pull before the reset
 
 
 # --- ProcessQueue ------------------------------------------------------------------------------------------

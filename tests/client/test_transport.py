@@ -244,7 +244,8 @@ def test_exchange_failures_are_httpx_errors(server: TinyServer, refused_addr: st
     t = SyncTransport()
     host, port = server.addr.split(":")
     with pytest.raises(httpx.ConnectError):
-        t.exchange("GET", *refused_addr.split(":")[:1], int(refused_addr.split(":")[1]), "/x", timeout=2.0)
+        refused_host, refused_port = refused_addr.split(":")
+        t.exchange("GET", refused_host, int(refused_port), "/x", timeout=2.0)
     started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
         t.exchange("GET", host, int(port), "/block", timeout=0.3)
@@ -287,3 +288,48 @@ def test_split_addr() -> None:
     assert split_addr("localhost") == ("localhost", 80)
     with pytest.raises(httpx.ConnectError, match="not host:port"):
         split_addr("host:port")
+
+
+class _Conn:
+    def __init__(self, name: str, stale: bool = False) -> None:
+        self.name, self.stale, self.closed = name, stale, False
+
+    def is_stale(self) -> bool:
+        return self.stale
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_host_pool_accounting() -> None:
+    """The one place both transports count connections: slots up to the bound, newest idle reused first,
+    stale idle ones closed on the way, at most max_idle kept, a failed open gives its slot back."""
+    from client._transport import _HostPool
+
+    pool: _HostPool[_Conn] = _HostPool(max_connections=2, max_idle=1)
+    assert pool.reuse() is None
+    assert pool.reserve() and pool.reserve() and not pool.reserve()  # the third caller waits
+    a, b = _Conn("a"), _Conn("b")
+    pool.put_back(a, reusable=True)
+    pool.put_back(b, reusable=True)  # no room: max_idle=1
+    assert b.closed and not a.closed and pool.open_count == 1
+    assert pool.reuse() is a and pool.open_count == 1
+    pool.put_back(a, reusable=False)  # Connection: close
+    assert a.closed and pool.open_count == 0
+    assert pool.reserve()
+    pool.release()  # the connect failed
+    assert pool.open_count == 0
+    old, new = _Conn("old", stale=True), _Conn("new")
+    assert pool.reserve() and pool.reserve()
+    pool.max_idle = 2
+    pool.put_back(old, reusable=True)
+    pool.put_back(new, reusable=True)
+    assert pool.reuse() is new  # newest first
+    new.stale = True
+    pool.put_back(new, reusable=True)
+    assert pool.reuse() is None and old.closed and new.closed and pool.open_count == 0
+    c = _Conn("c")
+    assert pool.reserve()
+    pool.put_back(c, reusable=True)
+    pool.close_idle()
+    assert c.closed and pool.open_count == 0 and not pool.idle
