@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeVar
 import attrs
 import httpx
 
-from client._transport import RawResponse
+from client._http11 import RawResponse
 from client.errors import (
     BrokerConnectError,
     BrokerError,

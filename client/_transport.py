@@ -25,237 +25,27 @@ import select
 import socket
 import threading
 from collections import deque
-from typing import Generic, Protocol, TypeVar, cast
+from typing import cast
 
 import httpx
 
+from client._http11 import (
+    HostPool,
+    Incomplete,
+    RawResponse,
+    ResponseParser,
+    Timeouts,
+    check_target,
+    encode_head,
+    origin_of,
+    raw_head,
+    retry_or_raise,
+    timeouts_of,
+)
+
 __all__ = ["AsyncTransport", "RawResponse", "SyncTransport"]
 
-_CRLF2 = b"\r\n\r\n"
-_MAX_HEAD_BYTES = 64 * 1024
 _RECV_SIZE = 256 * 1024
-_NO_BODY_STATUS = frozenset({204, 304})
-
-
-class RawResponse:
-    """What :meth:`SyncTransport.exchange` answers: the status and the whole body (no httpx objects).
-
-    It has the two attributes of ``httpx.Response`` the SDK's data path reads, so one parser serves both.
-    """
-
-    __slots__ = ("content", "headers", "status_code")
-
-    def __init__(self, status_code: int, content: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status_code = status_code
-        self.content = content
-        self.headers = headers
-
-
-class _Incomplete(Exception):
-    """The connection ended before a full response (``got_bytes`` says whether any byte arrived)."""
-
-    def __init__(self, got_bytes: bool) -> None:
-        super().__init__("server disconnected without sending a complete response")
-        self.got_bytes = got_bytes
-
-
-class _ResponseParser:
-    """Incremental parser of one HTTP/1.1 response; ``feed`` until it returns True."""
-
-    __slots__ = ("body_len", "buf", "head_end", "headers", "keep_alive", "no_body", "status", "until_close")
-
-    def __init__(self, *, no_body: bool = False) -> None:
-        self.buf = bytearray()
-        self.head_end = -1
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.body_len = -1
-        self.keep_alive = True
-        self.no_body = no_body
-        self.until_close = False
-
-    def feed(self, data: bytes) -> bool:
-        self.buf += data
-        if self.head_end < 0:
-            end = self.buf.find(_CRLF2)
-            if end < 0:
-                if len(self.buf) > _MAX_HEAD_BYTES:
-                    raise httpx.RemoteProtocolError(f"response head longer than {_MAX_HEAD_BYTES} bytes")
-                return False
-            self._parse_head(end)
-        if self.until_close:
-            return False
-        return len(self.buf) - self.head_end >= self.body_len
-
-    def _parse_head(self, end: int) -> None:
-        lines = bytes(self.buf[:end]).split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:80]!r}")
-        try:
-            self.status = int(parts[1])
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:80]!r}") from None
-        length = -1
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise httpx.RemoteProtocolError(f"malformed header line {line[:80]!r}")
-            value = value.strip()
-            lname = name.strip().lower()
-            if lname == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise httpx.RemoteProtocolError(f"bad Content-Length {value[:40]!r}") from None
-            elif lname == b"transfer-encoding" and value.lower() != b"identity":
-                raise httpx.RemoteProtocolError(f"unsupported Transfer-Encoding {value[:40]!r}")
-            elif lname == b"connection" and value.lower() == b"close":
-                self.keep_alive = False
-            self.headers.append((name.strip(), value))
-        if parts[0] == b"HTTP/1.0":
-            self.keep_alive = False
-        self.head_end = end + 4
-        if self.no_body or self.status in _NO_BODY_STATUS or 100 <= self.status < 200:
-            self.body_len = 0
-        elif length >= 0:
-            self.body_len = length
-        else:
-            self.until_close = True
-            self.keep_alive = False
-
-    def finish_at_eof(self) -> bool:
-        """The server closed: complete only for a read-until-close body."""
-        if self.until_close and self.head_end >= 0:
-            self.body_len = len(self.buf) - self.head_end
-            self.until_close = False
-            return True
-        return False
-
-    def body(self) -> bytes:
-        if len(self.buf) - self.head_end > self.body_len:
-            raise httpx.RemoteProtocolError("server sent more bytes than its Content-Length")
-        return bytes(memoryview(self.buf)[self.head_end : self.head_end + self.body_len])
-
-    def raw(self) -> RawResponse:
-        return RawResponse(self.status, self.body(), self.headers)
-
-    def response(self, request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            self.status, headers=self.headers, content=self.body(), request=request,
-            extensions={"http_version": b"HTTP/1.1"},
-        )
-
-
-def _encode_head(request: httpx.Request, body_len: int) -> bytes:
-    url = request.url
-    target = url.raw_path
-    lines = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
-    has_length = False
-    for name, value in request.headers.raw:
-        if name.lower() == b"content-length":
-            has_length = True
-        elif name.lower() == b"transfer-encoding":
-            continue
-        lines += (name, b": ", value, b"\r\n")
-    if not has_length and (body_len or request.method in ("POST", "PUT", "PATCH")):
-        lines += (b"Content-Length: ", str(body_len).encode(), b"\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines)
-
-
-Timeouts = tuple[float | None, float | None, float | None, float | None]
-"""``(connect, read, write, pool)`` seconds; None waits without bound."""
-
-
-def _timeouts(request: httpx.Request) -> Timeouts:
-    t = request.extensions.get("timeout") or {}
-    return t.get("connect"), t.get("read"), t.get("write"), t.get("pool")
-
-
-def _raw_head(method: str, host: str, port: int, target: str, body_len: int) -> bytes:
-    """The request head of :meth:`SyncTransport.exchange`: what the servers read, nothing more."""
-    length = f"Content-Length: {body_len}\r\n" if body_len or method == "POST" else ""
-    return f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\n{length}\r\n".encode("latin-1")
-
-
-def _check_target(target: str) -> None:
-    if not target.startswith("/") or not target.isprintable() or " " in target or not target.isascii():
-        raise httpx.UnsupportedProtocol(f"request target {target[:80]!r} must be an ASCII path without spaces")
-
-
-def _origin(request: httpx.Request) -> tuple[str, int]:
-    url = request.url
-    if url.scheme != "http":
-        raise httpx.UnsupportedProtocol(f"the SplitMQ transport speaks plain http, not {url.scheme!r}")
-    return url.host, url.port or 80
-
-
-def _retry_or_raise(e: _Incomplete, reused: bool, attempt: int, origin: tuple[str, int]) -> None:
-    """Return when the request may go again on a new connection: the server closed an idle keep-alive
-    connection under us before answering anything (first attempt only); else raise."""
-    if reused and not e.got_bytes and attempt == 0:
-        return
-    raise httpx.RemoteProtocolError(
-        f"{origin[0]}:{origin[1]} closed the connection without a complete response"
-    ) from None
-
-
-class _Conn(Protocol):
-    def is_stale(self) -> bool: ...
-
-    def close(self) -> None: ...
-
-
-C = TypeVar("C", bound=_Conn)
-
-
-class _HostPool(Generic[C]):
-    """The connections of one ``host:port``: idle ones (newest reused first, at most ``max_idle``) and the count
-    of open ones, at most ``max_connections``. Pure accounting; each transport adds its way of waiting for a
-    free slot (a Condition, or futures on the loop)."""
-
-    def __init__(self, max_connections: int, max_idle: int) -> None:
-        self.idle: deque[C] = deque()
-        self.open_count = 0
-        self.max_connections = max_connections
-        self.max_idle = max_idle
-
-    def reuse(self) -> C | None:
-        """An idle connection still usable, or None; stale ones are closed on the way."""
-        while self.idle:
-            conn = self.idle.pop()
-            if not conn.is_stale():
-                return conn
-            self.open_count -= 1
-            conn.close()
-        return None
-
-    def reserve(self) -> bool:
-        """Count a new connection in; False when ``max_connections`` are open (the caller waits)."""
-        if self.open_count < self.max_connections:
-            self.open_count += 1
-            return True
-        return False
-
-    def release(self) -> None:
-        """A reserved connection could not be opened."""
-        self.open_count -= 1
-
-    def put_back(self, conn: C, reusable: bool) -> None:
-        """A request on ``conn`` ended: keep it idle when ``reusable`` and there is room, else close it."""
-        if reusable and len(self.idle) < self.max_idle:
-            self.idle.append(conn)
-        else:
-            self.open_count -= 1
-            conn.close()
-
-    def close_idle(self) -> None:
-        """Close every idle connection (the transport is closing)."""
-        while self.idle:
-            self.idle.pop().close()
-            self.open_count -= 1
-
 
 # --- sync ------------------------------------------------------------------------------------------------
 
@@ -278,7 +68,7 @@ class _SyncConnection:
         with contextlib.suppress(OSError):
             self.sock.close()
 
-    def roundtrip(self, head: bytes, body: bytes, timeouts: Timeouts, no_body: bool) -> _ResponseParser:
+    def roundtrip(self, head: bytes, body: bytes, timeouts: Timeouts, no_body: bool) -> ResponseParser:
         _, read_t, write_t, _ = timeouts
         sock = self.sock
         try:
@@ -291,8 +81,8 @@ class _SyncConnection:
         except TimeoutError:
             raise httpx.WriteTimeout("timed out sending the request") from None
         except OSError:
-            raise _Incomplete(got_bytes=False) from None
-        parser = _ResponseParser(no_body=no_body)
+            raise Incomplete(got_bytes=False) from None
+        parser = ResponseParser(no_body=no_body)
         sock.settimeout(read_t)
         got = False
         while True:
@@ -301,17 +91,17 @@ class _SyncConnection:
             except TimeoutError:
                 raise httpx.ReadTimeout(f"no response within the read timeout ({read_t} s)") from None
             except OSError:
-                raise _Incomplete(got_bytes=got) from None
+                raise Incomplete(got_bytes=got) from None
             if not data:
                 if parser.finish_at_eof():
                     return parser
-                raise _Incomplete(got_bytes=got)
+                raise Incomplete(got_bytes=got)
             got = True
             if parser.feed(data):
                 return parser
 
 
-class _SyncHostPool(_HostPool[_SyncConnection]):
+class _SyncHostPool(HostPool[_SyncConnection]):
     def __init__(self, max_connections: int, max_idle: int) -> None:
         super().__init__(max_connections, max_idle)
         self.cond = threading.Condition()
@@ -378,10 +168,10 @@ class SyncTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` and read the whole response (httpx's transport interface)."""
-        origin = _origin(request)
+        origin = origin_of(request)
         body = request.read()
-        head = _encode_head(request, len(body))
-        return self._exchange(origin, head, body, _timeouts(request), request.method == "HEAD").response(request)
+        head = encode_head(request, len(body))
+        return self._exchange(origin, head, body, timeouts_of(request), request.method == "HEAD").response(request)
 
     def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
                  timeout: float | None) -> RawResponse:
@@ -398,20 +188,20 @@ class SyncTransport(httpx.BaseTransport):
         Raises:
             httpx.HTTPError: the same transport errors :meth:`handle_request` raises.
         """
-        _check_target(target)
-        head = _raw_head(method, host, port, target, len(body))
+        check_target(target)
+        head = raw_head(method, host, port, target, len(body))
         return self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False).raw()
 
     def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
-                  no_body: bool) -> _ResponseParser:
+                  no_body: bool) -> ResponseParser:
         pool = self._pool(origin)
         for attempt in range(2):
             conn, reused = self._acquire(pool, origin, timeouts)
             try:
                 parser = conn.roundtrip(head, body, timeouts, no_body)
-            except _Incomplete as e:
+            except Incomplete as e:
                 self._put_back(pool, conn, False)
-                _retry_or_raise(e, reused, attempt, origin)
+                retry_or_raise(e, reused, attempt, origin)
                 continue
             except BaseException:
                 self._put_back(pool, conn, False)
@@ -440,7 +230,7 @@ class _AsyncConnection(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self.parser: _ResponseParser | None = None
+        self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.got_bytes = False
         self.closed = False
@@ -470,7 +260,7 @@ class _AsyncConnection(asyncio.Protocol):
             if parser is not None and parser.finish_at_eof():
                 waiter.set_result(None)
             else:
-                waiter.set_exception(_Incomplete(self.got_bytes))
+                waiter.set_exception(Incomplete(self.got_bytes))
 
     def is_stale(self) -> bool:
         return self.closed
@@ -480,10 +270,10 @@ class _AsyncConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def roundtrip(self, head: bytes, body: bytes, timeouts: Timeouts, no_body: bool) -> _ResponseParser:
+    async def roundtrip(self, head: bytes, body: bytes, timeouts: Timeouts, no_body: bool) -> ResponseParser:
         read_t = timeouts[1]
         assert self.transport is not None
-        self.parser = parser = _ResponseParser(no_body=no_body)
+        self.parser = parser = ResponseParser(no_body=no_body)
         self.got_bytes = False
         self.waiter = waiter = self.loop.create_future()
         self.transport.write(head + body if len(body) <= 65536 else head)
@@ -507,7 +297,7 @@ def _expire(waiter: asyncio.Future[None], read_t: float) -> None:
         waiter.set_exception(httpx.ReadTimeout(f"no response within the read timeout ({read_t} s)"))
 
 
-class _AsyncHostPool(_HostPool[_AsyncConnection]):
+class _AsyncHostPool(HostPool[_AsyncConnection]):
     def __init__(self, max_connections: int, max_idle: int) -> None:
         super().__init__(max_connections, max_idle)
         self.waiters: deque[asyncio.Future[None]] = deque()
@@ -585,29 +375,29 @@ class AsyncTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """See :meth:`SyncTransport.handle_request`."""
-        origin = _origin(request)
+        origin = origin_of(request)
         body = await request.aread()
-        head = _encode_head(request, len(body))
-        return (await self._exchange(origin, head, body, _timeouts(request), request.method == "HEAD")
+        head = encode_head(request, len(body))
+        return (await self._exchange(origin, head, body, timeouts_of(request), request.method == "HEAD")
                 ).response(request)
 
     async def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
                        timeout: float | None) -> RawResponse:
         """See :meth:`SyncTransport.exchange`."""
-        _check_target(target)
-        head = _raw_head(method, host, port, target, len(body))
+        check_target(target)
+        head = raw_head(method, host, port, target, len(body))
         return (await self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False)).raw()
 
     async def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
-                        no_body: bool) -> _ResponseParser:
+                        no_body: bool) -> ResponseParser:
         pool = self._pool(origin)
         for attempt in range(2):
             conn, reused = await self._acquire(pool, origin, timeouts)
             try:
                 parser = await conn.roundtrip(head, body, timeouts, no_body)
-            except _Incomplete as e:
+            except Incomplete as e:
                 self._put_back(pool, conn, False)
-                _retry_or_raise(e, reused, attempt, origin)
+                retry_or_raise(e, reused, attempt, origin)
                 continue
             except BaseException:
                 self._put_back(pool, conn, False)

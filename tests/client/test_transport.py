@@ -304,9 +304,9 @@ class _Conn:
 def test_host_pool_accounting() -> None:
     """The one place both transports count connections: slots up to the bound, newest idle reused first,
     stale idle ones closed on the way, at most max_idle kept, a failed open gives its slot back."""
-    from client._transport import _HostPool
+    from client._http11 import HostPool
 
-    pool: _HostPool[_Conn] = _HostPool(max_connections=2, max_idle=1)
+    pool: HostPool[_Conn] = HostPool(max_connections=2, max_idle=1)
     assert pool.reuse() is None
     assert pool.reserve() and pool.reserve() and not pool.reserve()  # the third caller waits
     a, b = _Conn("a"), _Conn("b")
