@@ -36,6 +36,7 @@ __all__ = [
     "ReplicationState",
     "SlaveProgress",
     "TooManyWaitersError",
+    "report_violation",
     "slave_acks_needed",
     "slave_in_sync",
     "transfer_start_offset",
@@ -57,6 +58,28 @@ def transfer_start_offset(request_offset: int, master_max_offset: int, mapped_fi
     if request_offset == 0:
         return max(0, master_max_offset - master_max_offset % mapped_file_size)
     return request_offset
+
+
+def report_violation(offset: int, *, first: bool, master_max_offset: int, sent_to: int) -> str | None:
+    """Why an offset report cannot be true of a slave of this master, or None when it can.
+
+    A report is an ack, so a false one makes a SYNC_MASTER answer SEND_OK for bytes no replica holds. An ack
+    counts only for bytes that exist and were sent: a slave's first report (its own max offset) can never be past
+    the master's log, and every later one can never be past what this connection carried (``sent_to``, the
+    offset up to which frames were handed to its socket). The I/O layer closes a connection that sends one.
+
+    Args:
+        offset: the reported offset (never negative: the decoder refuses those).
+        first: it is the connection's first report.
+        master_max_offset: the master's commit-log max offset now.
+        sent_to: the offset up to which this connection was sent frames.
+    """
+    if first and offset > master_max_offset:
+        return (f"first report {offset} is past the master's max offset {master_max_offset}: the slave holds bytes "
+                f"its master never wrote")
+    if not first and offset > sent_to:
+        return f"report {offset} is past the {sent_to} this master sent on the connection"
+    return None
 
 
 def slave_in_sync(master_put_where: int, ack_offset: int, max_gap: int) -> bool:

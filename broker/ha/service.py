@@ -39,6 +39,7 @@ from broker.ha.progress import (
     ReplicationState,
     SlaveProgress,
     TooManyWaitersError,
+    report_violation,
     slave_in_sync,
     transfer_start_offset,
 )
@@ -123,7 +124,7 @@ class _SlaveConnection:
     async def _stream(self) -> None:
         svc = self.service
         cfg, loop = svc._config, svc._require_loop()
-        self.sent_to = svc._start_offset(self.progress.request_offset)
+        # ``sent_to`` was set to the start offset when the first report arrived (``HAService._on_report``).
         log.info("ha-transfer->%s: first report %d, streaming from %d", self.addr, self.progress.request_offset,
                  self.sent_to)
         heartbeat_s = cfg.ha_send_heartbeat_interval_ms / 1000.0
@@ -174,9 +175,11 @@ class _SlaveConnection:
         bufs, total = self._frames(self.sent_to)
         if not total:
             return False
-        await self.channel.send_all(bufs)
+        # Counted before the await: the slave may ack the first of these bytes while the rest are still queued,
+        # and a report past ``sent_to`` is refused as a protocol error.
         self.sent_to += total
         self.progress.transferred_bytes += total
+        await self.channel.send_all(bufs)
         return True
 
     def push_now(self) -> None:
@@ -393,6 +396,7 @@ class HAService:
             slaves.append({
                 "addr": conn.addr,
                 "ackOffset": ack,
+                "sentOffset": conn.sent_to,
                 "diff": master_max - ack,
                 "inSync": slave_in_sync(master_max, ack, self._config.ha_max_gap_not_in_sync),
                 "transferredBytes": conn.progress.transferred_bytes,
@@ -418,6 +422,15 @@ class HAService:
         )
 
     def _on_report(self, conn: _SlaveConnection, offset: int) -> None:
+        first = conn.progress.request_offset < 0
+        bad = report_violation(offset, first=first, master_max_offset=self._store.max_physical_offset,
+                               sent_to=conn.sent_to)
+        if bad is not None:
+            log.warning("HA slave %s: protocol error, closing: %s", conn.addr, bad)
+            conn.close(f"protocol error: {bad}")
+            return
+        if first:  # before any later report can be checked against it
+            conn.sent_to = self._start_offset(offset)
         first, done = self._state.on_report(conn.conn_id, offset)
         if first:
             conn.first_report.set()

@@ -37,6 +37,7 @@ class RawSlave:
         self.writer = writer
         host, port = writer.get_extra_info("sockname")[:2]
         self.addr = f"{host}:{port}"
+        self._reported = False
 
     @classmethod
     async def connect(cls, service: HAService, report: int | None = None) -> RawSlave:
@@ -51,7 +52,15 @@ class RawSlave:
         return next((s for s in self.service.status()["slaves"] if s["addr"] == self.addr), None)
 
     async def report(self, offset: int) -> None:
-        """Send a report and wait until the master has taken it in."""
+        """Send a report and wait until the master has taken it in.
+
+        After the first report, an honest slave can only report bytes the master sent on this connection (it
+        refuses anything past that), so the report waits until the master has sent up to ``offset``.
+        """
+        if self._reported:
+            await wait_until(lambda: (self._entry() or {}).get("sentOffset", -1) >= offset,
+                             f"the master to send {self.addr} up to {offset}")
+        self._reported = True
         self.writer.write(encode_report(offset))
         await self.writer.drain()
         await wait_until(lambda: (self._entry() or {}).get("ackOffset") == offset, f"{self.addr}'s report {offset}")
@@ -181,5 +190,38 @@ def test_replica_settings(run: Run, stores: Callable[[str], Any], kind: Any, con
                 assert await asyncio.wait_for(fut, DEADLINE_S) is True
             for slave in slaves:
                 await slave.close()
+
+    run(scenario())
+
+
+async def _closed_by_master(reader: asyncio.StreamReader) -> None:
+    """Read (and drop) the master's frames until it closes the connection."""
+    while await reader.read(65536):
+        pass
+
+
+@pytest.mark.parametrize("first_report", [False, True], ids=["after-streaming", "first-report"])
+def test_a_report_past_what_the_master_sent_is_a_protocol_error_never_an_ack(
+    run: Run, kind: Any, stores: Callable[[str], Any], first_report: bool
+) -> None:
+    """Ack poisoning: a connection that reports 2^62 is closed and its report never completes a send, so later
+    sends are not SEND_OK with no replica holding them (with the old rule every send after it was)."""
+    master = stores("master")
+    end = kind.write(master, 5, 1000)
+
+    async def scenario() -> None:
+        async with master_service(master) as service:
+            reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
+            if not first_report:
+                writer.write(encode_report(0))  # a plausible first report: streaming starts
+                await wait_until(lambda: any(s["sentOffset"] >= end for s in service.status()["slaves"]),
+                                 "the master to stream the log to the fake slave")
+            writer.write(encode_report(1 << 62))
+            await writer.drain()
+            await asyncio.wait_for(_closed_by_master(reader), DEADLINE_S)
+            await wait_until(lambda: service.connection_count == 0, "the master to forget the connection")
+            assert service.push2slave_max_offset < 1 << 62
+            assert service.wait_for_replicas(end, 5.0) is None  # no slave: SLAVE_NOT_AVAILABLE at once
+            writer.close()
 
     run(scenario())

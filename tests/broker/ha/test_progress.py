@@ -13,6 +13,7 @@ from broker.ha.progress import (
     ReplicationState,
     SlaveProgress,
     TooManyWaitersError,
+    report_violation,
     slave_acks_needed,
     slave_in_sync,
     transfer_start_offset,
@@ -264,3 +265,23 @@ def test_config_validation_names_the_field() -> None:
         HAConfig(in_sync_replicas=0)
     assert HAConfig(ha_send_heartbeat_interval_ms=200, ha_housekeeping_interval_ms=100).tick_ms == 25
     assert HAConfig().tick_ms == 1000
+
+
+@pytest.mark.parametrize(
+    ("offset", "first", "master_max", "sent_to", "refused"),
+    [
+        (0, True, 0, 0, False),  # an empty slave of an empty master
+        (500, True, 500, 0, False),  # a slave that holds everything the master wrote
+        (501, True, 500, 0, True),  # a slave ahead of its master (or a forged first report)
+        (1 << 62, True, 500, 0, True),
+        (300, False, 500, 300, False),  # everything sent has arrived
+        (301, False, 500, 300, True),  # an ack for bytes this connection never carried
+        (1 << 62, False, 1 << 40, 1 << 40, True),
+        (100, False, 500, 300, False),  # behind what was sent (in flight) is fine
+    ],
+)
+def test_report_violation(offset: int, first: bool, master_max: int, sent_to: int, refused: bool) -> None:
+    reason = report_violation(offset, first=first, master_max_offset=master_max, sent_to=sent_to)
+    assert (reason is not None) is refused
+    if reason is not None:
+        assert str(offset) in reason
