@@ -186,6 +186,9 @@ class BrokerHandle:
         self.config_path = self.dir / "broker.properties"
         self.addr = ""
         self.ha_addr = ""
+        self.entry_module = "broker"
+        """The module run as ``python -m``: a harness may set a wrapper of the broker's entry point (one that
+        injects store faults, say) before the broker starts."""
         self._cluster = cluster
         self._proc = _Process(f"{name}-{broker_id}", cluster.root_dir / "logs" / f"{name}-{broker_id}.log",
                               _BROKER_READY)
@@ -230,7 +233,7 @@ class BrokerHandle:
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
 
     def spawn(self) -> None:
-        args = ["-m", "broker", "-c", str(self.config_path)]
+        args = ["-m", self.entry_module, "-c", str(self.config_path)]
         if self.addr:  # a restart: the same ports, so the route and the slaves' haMasterAddress stay right
             args += ["--set", f"listenPort={self.addr.rsplit(':', 1)[1]}",
                      "--set", f"haListenPort={self.ha_addr.rsplit(':', 1)[1]}"]
