@@ -61,8 +61,8 @@ def run_chaos(profile: Profile, *, mode: str = "sync", seed: int | None = None, 
     seed = random.randrange(1 << 32) if seed is None else seed
     own_root = root is None
     root = Path(tempfile.mkdtemp(prefix="splitmq-chaos-")) if root is None else root
-    spec = ClusterSpec(mode="sync" if mode == "sync" else "async", commitlog_file_size_bytes=profile.commitlog_file_bytes,
-                       disk=pick_disk_mode(disk), tmpfs_size_bytes=profile.tmpfs_bytes,
+    spec = ClusterSpec(mode="sync" if mode == "sync" else "async", disk=pick_disk_mode(disk),
+                       commitlog_file_size_bytes=profile.commitlog_file_bytes, tmpfs_size_bytes=profile.tmpfs_bytes,
                        broker_config={"mappedFileSizeConsumeQueue": str(profile.consume_queue_file_bytes)})
     report = ChaosReport(profile=profile.name, mode=mode, disk=spec.disk, seed=seed, root=str(root),
                          targets=(profile.faults, profile.acknowledged), stuck_after_s=profile.stuck_after_s)
@@ -73,8 +73,8 @@ def run_chaos(profile: Profile, *, mode: str = "sync", seed: int | None = None, 
                 _Run(profile, cluster, report, random.Random(seed), progress or (lambda _: None)).go()
             finally:
                 resume_all(cluster)
-    except (ChaosClusterError, ClusterError) as e:
-        report.errors.append(f"cluster: {e}")
+    except (ChaosClusterError, ClusterError, ClientError, OSError) as e:
+        report.errors.append(f"run stopped: {e!r}")
     report.duration_s = time.monotonic() - t0
     if own_root and not report.failures():
         shutil.rmtree(root, ignore_errors=True)
