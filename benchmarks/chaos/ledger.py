@@ -92,6 +92,8 @@ class Ledger:
         """Messages by outcome: ``SEND_OK``, another send status, or the error class of a failed send."""
         self.acked_high: dict[tuple[int, int], int] = {}
         """``(group, queue id) -> 1 + the highest acknowledged queue offset``."""
+        self.max_acked_phy: dict[int, int] = {}
+        """``group -> the highest commit-log offset acknowledged``."""
 
     def reserve(self, producer: int, n: int) -> int:
         """Make room for the next ``n`` messages of ``producer``; returns the first one's sequence number."""
@@ -123,11 +125,26 @@ class Ledger:
             q = (where.group, where.queue_id)
             if where.queue_offset + 1 > self.acked_high.get(q, 0):
                 self.acked_high[q] = where.queue_offset + 1
+            if phy_offset > self.max_acked_phy.get(where.group, -1):
+                self.max_acked_phy[where.group] = phy_offset
 
     def outcome(self, what: str, n: int = 1) -> None:
         """``n`` messages ended otherwise than SEND_OK (a status name, or an error class name)."""
         with self._lock:
             self.outcomes[what] += n
+
+    def acked_from(self, group: int, phy_offset: int) -> int:
+        """Acknowledged messages of ``group`` stored at ``phy_offset`` or later in its commit log."""
+        if self.max_acked_phy.get(group, -1) < phy_offset:
+            return 0  # the common case, without a scan
+        n = 0
+        for producer, locations in enumerate(self.acked):
+            phys = self.acked_phy[producer]
+            for seq in range(len(phys)):  # by index: producers append meanwhile
+                packed = locations[seq]
+                if packed >= 0 and phys[seq] >= phy_offset and Location.unpack(packed).group == group:
+                    n += 1
+        return n
 
     @property
     def acknowledged(self) -> int:

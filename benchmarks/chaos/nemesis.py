@@ -96,6 +96,9 @@ class FaultRecord:
     """Seconds from the end of the hold until the cluster was whole again."""
     bit: bool | None = None
     """A full disk: whether the broker met it (refused a send, or could not append) before the heal."""
+    exposed: int | None = None
+    """A master killed or stopped: acknowledged messages its slave did not have once it was down (the ones a
+    lost master disk would take with it). SYNC_MASTER promises 0."""
 
 
 class Nemesis:
@@ -107,11 +110,14 @@ class Nemesis:
         abort: set to cut a hold short (Ctrl-C, a failed run).
         disk_bite_timeout_s: how much longer than planned a full disk may last while waiting for the broker to
             meet it (on tmpfs, the store writes into the file it allocated ahead first).
+        exposure: ``group -> acknowledged messages its slave lacks`` (None: unknown), asked once the group's
+            master is down.
     """
 
     def __init__(self, cluster: ChaosCluster, *, heal_timeout_s: float, abort: threading.Event,
-                 disk_bite_timeout_s: float = 5.0) -> None:
+                 disk_bite_timeout_s: float = 5.0, exposure: Callable[[str], int | None] = lambda _: None) -> None:
         self.cluster = cluster
+        self.exposure = exposure
         self.heal_timeout_s = heal_timeout_s
         self.disk_bite_timeout_s = disk_bite_timeout_s
         self.abort = abort
@@ -135,7 +141,10 @@ class Nemesis:
         log.info("fault %s on %s for %.2f s (lag %s)", spec.kind.value, spec.group, spec.hold_s, lag)
         heal, bitten = self._inject(spec)
         bit: bool | None = None
+        exposed = None
         try:
+            if spec.kind in (FaultKind.KILL_MASTER, FaultKind.RESTART_MASTER):
+                exposed = self.exposure(spec.group)  # the master is down: nothing more gets acknowledged there
             self.abort.wait(spec.hold_s)  # the fault's duration
             if bitten is not None:  # a full disk counts once the broker met it
                 deadline = time.monotonic() + self.disk_bite_timeout_s
@@ -145,7 +154,7 @@ class Nemesis:
             healed_at = time.monotonic()
             heal()
         self.cluster.wait_healthy(self.heal_timeout_s)
-        record = FaultRecord(spec, at, lag, time.monotonic() - healed_at, bit)
+        record = FaultRecord(spec, at, lag, time.monotonic() - healed_at, bit, exposed)
         self.abort.wait(spec.gap_s)  # quiet time between faults
         return record
 

@@ -9,6 +9,8 @@ bounds that stop it when it cannot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 
 __all__ = ["FULL", "PROFILES", "SHORT", "Profile"]
@@ -56,6 +58,8 @@ class Profile:
     """Bound on the slaves catching up and dispatch finishing after the last fault."""
     drain_timeout_s: float = 120.0
     """Bound on the consumers reaching the end once the cluster settled."""
+    broker_config: Mapping[str, str] = attrs.field(factory=dict)
+    """More broker settings (experiments: ``attrs.evolve(SHORT, broker_config={...})``)."""
 
 
 SHORT = Profile("short", faults=30, acknowledged=10_000, time_limit_s=150.0, hold_s=(0.2, 0.6), gap_s=(0.05, 0.3),

@@ -50,6 +50,11 @@ class ChaosReport:
         return Counter(f.spec.kind for f in self.faults)
 
     @property
+    def exposed(self) -> int:
+        """Acknowledged messages a slave lacked when its master went down, over every such fault."""
+        return sum(f.exposed or 0 for f in self.faults)
+
+    @property
     def longest_stall_s(self) -> float:
         return max(self.stalls.values(), default=0.0)
 
@@ -77,6 +82,9 @@ class ChaosReport:
         if self.consumer_gaps or self.consumer_rereads_differ:
             out.append(f"consumers skipped {self.consumer_gaps} offsets and were served "
                        f"{self.consumer_rereads_differ} offsets twice with different messages")
+        if self.mode == "sync" and self.exposed:
+            out.append(f"{self.exposed} acknowledged messages were not on the slave when their master went down "
+                       f"(faults {[i for i, f in enumerate(self.faults) if f.exposed]})")
         if self.commitlog_diffs:
             out.append(f"commit logs of master and slave differ in {self.commitlog_diffs} MiB chunks")
         return out
@@ -98,6 +106,8 @@ class ChaosReport:
             Row("stored on the masters (every copy)", float(v.stored), "msgs"),
             Row("lost (acknowledged, not readable)", float(v.lost), "msgs", target="0"),
         ]
+        rows.append(Row("acknowledged, not on the slave when its master went down", float(self.exposed), "msgs",
+                        target="0" if self.mode == "sync" else "within the lag"))
         if self.mode == "async":
             rows.append(Row("lost within the replication lag before a fault", float(v.lost_within_lag), "msgs"))
         rows += [

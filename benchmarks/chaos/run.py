@@ -63,7 +63,8 @@ def run_chaos(profile: Profile, *, mode: str = "sync", seed: int | None = None, 
     root = Path(tempfile.mkdtemp(prefix="splitmq-chaos-")) if root is None else root
     spec = ClusterSpec(mode="sync" if mode == "sync" else "async", disk=pick_disk_mode(disk),
                        commitlog_file_size_bytes=profile.commitlog_file_bytes, tmpfs_size_bytes=profile.tmpfs_bytes,
-                       broker_config={"mappedFileSizeConsumeQueue": str(profile.consume_queue_file_bytes)})
+                       broker_config={"mappedFileSizeConsumeQueue": str(profile.consume_queue_file_bytes),
+                                      **profile.broker_config})
     report = ChaosReport(profile=profile.name, mode=mode, disk=spec.disk, seed=seed, root=str(root),
                          targets=(profile.faults, profile.acknowledged), stuck_after_s=profile.stuck_after_s)
     t0 = time.monotonic()
@@ -181,7 +182,7 @@ class _Run:
 
     def _faults(self) -> None:
         p = self.p
-        nemesis = Nemesis(self.cluster, heal_timeout_s=p.heal_timeout_s, abort=self.abort)
+        nemesis = Nemesis(self.cluster, heal_timeout_s=p.heal_timeout_s, abort=self.abort, exposure=self._exposure)
         specs = plan(self.rng, self.groups, hold_s=p.hold_s, gap_s=p.gap_s)
         deadline = time.monotonic() + p.time_limit_s
         faults = self.report.faults
@@ -198,6 +199,11 @@ class _Run:
                 return
             if len(faults) % 10 == 0:
                 self.progress(f"chaos: {len(faults)} faults, {self.ledger.acknowledged:,} acknowledged")
+
+    def _exposure(self, group: str) -> int | None:
+        """Acknowledged messages of ``group`` beyond its slave's commit log (asked while its master is down)."""
+        slave_max = self.cluster.max_offset(self.cluster.slave(group))
+        return None if slave_max < 0 else self.ledger.acked_from(self.groups.index(group), slave_max)
 
     def _settle_and_drain(self, consumers: Consumers) -> None:
         """Whole again, slaves caught up, dispatch done; then every consumer reaches its queue's end."""

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.chaos.checker import LagWindow, Verdict, judge
 from benchmarks.chaos.ledger import Ledger, Location, make_key
+from benchmarks.chaos.nemesis import FaultKind, FaultRecord, FaultSpec
 from benchmarks.chaos.report import ChaosReport
 from benchmarks.chaos.workload import GAP
 
@@ -126,3 +127,11 @@ def test_the_report_turns_each_finding_into_a_failure() -> None:
     rep.stuck = ["broker-a/0 ended at 3 of 9"]
     rep.targets = (5, 0)
     assert len(rep.failures()) == 3
+
+
+@pytest.mark.parametrize(("mode", "failures"), [("sync", 1), ("async", 0)])
+def test_acknowledged_messages_a_slave_lacked_fail_only_a_sync_run(mode: str, failures: int) -> None:
+    rep = ChaosReport(profile="t", mode=mode, disk="fault-layer", seed=1, root="/x", targets=(0, 0))
+    spec = FaultSpec(FaultKind.KILL_MASTER, "broker-a", 0.1, 0.1)
+    rep.faults = [FaultRecord(spec, 1.0, None, 0.5, exposed=0), FaultRecord(spec, 2.0, None, 0.5, exposed=3)]
+    assert rep.exposed == 3 and len(rep.failures()) == failures

@@ -107,3 +107,15 @@ def test_the_stall_monitor_measures_time_behind_without_progress() -> None:
     now[0] = 202.0
     monitor.sample()
     assert monitor.longest[mq] == pytest.approx(3.0)  # the new stall counts from when the message appeared
+
+
+def test_acked_from_counts_the_acknowledged_messages_a_slave_lacks() -> None:
+    led = Ledger(2)
+    led.reserve(0, 3)
+    led.reserve(1, 2)
+    led.ack(0, 0, Location(0, 0, 0), 100)
+    led.ack(0, 1, Location(1, 0, 0), 900)   # another group
+    led.ack(0, 2, Location(0, 1, 0), 300)
+    led.ack(1, 1, Location(0, 0, 1), 500)   # message 1.0 was never acknowledged
+    assert [led.acked_from(0, at) for at in (0, 101, 300, 301, 501)] == [3, 2, 2, 1, 0]
+    assert led.acked_from(1, 900) == 1 and led.acked_from(1, 901) == 0
