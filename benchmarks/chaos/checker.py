@@ -5,7 +5,9 @@ of what was sent, what is stored and what the consumers saw, so its rules are ta
 
 * **lost**: acknowledged (SEND_OK), but its queue offset on the master holds another message or none. In ASYNC
   mode a loss is *within the lag* when its commit-log offset lies in a window the slave had not acked when a
-  fault hit that group's master; in SYNC mode every loss counts;
+  fault hit that group's master; in SYNC mode every loss counts. (A killed master comes back with what the page
+  cache kept, so this read-back cannot see a SEND_OK given too early; the nemesis counts, when a master goes
+  down, the acknowledged messages its slave lacks: ``FaultRecord.exposed``, 0 in SYNC mode.)
 * **duplicated**: stored at more than one queue offset. A duplicate is *explained* when the client sent that
   message in at least as many ``POST /send`` requests as there are copies (a client retry after an answer
   that never arrived); anything more is a broker that stored or dispatched a message twice;

@@ -2,8 +2,9 @@
 killed, paused and restarted, disks filled, HA links cut -- under producers and consumers of two SYNC_MASTER
 groups; then every queue is read back from every member.
 
-SYNC_MASTER promises: no acknowledged message lost, none missing on the slave when its master goes down, no duplicate the client's retries do not explain, no
-reordering within a queue, no consumer stuck, slaves identical to their masters. The full profile (300 faults,
+SYNC_MASTER promises: no acknowledged message lost, none missing on the slave when its master goes down, no
+duplicate the client's retries do not explain, no reordering within a queue, no consumer stuck, slaves identical
+to their masters. The full profile (300 faults,
 1,000,000 acknowledged messages) is ``python -m benchmarks chaos``; a failed run prints its seed and keeps its
 logs: ``python -m benchmarks.chaos --seed N`` replays the same faults.
 """
