@@ -11,21 +11,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import zlib
 from collections.abc import Sequence
 from typing import cast
 
 from broker.store.api import StoreCorruptError, StoreError
 from broker.store.io import FileIO, prefault
 from broker.store.mapped_file import MappedFile, file_name, list_offset_files
-from client.errors import ProtocolViolationError
+from broker.store.records import BAD, BLANK, END, ZERO, check_records, scan_records
 from client.protocol.codec import (
     BLANK_MAGIC,
-    CHECK_HEAD_V4,
     MAGIC_V1,
     RECORD_PREFIX,
     BatchItem,
-    record_layout,
     write_batch_records,
 )
 
@@ -33,8 +30,6 @@ __all__ = ["BAD", "BLANK", "END", "ZERO", "CommitLog", "Run", "scan_records"]
 
 log = logging.getLogger(__name__)
 
-#: Scan outcomes.
-BLANK, ZERO, BAD, END = "blank", "zero", "bad", "end"
 _BLANK_MARKER = RECORD_PREFIX
 _U16_AT = __import__("struct").Struct(">H").unpack_from
 _I64_AT = __import__("struct").Struct(">q").unpack_from
@@ -44,59 +39,6 @@ _PREPARE_WAIT_S = 30.0
 
 #: ``(topic bytes, queue id, first queue offset, items, bytes)``: records of one queue written back to back.
 Run = tuple[bytes, int, int, Sequence[BatchItem], int]
-
-
-def _check_generic(buf: memoryview, pos: int, size: int, file_start: int, check_crc: bool) -> bool:
-    try:
-        _, _, body_len_pos, topic_len_pos, _ = record_layout(buf, pos, size)
-    except ProtocolViolationError:
-        return False
-    if _I64_AT(buf, pos + 28)[0] != file_start + pos:
-        return False
-    crc = int.from_bytes(buf[pos + 8 : pos + 12], "big", signed=True)
-    return not check_crc or zlib.crc32(buf[body_len_pos + 4 : topic_len_pos]) & 0x7FFFFFFF == crc
-
-
-def scan_records(
-    buf: memoryview, file_start: int, pos: int, limit: int, check_crc: bool
-) -> tuple[int, str]:
-    """Validate records in ``buf[pos:limit]`` (one whole file, ``limit`` its size).
-
-    Returns ``(position, outcome)``: ``BLANK`` (blank marker at position: the file is done), ``ZERO`` (zeros at
-    position: end of data), ``BAD`` (an invalid record at position) or ``END`` (no room for another record).
-    """
-    prefix = RECORD_PREFIX.unpack_from
-    head = CHECK_HEAD_V4.unpack_from
-    u16 = _U16_AT
-    crc32 = zlib.crc32
-    while pos + 8 <= limit:
-        size, magic = prefix(buf, pos)
-        if magic == MAGIC_V1:
-            end = pos + size
-            if size < 91 or end > limit:
-                return pos, BAD
-            _, _, crc, phy, sys_flag, body_len = head(buf, pos)
-            if sys_flag & 0x30:
-                if not _check_generic(buf, pos, size, file_start, check_crc):
-                    return pos, BAD
-                pos = end
-                continue
-            tp = pos + 88 + body_len
-            if body_len < 0 or tp + 3 > end:
-                return pos, BAD
-            pp = tp + 1 + buf[tp]
-            if pp + 2 > end or pp + 2 + u16(buf, pp)[0] != end or phy != file_start + pos:
-                return pos, BAD
-            if check_crc and crc32(buf[pos + 88 : tp]) & 0x7FFFFFFF != crc:
-                return pos, BAD
-            pos = end
-        elif magic == BLANK_MAGIC:
-            return (pos, BLANK) if size == limit - pos else (pos, BAD)
-        elif magic == 0 and size == 0:
-            return pos, ZERO
-        else:
-            return pos, BAD
-    return pos, END
 
 
 class CommitLog:
@@ -471,7 +413,8 @@ class CommitLog:
                 size = int.from_bytes(mm[start : start + 4], "big", signed=True)
                 if 91 <= size <= mf.size - start:
                     with memoryview(mm) as view:
-                        if scan_records(view[: start + size], mf.start, start, start + size, check_crc)[0] > start:
+                        # Only this record's bytes count (data_end), in its file (the marker-room rule).
+                        if check_records(view, mf.start, start, start + size, mf.size, check_crc, mf.size)[0] > start:
                             return True
                 at = mm.find(_MAGIC_BYTES, at + 1)
         return False
