@@ -122,7 +122,8 @@ class BrokerController:
             ha_config = config.to_ha_config()
             ha_service = HAService(store, ha_config)
             if config.is_slave and ha_client is None:
-                ha_client = HAClient(store, ha_config, config.ha_master_address)
+                ha_client = HAClient(store, ha_config, config.ha_master_address,
+                                     max_record_bytes=config.max_message_size)
         self.ha_service: HAServiceAPI = ha_service
         self.ha_client: HAClientAPI | None = ha_client
         self.durability = DurabilityWaiter(

@@ -2,8 +2,9 @@
 the streamed commit-log bytes at the same physical offsets, report progress.
 
 One task per client runs the connection cycle (READY -> connect -> TRANSFER -> closed -> back-off -> READY).
-Frames are handled in the socket's reader callback straight from the read buffer: consistency check, append,
-one report per read (covering every frame in it). The cycle task only wakes every ``tick_ms`` for the idle
+Frames are handled in the socket's reader callback straight from the read buffer: consistency check, record
+check (:class:`broker.store.records.ReplicaChecker`: only whole good records reach the log; a bad one closes the
+link), append, one report per read (covering every frame in it). The cycle task only wakes every ``tick_ms`` for the idle
 report (``ha_send_heartbeat_interval_ms``) and housekeeping (no bytes from the master for
 ``ha_housekeeping_interval_ms`` -> drop the link, HEAD semantics).
 """
@@ -23,6 +24,8 @@ from broker.ha.config import HAConfig
 from broker.ha.progress import Backoff
 from broker.ha.protocol import FrameDecoder, encode_report
 from broker.store.api import MessageStore
+from broker.store.records import RecordViolation, ReplicaChecker
+from client.protocol.codec import DEFAULT_MAX_MESSAGE_SIZE
 
 __all__ = ["HAClient", "HAOffsetMismatchError", "parse_ha_addr"]
 
@@ -59,6 +62,8 @@ class HAClient:
         master_ha_addr: ``host:port`` of the master's HA listener, or None until the nameserver tells us.
         clock_ms: wall clock in ms (injected in tests); timestamps and housekeeping use it.
         rand: uniform [0, 1) source for the reconnect jitter (injected in tests).
+        max_record_bytes: largest record accepted from the master (the broker's ``maxMessageSize``: a master
+            stores nothing larger); also the bound on the bytes held of a record split across frames.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class HAClient:
         *,
         clock_ms: Callable[[], int] | None = None,
         rand: Callable[[], float] | None = None,
+        max_record_bytes: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         if master_ha_addr is not None:
             parse_ha_addr(master_ha_addr)
@@ -79,6 +85,9 @@ class HAClient:
             config.reconnect_backoff_min_ms, config.reconnect_backoff_max_ms, rand or random.Random().random
         )
         self._decoder = FrameDecoder(config.ha_slave_read_buffer_bytes)
+        self._max_record_bytes = max_record_bytes
+        self._checker: ReplicaChecker | None = None  # made at the first session (the store's file size)
+        self._refused = False  # this session ended on bad records: keep backing off
         self.master_ha_addr = master_ha_addr
         self.last_read_ms = 0
         """Clock of the last bytes read from the master (0 before the first connection)."""
@@ -170,7 +179,7 @@ class HAClient:
                 log.debug("HA client: %s", self.last_error)
             else:
                 await self._session(sock, addr)
-            if self._received:
+            if self._received and not self._refused:
                 self._backoff.reset()
             if not self._addr_changed.is_set():
                 delay_ms = self._backoff.next_ms()
@@ -197,7 +206,11 @@ class HAClient:
     async def _session(self, sock: socket.socket, addr: str) -> None:
         cfg = self._config
         self._decoder.reset()
-        self._received = False
+        self._received = self._refused = False
+        if self._checker is None:
+            self._checker = ReplicaChecker(self._store.mapped_file_size_commitlog, self._max_record_bytes)
+        # The log ends at a record start (only checked records are appended; recovery cuts a torn tail).
+        self._checker.reset(self._store.max_physical_offset)
         channel = SocketChannel(
             asyncio.get_running_loop(), sock, get_buffer=self._decoder.get_buffer, on_data=self._on_data,
             name=f"ha-slave->{addr}", max_backlog_bytes=cfg.ha_max_report_backlog_bytes,
@@ -237,30 +250,42 @@ class HAClient:
         """Frames from the master (reader callback); raising closes the link, the cycle reconnects."""
         self.last_read_ms = self._clock_ms()
         self._received = True
-        decoder, store = self._decoder, self._store
+        decoder, store, checker = self._decoder, self._store, self._checker
+        assert checker is not None  # made by _session before the channel exists
         decoder.buffer_updated(nbytes)
+        # The checked bytes of every frame of one read are appended as one piece: each append wakes the
+        # dispatcher and the append listeners, and a 64-message batch arrives as three 32 KiB frames.
+        run: list[memoryview | bytes] = []
+        run_at = -1
         try:
-            # Contiguous frames of one read are appended as one piece: each append wakes the dispatcher and the
-            # append listeners, and a 64-message batch arrives as three 32 KiB frames.
-            run_at, run_len = -1, 0
-            run: list[bytes | memoryview] = []
             while (frame := decoder.next_frame()) is not None:
-                expected = run_at + run_len if run else store.max_physical_offset
-                if (run or expected != 0) and expected != frame.phy_offset:
-                    if run:
-                        store.append_to_commitlog(run_at, b"".join(run))
-                        run = []
+                phy = frame.phy_offset
+                expected = checker.next_offset
+                if expected == 0 and not run and store.max_physical_offset == 0:
+                    # An empty slave takes the master's start (SEMANTICS 2.6), which is always a file start.
+                    if phy % store.mapped_file_size_commitlog:
+                        raise HAOffsetMismatchError(
+                            f"master sent phyOffset {phy} to an empty slave, not a commit-log file start"
+                        )
+                    checker.reset(phy)
+                elif phy != expected:
+                    held = f" (its log ends at {expected - checker.held}, {checker.held} bytes of an incomplete " \
+                           f"record held)" if checker.held else ""
                     raise HAOffsetMismatchError(
-                        f"master sent phyOffset {frame.phy_offset} but the slave's max offset is {expected}"
+                        f"master sent phyOffset {phy} but the slave's max offset is {expected}{held}"
                     )
                 if frame.body:
                     if not run:
-                        run_at, run_len = frame.phy_offset, 0
-                    run.append(frame.body)
-                    run_len += len(frame.body)
+                        run_at = checker.next_offset - checker.held
+                    checker.feed(frame.body, run)
+        except RecordViolation as exc:
+            self._refused = True
+            log.error("HA client: refusing the master's data: %s; nothing from that record on is appended, "
+                      "closing the link to reconnect from offset %d", exc, exc.offset)
+            raise
+        finally:
             if run:
                 store.append_to_commitlog(run_at, b"".join(run) if len(run) > 1 else run[0])
-        finally:
             # One report per read covers every frame appended from it (and reports partial progress on error).
             current = store.max_physical_offset
             if current > self._reported:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from client.protocol.codec import BLANK_MAGIC, MAGIC_V1, RECORD_PREFIX
+from client.protocol.codec import BLANK_MAGIC, RECORD_PREFIX, body_crc, pack_host, record_size, write_record
 
 __all__ = ["MemoryCommitLog"]
 
 _PREFIX = RECORD_PREFIX
+_TOPIC = b"HaTopic"
+_HOST = pack_host("127.0.0.1", 10911)
 
 
 class MemoryCommitLog:
@@ -27,6 +29,7 @@ class MemoryCommitLog:
         self._last = -1  # start of the last file
         self._base = 0
         self._listeners: list[Callable[[int], None]] = []
+        self._records = 0
 
     @property
     def max_physical_offset(self) -> int:
@@ -65,14 +68,14 @@ class MemoryCommitLog:
         self._listeners.append(callback)
 
     def append_record(self, payload: bytes | memoryview) -> int:
-        """Master side: append one record (8-byte size+magic prefix + payload), rolling to a new file with a
-        blank marker when it does not fit; return the end offset.
+        """Master side: append one good record with ``payload`` as its body (a slave checks what it gets),
+        rolling to a new file with a blank marker when it does not fit; return the end offset.
 
         Raises:
             ValueError: the record cannot fit in one file.
         """
         size = self.mapped_file_size_commitlog
-        total = _PREFIX.size + len(payload)
+        total = record_size(len(payload), len(_TOPIC), 0)
         if total + _PREFIX.size > size:
             raise ValueError(f"record of {total} bytes does not fit a {size}-byte file")
         if self._last >= 0:
@@ -80,7 +83,15 @@ class MemoryCommitLog:
             if wrote + total + _PREFIX.size > size:
                 _PREFIX.pack_into(self._files[self._last], wrote, size - wrote, BLANK_MAGIC)
                 self._wrote[self._last] = size
-        self._write(_PREFIX.pack(total, MAGIC_V1) + bytes(payload))
+        record = bytearray(total)
+        write_record(
+            record, 0, topic=_TOPIC, queue_id=0, flag=0, queue_offset=self._records, physical_offset=self.max_physical_offset,
+            sys_flag=0, born_timestamp=1, born_host=_HOST, store_timestamp=2,
+            store_host=_HOST, reconsume_times=0, prepared_tx_offset=0, body=payload, body_crc=body_crc(payload),
+            properties=b"",
+        )
+        self._records += 1
+        self._write(record)
         return self.max_physical_offset
 
     def read_range(self, begin: int, end: int) -> bytes:
