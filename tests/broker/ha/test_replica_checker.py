@@ -234,3 +234,25 @@ def test_check_records_says_more_for_a_record_not_yet_complete_and_end_at_the_en
     assert check_records(data, FILE, 0, len(data), FILE, True, MAX) == (len(GOOD), MORE)
     tail = memoryview(bytes(4))
     assert check_records(tail, FILE - 4, 0, 4, 4, True, MAX) == (0, END)
+
+
+def test_ipv6_host_records_pass_and_are_checked_too() -> None:
+    host6 = pack_host("::1", 10911)
+    assert len(host6) == 20
+
+    def rec6(offset: int, body: bytes, crc: int | None = None) -> bytes:
+        buf = bytearray(record_size(len(body), 1, 0) + 24)
+        size = write_record(buf, 0, topic=b"T", queue_id=1, flag=0, queue_offset=0, physical_offset=offset,
+                            sys_flag=0, born_timestamp=1, born_host=host6, store_timestamp=2, store_host=host6,
+                            reconsume_times=0, prepared_tx_offset=0, body=body,
+                            body_crc=body_crc(body) if crc is None else crc, properties=b"")
+        return bytes(buf[:size])
+
+    first = rec6(FILE, b"six")
+    data = first + GOOD.replace(struct.pack(">q", FILE), struct.pack(">q", FILE + len(first)), 1)
+    checker = ReplicaChecker(FILE, MAX)
+    checker.reset(FILE)
+    assert feed_all(checker, [data[:7], data[7:]]) == data
+    checker.reset(FILE)
+    with pytest.raises(RecordViolation, match="BODYCRC"):
+        checker.feed(rec6(FILE, b"six", crc=5), [])
