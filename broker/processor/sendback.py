@@ -35,6 +35,7 @@ from broker.retry import (
 from broker.store.api import MessageStore, PutMessageStatus
 from client.errors import (
     BrokerSystemError,
+    InvalidParameterError,
     MessageIllegalError,
     NoPermissionError,
     ProtocolViolationError,
@@ -44,6 +45,7 @@ from client.errors import (
 from client.protocol.asgi import Request, Response, json_response
 from client.protocol.codec import decode_records
 from client.protocol.codes import BrokerRole, Perm, ResponseCode, SysFlag
+from client.protocol.message import MessageExt
 from client.protocol.properties import WAIT, validate_group
 from client.protocol.route import TopicConfig
 
@@ -95,6 +97,28 @@ class SendBackProcessor:
         self._request_registration = request_registration
         self._randint = rand or random.randint
 
+    def _message_at(self, offset: int) -> tuple[bytes, MessageExt]:
+        """The message whose record starts at ``offset``; a 4xx when no record starts there (the client's offset
+        came from a pull, so anything else is a bad request, not a broker fault), with its record."""
+        record = None
+        if self._store.min_physical_offset <= offset < self._store.max_physical_offset:
+            try:
+                record = self._store.look_message_by_offset(offset)
+            except (ValueError, IndexError, OSError):  # a size read mid-record can point anywhere
+                record = None
+        msg = None
+        if record is not None:
+            try:
+                msg = decode_records(record)[0]
+            except (ProtocolViolationError, IndexError, ValueError):
+                msg = None
+        # A record's PHYSICALOFFSET is its own position: bytes inside a body that merely look like a record fail it.
+        if record is None or msg is None or msg.commit_log_offset != offset:
+            raise InvalidParameterError(
+                f"look message by offset failed: offset {offset} is not the start of a message in the commit log "
+                f"of {self._config.broker_name} (use the commitLogOffset a pull returned)")
+        return record, msg
+
     def routes(self) -> dict[tuple[str, str], Any]:
         return {("POST", "/consumer/sendback"): self.handle}
 
@@ -116,13 +140,7 @@ class SendBackProcessor:
             log.info("send-back of offset %d for group %s dropped: retryQueueNums=0", offset, group)
             return json_response({})
         retry = self._topic(retry_topic(group), sg.retry_queue_nums)
-        record = self._store.look_message_by_offset(offset)
-        if record is None:
-            raise BrokerSystemError(f"look message by offset failed, {offset}")
-        try:
-            msg = decode_records(record)[0]
-        except (ProtocolViolationError, IndexError):
-            raise BrokerSystemError(f"look message by offset failed, {offset} (no valid record there)") from None
+        record, msg = self._message_at(offset)
         max_times = max_arg if max_arg >= 0 else sg.retry_max_times
         target, level = decide_send_back(msg.reconsume_times, max_times, delay_level)
         if target is SendBackTarget.DLQ:

@@ -56,6 +56,8 @@ class Request:
             obj = json.loads(self.body)
         except ValueError as e:
             raise ArgumentError(f"request body is not valid JSON: {e}") from None
+        except RecursionError:  # json.loads recurses once per nesting level
+            raise ArgumentError("request body is not valid JSON: nested too deeply") from None
         if not isinstance(obj, dict):
             raise ArgumentError("request body must be a JSON object")
         return obj

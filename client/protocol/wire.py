@@ -160,7 +160,7 @@ def decode_error(status: int, data: bytes, *, addr: str | None = None) -> Broker
         return BrokerError.for_code(
             code, remark, broker_addr=body.get("broker") or addr, broker_role=body.get("role")
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         text = data[:200].decode("utf-8", "replace")
         code = ResponseCode.SYSTEM_ERROR if status >= 500 else ResponseCode.INVALID_PARAMETER
         return BrokerError.for_code(int(code), f"HTTP {status}: {text}", broker_addr=addr)

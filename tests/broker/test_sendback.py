@@ -192,7 +192,7 @@ def test_retry_queue_nums_zero_drops_the_message(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("setup", "body", "code", "remark"), [
-    ("none", {"group": "g", "offset": 123456}, 1, "look message by offset failed, 123456"),
+    ("none", {"group": "g", "offset": 123456}, 29, "offset 123456 is not the start of a message"),
     ("none", {"group": "g"}, 29, "'offset' is missing"),
     ("none", {"group": "g", "offset": -1}, 29, "'offset'=-1"),
     ("none", {"group": "bad group", "offset": 0}, 29, "group"),
@@ -323,3 +323,22 @@ def test_protocol_doc_lists_the_new_endpoints() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md").read_text()
     for needle in ("POST /consumer/sendback", "GET /consumer/ids", "delayDelivery.json"):
         assert needle in text
+
+
+def test_send_back_at_an_offset_that_is_not_a_record_start_is_a_4xx(tmp_path: Path) -> None:
+    """Every offset inside the first record, and past the log's end, is the client's mistake: a 4xx naming it."""
+    async def scenario(ctrl: Any, client: httpx.AsyncClient, store: FileMessageStore) -> None:
+        offset = _original(store)
+        size = store.max_physical_offset - offset
+        before = store.max_physical_offset
+        statuses = {}
+        for o in [*range(offset + 1, offset + size), before, before + 123456, 1 << 62]:
+            r = await client.post("/consumer/sendback", json=_body(o))
+            err = r.json()
+            statuses[o] = r.status_code
+            assert 400 <= r.status_code < 500 and err["code"] == 29, (o, r.status_code, err)
+            assert f"offset {o}" in err["remark"] and "not the start of a message" in err["remark"], err
+        assert store.max_physical_offset == before
+        assert len(statuses) == size + 2
+
+    run(tmp_path, scenario)
