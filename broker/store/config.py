@@ -56,7 +56,7 @@ class StoreConfig:
     """``mappedFileSizeConsumeQueue``; rounded up to a multiple of 20."""
     flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
-    sync_flush_timeout_ms: int = attrs.field(default=5000, validator=_positive)
+    sync_flush_timeout_ms: int = attrs.field(default=2000, validator=_positive)
     flush_interval_commitlog_ms: int = attrs.field(default=500, validator=_positive)
     flush_commitlog_least_pages: int = 4
     flush_commitlog_thorough_interval_ms: int = 10_000

@@ -72,7 +72,7 @@ def test_defaults() -> None:
     assert c.broker_ip1 == "127.0.0.1"
     assert c.store_root == Path("~/store").expanduser()
     assert (c.slave_read_enable, c.access_message_in_memory_max_ratio) == (False, 40)
-    assert (c.sync_flush_timeout_ms, c.ha_max_gap_not_in_sync, c.default_topic_queue_nums) == (5000, 1 << 28, 8)
+    assert (c.sync_flush_timeout_ms, c.ha_max_gap_not_in_sync, c.default_topic_queue_nums) == (2000, 1 << 28, 8)
     assert c.register_period_ms == 30_000
     assert c.slave_metadata_sync_interval_ms == 10_000
     assert c.namesrv_addr == ()

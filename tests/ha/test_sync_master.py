@@ -149,6 +149,31 @@ class _RawSlave:
 GAP = 64 * 1024
 
 
+def test_with_default_timeouts_a_paused_slave_gives_flush_slave_timeout_inside_the_send_timeout(
+        cluster_factory) -> None:
+    """The broker's replica wait (``syncFlushTimeout``) and the SDK's ``send_timeout_s`` are a pair: with both
+    defaults the broker's FLUSH_SLAVE_TIMEOUT reaches the user before the SDK gives up on the request."""
+    import inspect
+
+    from broker.config import BrokerConfig
+
+    send_timeout_s = inspect.signature(Producer).parameters["send_timeout_s"].default
+    assert BrokerConfig().sync_flush_timeout_ms / 1000 < send_timeout_s
+    cluster = ha_cluster(cluster_factory, slaves_per_group=1, mode="sync")
+    slave = cluster.broker("broker-a", 1)
+    create_topic(cluster, "Defaults")
+    wait_slave_linked(cluster)
+    with Producer("pg", cluster.namesrv_addr) as p:
+        assert p.send(Message("Defaults", b"up")).send_status is SendStatus.SEND_OK
+        slave.pause()
+        try:
+            r, took = timed_send(p, Message("Defaults", b"paused"))
+        finally:
+            slave.resume()
+    assert r.send_status is SendStatus.FLUSH_SLAVE_TIMEOUT, r
+    assert took < send_timeout_s, took
+
+
 def test_in_sync_slave_killed_while_lagging_slaves_are_connected_is_not_available_at_once(cluster_factory) -> None:
     """Only connected slaves' own acks count: the best ack ever seen (``push2SlaveMaxOffset``) belongs to a
     slave that is gone, and the slaves still connected are far behind, so nobody can ack a send soon."""
