@@ -292,7 +292,9 @@ class SendAttempts:
     * queue: ``fixed`` when given (one attempt), else :class:`~client._routing.QueueSelector`'s round robin
       away from the previous failed attempt's broker (and, when fault tolerance is on, isolated brokers);
     * attempts: ``1 + retries`` at most, and none once ``deadline`` has passed;
-    * a failure is retried only when :func:`is_retriable`; every attempt's latency feeds the fault table.
+    * a failure is retried only when :func:`is_retriable`; every attempt's latency feeds the fault table;
+    * a broker that answered SERVICE_NOT_AVAILABLE (its store is not writeable: disk full, a disk error, or it is
+      not a master) is not tried again in this send; when no other group has a queue, the send stops there.
 
     Args:
         info: the topic's writable queues.
@@ -320,6 +322,7 @@ class SendAttempts:
         self._last_broker: str | None = None
         self._timed_out = False
         self._started_ms = 0
+        self._unwritable: set[str] = set()
         self.attempts: list[tuple[str, ClientError]] = []
         """``(broker_name, error)`` of each failed attempt."""
 
@@ -333,8 +336,12 @@ class SendAttempts:
         self._left_attempts -= 1
         mq = self._fixed
         if mq is None:
-            mq = self._selector.select(self.info.message_queues, self._last_broker, fault=self._fault,
-                                       now_ms=self._now_ms())
+            queues = self.info.message_queues
+            if self._unwritable:
+                queues = tuple(q for q in queues if q.broker_name not in self._unwritable)
+                if not queues:
+                    return None
+            mq = self._selector.select(queues, self._last_broker, fault=self._fault, now_ms=self._now_ms())
         left = self._deadline - self._clock()
         if left <= 0:
             self._timed_out = True
@@ -360,7 +367,14 @@ class SendAttempts:
         self._last_broker = mq.broker_name
         now = self._now_ms()
         self._fault.update_fault_item(mq.broker_name, now - self._started_ms, isolation=True, now_ms=now)
-        return is_retriable(err)
+        if not is_retriable(err):
+            return False
+        if isinstance(err, BrokerError) and err.code == ResponseCode.SERVICE_NOT_AVAILABLE:
+            # The same broker cannot store it within this send; another group may. With no other group the
+            # broker's own answer (code 14 and its remark) is what the user needs, not a SendFailedError.
+            self._unwritable.add(mq.broker_name)
+            return any(q.broker_name not in self._unwritable for q in self.info.message_queues)
+        return True
 
     def exhausted(self) -> SendFailedError:
         """The error to raise when :meth:`next` said None."""

@@ -54,6 +54,8 @@ _FAILURES: dict[PutMessageStatus, type[BrokerError]] = {
     PutMessageStatus.MESSAGE_ILLEGAL: MessageIllegalError,
     PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: MessageIllegalError,
     PutMessageStatus.SERVICE_NOT_AVAILABLE: ServiceNotAvailableError,
+    # The next commit-log file could not be created (disk full, an I/O error): the store is not writeable.
+    PutMessageStatus.CREATE_MAPPED_FILE_FAILED: ServiceNotAvailableError,
     PutMessageStatus.OS_PAGE_CACHE_BUSY: SystemBusyError,
 }
 

@@ -53,6 +53,8 @@ __all__ = ["SendBackProcessor"]
 
 log = logging.getLogger(__name__)
 
+_NOT_WRITEABLE = frozenset({PutMessageStatus.SERVICE_NOT_AVAILABLE, PutMessageStatus.CREATE_MAPPED_FILE_FAILED})
+
 
 def _parse_request(obj: Mapping[str, Any]) -> tuple[str, int, int, str, str, int]:
     """``(group, offset, delayLevel, originMsgId, originTopic, maxReconsumeTimes)``; ArgumentError naming a bad
@@ -163,8 +165,10 @@ class SendBackProcessor:
             reconsume_times=msg.reconsume_times + 1,
         )
         if result.status is not PutMessageStatus.PUT_OK:
-            raise BrokerSystemError(f"{result.status.value}: {result.remark or 'store refused the message'} "
-                                    f"[send-back to {tc.topic_name} on {where}]")
+            # A store that cannot write (disk full, an I/O error) is SERVICE_NOT_AVAILABLE, as for a send.
+            cls = ServiceNotAvailableError if result.status in _NOT_WRITEABLE else BrokerSystemError
+            raise cls(f"{result.status.value}: {result.remark or 'store refused the message'} "
+                      f"[send-back to {tc.topic_name} on {where}]")
         self._metrics.stored(tc.topic_name, 1, result.wrote_bytes)
         if props.get(WAIT) != "false":
             code = await self._durability.wait(result)

@@ -43,6 +43,9 @@ __all__ = ["FileMessageStore"]
 
 log = logging.getLogger(__name__)
 
+#: Errors that mean "no room": the disk, the user's quota, or the largest file the file system allows.
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
 
 class _State(enum.Enum):
     CREATED = "CREATED"
@@ -318,12 +321,12 @@ class FileMessageStore:
 
     def _disk_error(self, exc: OSError) -> AppendResult:
         created = getattr(exc, "creating_file", False)
-        full = exc.errno == errno.ENOSPC
+        full = exc.errno in _DISK_FULL_ERRNOS
         what = "disk full" if full else "I/O error"
         log.error("append failed (%s): %s", what, exc)
         if created:
             return AppendResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED,
-                                f"cannot create the next commit log file ({what}): {exc}")
+                                f"cannot create the next commit log file ({what}); nothing was written: {exc}")
         return AppendResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                             f"message store is not writeable ({what}); nothing was written: {exc}")
 

@@ -185,7 +185,7 @@ def test_wrong_method_and_unknown_path(tmp_path: Path) -> None:
         (PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, 400, 13),
         (PutMessageStatus.SERVICE_NOT_AVAILABLE, 503, 14),
         (PutMessageStatus.OS_PAGE_CACHE_BUSY, 503, 2),
-        (PutMessageStatus.CREATE_MAPPED_FILE_FAILED, 500, 1),
+        (PutMessageStatus.CREATE_MAPPED_FILE_FAILED, 503, 14),
         (PutMessageStatus.UNKNOWN_ERROR, 500, 1),
     ],
 )
@@ -233,7 +233,7 @@ def test_durability_codes(tmp_path: Path, flush: FlushDiskType, role: BrokerRole
         assert r.status_code == 200
         assert decode_send_reply(r.content).code == expected
         if role is R_SYNC and slave_ok:
-            assert ha.waits == [(ctrl.store.max_physical_offset, 5.0)]
+            assert ha.waits == [(ctrl.store.max_physical_offset, 2.0)]  # syncFlushTimeout 2000 ms
         else:
             assert ha.waits == []
 
