@@ -93,6 +93,8 @@ class BrokerConfig:
     max_message_size: int = 4 * 1024 * 1024
     max_request_body_bytes: int = 16 * 1024 * 1024
     """``maxRequestBodyBytes`` (SplitMQ): larger HTTP bodies are refused with code 13 / HTTP 413."""
+    max_inflight_request_body_bytes: int = 64 * 1024 * 1024
+    """``maxInflightRequestBodyBytes`` (SplitMQ): bound on the bytes of all request bodies held at once."""
     broker_permission: int = int(Perm.READ | Perm.WRITE)
     flush_interval_commit_log_ms: int = 500
     flush_commit_log_least_pages: int = 4
@@ -334,6 +336,7 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "autoCreateSubscriptionGroup": ("auto_create_subscription_group", _bool),
     "maxMessageSize": ("max_message_size", _int(256)),
     "maxRequestBodyBytes": ("max_request_body_bytes", _int(1024)),
+    "maxInflightRequestBodyBytes": ("max_inflight_request_body_bytes", _int(1024)),
     "brokerPermission": ("broker_permission", _int(0, 15)),
     "flushIntervalCommitLog": ("flush_interval_commit_log_ms", _P),
     "flushCommitLogLeastPages": ("flush_commit_log_least_pages", _NN),
@@ -396,6 +399,7 @@ KEY_DOCS: dict[str, str] = {
     "autoCreateSubscriptionGroup": "A pull or send-back of an unknown group creates it; off: SUBSCRIPTION_GROUP_NOT_EXIST.",
     "maxMessageSize": "Largest stored record in bytes (body, topic, properties and header); larger is MESSAGE_ILLEGAL.",
     "maxRequestBodyBytes": "SplitMQ: largest HTTP request body in bytes; larger is refused with code 13 / HTTP 413.",
+    "maxInflightRequestBodyBytes": "SplitMQ: bound on the bytes of all HTTP request bodies held at once (being read or handled); a request that would pass it is refused with code 2 SYSTEM_BUSY / HTTP 503, which the SDK retries.",
     "brokerPermission": "Permission bits of the whole broker: 4 read, 2 write (6 = both); a missing bit is removed from every registered topic.",
     "flushIntervalCommitLog": "ASYNC_FLUSH: milliseconds between commit-log flushes.",
     "flushCommitLogLeastPages": "ASYNC_FLUSH: dirty 4 KiB pages needed for a periodic flush (0: flush whatever is dirty).",

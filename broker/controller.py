@@ -171,7 +171,9 @@ class BrokerController:
                                status=StatusViews(self.runtime_info, self.ha_status, self.metrics_text))
         routes = {("POST", "/send"): send.handle, ("GET", "/pull"): pull.handle, **send_back.routes(),
                   **consumers.routes(), **admin.routes()}
-        return Router(routes, max_body_bytes=cfg.max_request_body_bytes, identity=lambda: (self.addr, self.role_name),
+        return Router(routes, max_body_bytes=cfg.max_request_body_bytes,
+                      max_inflight_body_bytes=max(cfg.max_inflight_request_body_bytes, cfg.max_request_body_bytes),
+                      identity=lambda: (self.addr, self.role_name),
                       observe=metrics.observe_request)
 
     # --- identity ---------------------------------------------------------------------------------------

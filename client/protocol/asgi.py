@@ -30,6 +30,10 @@ class BodyTooLarge(Exception):
     pass
 
 
+class TooManyBodyBytes(Exception):
+    """The bodies of the requests being read or handled would pass the server's in-flight bound."""
+
+
 class Request:
     """One HTTP request: method, path, query and a body read up to a bound."""
 
@@ -89,6 +93,9 @@ class Router:
     Args:
         routes: ``{(method, path): handler}``.
         max_body_bytes: requests with a larger body are refused with MESSAGE_ILLEGAL (HTTP 413).
+        max_inflight_body_bytes: bound on the bytes of all request bodies held at once (read so far or being
+            handled); a request that would pass it is refused with SYSTEM_BUSY (HTTP 503) and its body dropped.
+            Default: 4 x ``max_body_bytes``.
         identity: returns ``(addr, role)`` put into every error answer.
         observe: called with ``(path, status, seconds)`` after every routed request (RPC latency metrics);
             unknown paths are reported as ``"other"`` so the label set stays bounded.
@@ -99,6 +106,7 @@ class Router:
         routes: Mapping[tuple[str, str], Handler],
         *,
         max_body_bytes: int,
+        max_inflight_body_bytes: int | None = None,
         identity: Callable[[], tuple[str | None, str | None]] = lambda: (None, None),
         observe: Callable[[str, int, float], None] | None = None,
     ) -> None:
@@ -108,6 +116,9 @@ class Router:
         for method, path in self._routes:
             self._paths.setdefault(path, set()).add(method)
         self._max_body = max_body_bytes
+        self._max_inflight = max_inflight_body_bytes if max_inflight_body_bytes is not None else 4 * max_body_bytes
+        self._inflight = 0
+        self._busy_logged = -1e9
         self._identity = identity
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -147,14 +158,31 @@ class Router:
                 return r
             return error_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"no such endpoint: {method} {path}",
                                   broker=broker, role=role)
+        held = [0]  # bytes of this request's body counted in self._inflight
         try:
-            body = await _read_body(receive, self._max_body)
+            return await self._read_and_handle(scope, receive, handler, method, path, held)
         except BodyTooLarge:
             broker, role = self._identity()
             r = error_response(ResponseCode.MESSAGE_ILLEGAL,
                                f"request body exceeds the limit of {self._max_body} bytes", broker=broker, role=role)
             r.status = 413
             return r
+        except TooManyBodyBytes:
+            broker, role = self._identity()
+            now = time.monotonic()
+            if now - self._busy_logged >= 1.0:  # one line a second at most: a flood must not flood the log
+                self._busy_logged = now
+                log.warning("%s %s refused with SYSTEM_BUSY: request bodies in flight would pass %d bytes",
+                            method, path, self._max_inflight)
+            return error_response(ResponseCode.SYSTEM_BUSY,
+                                  f"server busy: request bodies in flight would pass {self._max_inflight} bytes "
+                                  "(maxInflightRequestBodyBytes); try again shortly", broker=broker, role=role)
+        finally:
+            self._inflight -= held[0]
+
+    async def _read_and_handle(self, scope: dict[str, Any], receive: Receive, handler: Handler, method: str,
+                               path: str, held: list[int]) -> Response:
+        body = await self._read_body(receive, held)
         query = parse_query(scope.get("query_string", b""))
         request = Request(method, path, query, body, scope.get("client") or ("", 0))
         try:
@@ -168,6 +196,31 @@ class Router:
             broker, role = self._identity()
             return error_response(ResponseCode.SYSTEM_ERROR, f"internal error: {type(e).__name__}: {e}",
                                   broker=broker, role=role)
+
+
+    async def _read_body(self, receive: Receive, held: list[int]) -> bytes:
+        """The body, counted into the in-flight bytes as it arrives (``held[0]`` says how much is this one's)."""
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            if chunk:
+                total += len(chunk)
+                if total > self._max_body:
+                    raise BodyTooLarge
+                if self._inflight + len(chunk) > self._max_inflight:
+                    raise TooManyBodyBytes
+                self._inflight += len(chunk)
+                held[0] += len(chunk)
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        if len(chunks) == 1:
+            return chunks[0]
+        return b"".join(chunks)
 
 
 def parse_query(qs: bytes) -> dict[str, str]:
@@ -190,22 +243,6 @@ def parse_query(qs: bytes) -> dict[str, str]:
     return query
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        if chunk:
-            total += len(chunk)
-            if total > limit:
-                raise BodyTooLarge
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
