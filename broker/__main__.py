@@ -32,6 +32,7 @@ from broker.http_protocol import CoalescingHttpToolsProtocol
 from broker.store.api import StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
 from client.protocol.codec import pack_host
+from client.protocol.http_guard import HttpLimits, with_limits
 
 __all__ = ["main"]
 
@@ -176,7 +177,10 @@ async def run_broker(config: BrokerConfig) -> int:
         return EXIT_START
     # log_config=None: uvicorn's lines go through the root handler, so they carry the broker's identity too
     # proxy_headers=False: no X-Forwarded-For rewriting (the born host is the real peer) and one ASGI layer less.
-    uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http=CoalescingHttpToolsProtocol, lifespan="off",
+    limits = HttpLimits(header_timeout_s=config.http_header_timeout_ms / 1000,
+                        body_timeout_s=config.http_body_timeout_ms / 1000, max_connections=config.http_max_connections)
+    uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http=with_limits(CoalescingHttpToolsProtocol, limits),
+                               lifespan="off", timeout_keep_alive=limits.keep_alive_timeout_s,
                                access_log=False, proxy_headers=False,
                                log_level="warning", log_config=None,
                                timeout_graceful_shutdown=int(HTTP_STOP_TIMEOUT_S))

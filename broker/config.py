@@ -95,6 +95,13 @@ class BrokerConfig:
     """``maxRequestBodyBytes`` (SplitMQ): larger HTTP bodies are refused with code 13 / HTTP 413."""
     max_inflight_request_body_bytes: int = 64 * 1024 * 1024
     """``maxInflightRequestBodyBytes`` (SplitMQ): bound on the bytes of all request bodies held at once."""
+    http_header_timeout_ms: int = 10_000
+    """``httpHeaderTimeoutMs`` (SplitMQ): a request head must be complete within this."""
+    http_body_timeout_ms: int = 30_000
+    """``httpBodyTimeoutMs`` (SplitMQ): a request body must be complete this long after its head."""
+    http_max_connections: int = 4096
+    """``httpMaxConnections`` (SplitMQ): open HTTP connections; a new one past it is closed at once."""
+    """``maxInflightRequestBodyBytes`` (SplitMQ): bound on the bytes of all request bodies held at once."""
     broker_permission: int = int(Perm.READ | Perm.WRITE)
     flush_interval_commit_log_ms: int = 500
     flush_commit_log_least_pages: int = 4
@@ -337,6 +344,9 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "maxMessageSize": ("max_message_size", _int(256)),
     "maxRequestBodyBytes": ("max_request_body_bytes", _int(1024)),
     "maxInflightRequestBodyBytes": ("max_inflight_request_body_bytes", _int(1024)),
+    "httpHeaderTimeoutMs": ("http_header_timeout_ms", _int(1)),
+    "httpBodyTimeoutMs": ("http_body_timeout_ms", _int(1)),
+    "httpMaxConnections": ("http_max_connections", _int(1)),
     "brokerPermission": ("broker_permission", _int(0, 15)),
     "flushIntervalCommitLog": ("flush_interval_commit_log_ms", _P),
     "flushCommitLogLeastPages": ("flush_commit_log_least_pages", _NN),
@@ -399,6 +409,9 @@ KEY_DOCS: dict[str, str] = {
     "autoCreateSubscriptionGroup": "A pull or send-back of an unknown group creates it; off: SUBSCRIPTION_GROUP_NOT_EXIST.",
     "maxMessageSize": "Largest stored record in bytes (body, topic, properties and header); larger is MESSAGE_ILLEGAL.",
     "maxRequestBodyBytes": "SplitMQ: largest HTTP request body in bytes; larger is refused with code 13 / HTTP 413.",
+    "httpHeaderTimeoutMs": "SplitMQ: milliseconds within which a request head must be complete, from the connection's start or the request's first byte; else the connection is closed (idle sockets, slowloris).",
+    "httpBodyTimeoutMs": "SplitMQ: milliseconds within which a request body must be complete once its head is in; else the connection is closed.",
+    "httpMaxConnections": "SplitMQ: open HTTP connections; a new connection past this is closed at once, with a warning at most once a second.",
     "maxInflightRequestBodyBytes": "SplitMQ: bound on the bytes of all HTTP request bodies held at once (being read or handled); a request that would pass it is refused with code 2 SYSTEM_BUSY / HTTP 503, which the SDK retries.",
     "brokerPermission": "Permission bits of the whole broker: 4 read, 2 write (6 = both); a missing bit is removed from every registered topic.",
     "flushIntervalCommitLog": "ASYNC_FLUSH: milliseconds between commit-log flushes.",

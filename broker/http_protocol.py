@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from client.protocol.http_guard import LimitedHttpToolsProtocol
 
 __all__ = ["CoalescingHttpToolsProtocol"]
 
@@ -71,8 +71,9 @@ class _CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """Pass as ``uvicorn.Config(http=CoalescingHttpToolsProtocol)``."""
+class CoalescingHttpToolsProtocol(LimitedHttpToolsProtocol):
+    """Pass as ``uvicorn.Config(http=with_limits(CoalescingHttpToolsProtocol, limits))`` (the connection bounds of
+    :mod:`client.protocol.http_guard` come with it)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

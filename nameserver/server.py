@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from client.errors import TopicNotExistError
 from client.protocol.asgi import ArgumentError, Request, Response, Router, json_response
+from client.protocol.http_guard import HttpLimits, LimitedHttpToolsProtocol, with_limits
 from client.protocol.route import DataVersion, TopicConfig
 from nameserver.routeinfo import RouteInfo
 
@@ -77,6 +78,8 @@ class NamesrvConfig:
     """``scanNotActiveBrokerInterval``: period of the expiry scan (4.9.3: 10000)."""
     max_body_bytes: int = attrs.field(default=DEFAULT_MAX_BODY_BYTES, validator=_positive)
     """Largest request body accepted (HTTP 413 above)."""
+    http_limits: HttpLimits = attrs.field(factory=HttpLimits)
+    """Header and body read deadlines, the keep-alive timeout and the cap on open connections."""
 
 
 # ---------------------------------------------------------------------- request parsing
@@ -328,7 +331,8 @@ async def serve(
     listen = format_addr(sock.getsockname())
     app = create_app(route_info, clock_ms=clock_ms, addr=listen, max_body_bytes=config.max_body_bytes)
     server = uvicorn.Server(uvicorn.Config(
-        app, loop="uvloop", http="httptools", lifespan="off", access_log=False, log_level="warning",
+        app, loop="uvloop", http=with_limits(LimitedHttpToolsProtocol, config.http_limits), lifespan="off",
+        timeout_keep_alive=config.http_limits.keep_alive_timeout_s, access_log=False, log_level="warning",
         timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S), log_config=None,
     ))
     scanner = asyncio.create_task(run_expiry_scan(

@@ -1,0 +1,116 @@
+"""uvicorn's httptools protocol with the bounds uvicorn lacks: a header and a body read deadline, and a cap on open
+connections. Server-side glue, like :mod:`client.protocol.asgi`: the broker and the nameserver both serve with it.
+
+uvicorn arms its keep-alive timer only after a response, so a connection that never sends a complete request
+(an idle socket, a slowloris header, a body that stops short of its ``Content-Length``) stays open for ever, one
+descriptor each. Here:
+
+* from the connection's start, and from the first byte of each later request, the request head must be complete
+  within ``header_timeout_s``;
+* once the head is in, the body must be complete within ``body_timeout_s``;
+* past ``max_connections`` open connections a new one is closed at once, with a warning at most once a second.
+
+A deadline that passes closes the connection (no answer can be framed for a request that is not all there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, ClassVar
+
+import attrs
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["HttpLimits", "LimitedHttpToolsProtocol", "with_limits"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class HttpLimits:
+    """Bounds of one HTTP server's connections."""
+
+    header_timeout_s: float = 10.0
+    """A request head must be complete this long after the connection opens or its first byte arrives."""
+    body_timeout_s: float = 30.0
+    """A request body must be complete this long after its head."""
+    max_connections: int = 4096
+    """Open connections; a new one past it is closed at once."""
+    keep_alive_timeout_s: int = 5
+    """An idle connection after a response is closed after this long (uvicorn's ``timeout_keep_alive``)."""
+
+
+class _RefusalLog:
+    """A warning at most once a second, with the count of refusals since the last one."""
+
+    def __init__(self) -> None:
+        self.last = -1e9
+        self.count = 0
+
+    def refused(self, open_now: int, cap: int) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last >= 1.0:
+            log.warning("HTTP: refused %d connection(s): %d open, the cap is %d (httpMaxConnections)",
+                        self.count, open_now, cap)
+            self.last, self.count = now, 0
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`HttpLimits` (set by :func:`with_limits`)."""
+
+    limits: ClassVar[HttpLimits] = HttpLimits()
+    _refusals: ClassVar[_RefusalLog] = _RefusalLog()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = self.limits
+        if len(self.connections) > limits.max_connections:
+            self._refusals.refused(len(self.connections) - 1, limits.max_connections)
+            transport.close()
+            return
+        self._arm(limits.header_timeout_s, "request head")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        self._arm(self.limits.header_timeout_s, "request head")  # the first byte of a request
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._arm(self.limits.body_timeout_s, "request body")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expired, what, seconds)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self, what: str, seconds: float) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            log.info("HTTP: closing the connection from %s: %s not complete within %.1f s",
+                     f"{self.client[0]}:{self.client[1]}" if self.client else "?", what, seconds)
+            self.transport.close()
+
+
+def with_limits(base: type[LimitedHttpToolsProtocol], limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
+    """A subclass of ``base`` using ``limits`` (pass it as ``uvicorn.Config(http=...)``), with its own refusal
+    log."""
+    return type(base.__name__, (base,), {"limits": limits, "_refusals": _RefusalLog()})

@@ -1,0 +1,69 @@
+"""A real broker closes connections that do not finish a request in time and caps open connections
+(client/protocol/http_guard.py): idle sockets, a slowloris head and a body short of its Content-Length are
+closed by the deadlines; connections past the cap are closed at once with a log line; complete requests are served as before."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.broker.procs import Servers
+from tests.waiting import poll_until
+
+pytestmark = pytest.mark.integration
+
+
+def _connect(addr: str) -> socket.socket:
+    host, port = addr.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _closed_by_peer(s: socket.socket, within_s: float) -> float:
+    """Seconds until the peer closes ``s`` (recv returns b"" or the connection is reset); fails past ``within_s``."""
+    start = time.monotonic()
+    s.settimeout(within_s)
+    try:
+        while s.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection open for {within_s} s") from None
+    return time.monotonic() - start
+
+
+def test_deadlines_close_incomplete_requests(servers: Servers) -> None:
+    b = servers.broker({"brokerName": "lim", "httpHeaderTimeoutMs": "600", "httpBodyTimeoutMs": "600"}, name="lim")
+    idle = _connect(b.addr)
+    slow_head = _connect(b.addr)
+    slow_head.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    short_body = _connect(b.addr)
+    short_body.sendall(b"POST /topic HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc")
+    for s in (idle, slow_head, short_body):
+        took = _closed_by_peer(s, within_s=10)
+        assert took < 5, took
+        s.close()
+    # Requests that complete in time are served, also several on one kept-alive connection.
+    with httpx.Client(timeout=5) as c:
+        for _ in range(3):
+            assert c.get(f"{b.url}/metrics").status_code == 200
+
+
+def test_connections_past_the_cap_are_closed_with_a_log_line(servers: Servers) -> None:
+    b = servers.broker({"brokerName": "cap", "httpMaxConnections": "20"}, name="cap")
+    held = [_connect(b.addr) for _ in range(20)]
+    try:
+        extra = [_connect(b.addr) for _ in range(10)]
+        for s in extra:
+            _closed_by_peer(s, within_s=10)
+            s.close()
+        poll_until(lambda: "refused" in b.log() and "httpMaxConnections" in b.log(), 10, "the refusal log line")
+    finally:
+        for s in held:
+            s.close()
+    # Once the held ones are gone, requests are served again.
+    poll_until(lambda: httpx.get(f"{b.url}/metrics", timeout=5).status_code == 200, 10, "the broker to serve",
+               ignore=(httpx.HTTPError,))
