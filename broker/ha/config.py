@@ -50,7 +50,12 @@ class HAConfig:
     ha_send_gather_bytes: int = attrs.field(default=256 * 1024, validator=_positive)
     """Master: body bytes of several frames gathered into one ``sendmsg`` call (fewer syscalls)."""
     ha_max_connections: int = attrs.field(default=64, validator=_positive)
-    """Master: slaves accepted at once; further connections are closed with a warning."""
+    """Master: reporting slaves at once; a connection whose first report would pass it is closed with a warning."""
+    ha_max_pending_connections: int = attrs.field(default=16, validator=_positive)
+    """Master: connections that have not reported yet; a newcomer past it replaces the oldest of them."""
+    ha_pending_timeout_ms: int = attrs.field(default=3000, validator=_positive)
+    """Master: a connection that has not sent its first offset report within this is closed (a real slave
+    reports as soon as it connects)."""
     ha_max_ack_waiters: int = attrs.field(default=100_000, validator=_positive)
     """Master: pending ack waits (``wait_for_ack``, ``wait_for_replicas``); beyond this a wait completes False at
     once."""

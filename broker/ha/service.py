@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from broker.ha.admission import expired_pending, pending_to_evict, report_admitted
 from broker.ha.channel import Buffer, SocketChannel
 from broker.ha.config import HAConfig
 from broker.ha.progress import (
@@ -65,6 +66,23 @@ def _format_addr(addr: Any) -> str:
     return str(addr)
 
 
+class _RateLimitedWarning:
+    """Admission warnings, at most one a second with the count of those left out: a flood must not flood the log."""
+
+    def __init__(self) -> None:
+        self._last = -1e9
+        self._skipped = 0
+
+    def note(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last < 1.0:
+            self._skipped += 1
+            return
+        more = f" (and {self._skipped} more since the last such line)" if self._skipped else ""
+        log.warning("%s%s", message, more)
+        self._last, self._skipped = now, 0
+
+
 class _SlaveConnection:
     """One accepted slave: a channel, its progress entry and its writer task."""
 
@@ -74,6 +92,7 @@ class _SlaveConnection:
         self.addr = addr
         self.progress: SlaveProgress = service._state.add_slave(conn_id, addr)
         self.last_read_ms = service._clock_ms()
+        self.accepted_ms = self.last_read_ms
         self.new_data = asyncio.Event()
         self.first_report = asyncio.Event()
         self.speed_bytes_per_s = 0.0
@@ -236,6 +255,7 @@ class HAService:
         )
         self._conns: dict[int, _SlaveConnection] = {}
         self._ids = itertools.count(1)
+        self._refusals = _RateLimitedWarning()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._lsock: socket.socket | None = None
@@ -430,6 +450,12 @@ class HAService:
             conn.close(f"protocol error: {bad}")
             return
         if first:  # before any later report can be checked against it
+            reporting = sum(1 for c in self._conns.values() if c.first_report.is_set())
+            if not report_admitted(reporting, self._config.ha_max_connections):
+                self._refusals.note(f"HA: refusing slave {conn.addr}: {reporting} slaves connected "
+                                    f"(ha_max_connections={self._config.ha_max_connections})")
+                conn.close("too many slaves")
+                return
             conn.sent_to = self._start_offset(offset)
         first, done = self._state.on_report(conn.conn_id, offset)
         if first:
@@ -457,20 +483,29 @@ class HAService:
                 await asyncio.sleep(_ACCEPT_ERROR_PAUSE_S)
                 continue
             addr = _format_addr(raw_addr)
-            if len(self._conns) >= self._config.ha_max_connections:
-                log.warning("HA: refusing slave %s: %d connected (ha_max_connections=%d)", addr,
-                            len(self._conns), self._config.ha_max_connections)
-                sock.close()
-                continue
+            for cid in pending_to_evict(self._pending_since(), self._config.ha_max_pending_connections):
+                old = self._conns[cid]
+                self._refusals.note(f"HA: closing {old.addr}, connected without an offset report, to admit {addr} "
+                                    f"(ha_max_pending_connections={self._config.ha_max_pending_connections})")
+                old.close("replaced by a newer connection while it had not reported")
+                self._on_connection_closed(old)
             conn_id = next(self._ids)
             self._conns[conn_id] = _SlaveConnection(self, conn_id, sock, addr)
             log.info("HA slave %s connected", addr)
 
+    def _pending_since(self) -> dict[int, int]:
+        return {cid: c.accepted_ms for cid, c in self._conns.items() if not c.first_report.is_set()}
+
     async def _housekeeping_loop(self) -> None:
         cfg = self._config
         while True:
-            await asyncio.sleep(cfg.tick_ms / 1000.0)
+            await asyncio.sleep(min(cfg.tick_ms, cfg.ha_pending_timeout_ms // 4 or 1) / 1000.0)
             now = self._clock_ms()
+            for cid in expired_pending(self._pending_since(), now, cfg.ha_pending_timeout_ms):
+                conn = self._conns[cid]
+                self._refusals.note(f"HA: closing {conn.addr}: no offset report within "
+                                    f"{cfg.ha_pending_timeout_ms} ms (ha_pending_timeout_ms)")
+                conn.close("no offset report in time")
             for conn in list(self._conns.values()):
                 silent_ms = now - conn.last_read_ms
                 if silent_ms > cfg.ha_housekeeping_interval_ms:
