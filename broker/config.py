@@ -95,6 +95,10 @@ class BrokerConfig:
     """``maxRequestBodyBytes`` (SplitMQ): larger HTTP bodies are refused with code 13 / HTTP 413."""
     max_inflight_request_body_bytes: int = 64 * 1024 * 1024
     """``maxInflightRequestBodyBytes`` (SplitMQ): bound on the bytes of all request bodies held at once."""
+    max_auto_create_topics: int = 1024
+    """``maxAutoCreateTopics`` (SplitMQ): sends stop auto-creating topics once the broker holds this many."""
+    max_auto_create_subscription_groups: int = 10_000
+    """``maxAutoCreateSubscriptionGroups`` (SplitMQ): auto-creation of groups stops at this many groups."""
     http_header_timeout_ms: int = 10_000
     """``httpHeaderTimeoutMs`` (SplitMQ): a request head must be complete within this."""
     http_body_timeout_ms: int = 30_000
@@ -344,6 +348,8 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "maxMessageSize": ("max_message_size", _int(256)),
     "maxRequestBodyBytes": ("max_request_body_bytes", _int(1024)),
     "maxInflightRequestBodyBytes": ("max_inflight_request_body_bytes", _int(1024)),
+    "maxAutoCreateTopics": ("max_auto_create_topics", _int(1)),
+    "maxAutoCreateSubscriptionGroups": ("max_auto_create_subscription_groups", _int(1)),
     "httpHeaderTimeoutMs": ("http_header_timeout_ms", _int(1)),
     "httpBodyTimeoutMs": ("http_body_timeout_ms", _int(1)),
     "httpMaxConnections": ("http_max_connections", _int(1)),
@@ -409,6 +415,8 @@ KEY_DOCS: dict[str, str] = {
     "autoCreateSubscriptionGroup": "A pull or send-back of an unknown group creates it; off: SUBSCRIPTION_GROUP_NOT_EXIST.",
     "maxMessageSize": "Largest stored record in bytes (body, topic, properties and header); larger is MESSAGE_ILLEGAL.",
     "maxRequestBodyBytes": "SplitMQ: largest HTTP request body in bytes; larger is refused with code 13 / HTTP 413.",
+    "maxAutoCreateTopics": "SplitMQ: a send to an unknown topic auto-creates it only while the broker holds fewer topics than this (each costs consume queues and a topics.json rewrite); past it the send gets TOPIC_NOT_EXIST naming this key. Explicit creation is not limited.",
+    "maxAutoCreateSubscriptionGroups": "SplitMQ: a pull or heartbeat with an unknown group auto-creates it only while the broker holds fewer groups than this; past it SUBSCRIPTION_GROUP_NOT_EXIST naming this key. Auto-created groups are written to subscriptionGroup.json at most once a second.",
     "httpHeaderTimeoutMs": "SplitMQ: milliseconds within which a request head must be complete, from the connection's start or the request's first byte; else the connection is closed (idle sockets, slowloris).",
     "httpBodyTimeoutMs": "SplitMQ: milliseconds within which a request body must be complete once its head is in; else the connection is closed.",
     "httpMaxConnections": "SplitMQ: open HTTP connections; a new connection past this is closed at once, with a warning at most once a second.",

@@ -61,6 +61,8 @@ __all__ = ["BrokerController"]
 log = logging.getLogger(__name__)
 
 CLIENT_EXPIRE_CHECK_S = 10.0
+#: How often auto-created subscription groups are written to subscriptionGroup.json (the crash-loss window).
+GROUPS_PERSIST_INTERVAL_S = 1.0
 #: Bound of the whole graceful stop's network part (unregister, HA stop).
 STOP_NETWORK_TIMEOUT_S = 5.0
 
@@ -105,10 +107,12 @@ class BrokerController:
         self.topics = TopicConfigManager(
             cfg_dir, auto_create_topic_enable=config.auto_create_topic_enable,
             default_topic_queue_nums=config.default_topic_queue_nums,
-            delay_level_count=len(config.message_delay_level.split()), clock_ms=self._clock_ms,
+            delay_level_count=len(config.message_delay_level.split()),
+            max_auto_create=config.max_auto_create_topics, clock_ms=self._clock_ms,
         )
         self.offsets = ConsumerOffsetManager(cfg_dir, clock_ms=self._clock_ms)
         self.groups = SubscriptionGroupManager(cfg_dir, auto_create=config.auto_create_subscription_group,
+                                               max_auto_create=config.max_auto_create_subscription_groups,
                                                clock_ms=self._clock_ms)
         self.delay_offsets = DelayOffsetManager(cfg_dir)
         self.clients = ClientTable(clock_ms=self._clock_ms)
@@ -233,6 +237,8 @@ class BrokerController:
                     "persist-offsets")
         self._spawn(self._periodic(cfg.flush_delay_offset_interval_ms / 1000.0, self._persist_delay), "persist-delay")
         self._spawn(self._periodic(CLIENT_EXPIRE_CHECK_S, self.clients.expire), "expire-clients")
+        # Auto-created subscription groups are written at most once a second, not once per new group.
+        self._spawn(self._periodic(GROUPS_PERSIST_INTERVAL_S, self.groups.persist_if_dirty), "persist-groups")
         if cfg.namesrv_addr:
             self.request_registration()
             self._spawn(self.registrar.run_periodic(cfg.register_period_ms / 1000.0), "register")

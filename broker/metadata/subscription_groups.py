@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from broker.metadata.versioned import VersionedTable, decode_versioned_table
+from client.errors import SubscriptionGroupNotExistError
 from client.protocol.route import DataVersion
 
 __all__ = ["SubscriptionGroupConfig", "SubscriptionGroupManager", "decode_group_table"]
@@ -85,9 +86,11 @@ class SubscriptionGroupManager(VersionedTable[SubscriptionGroupConfig]):
         clock_ms: wall clock in ms (DataVersion timestamps).
     """
 
-    def __init__(self, config_dir: Path, *, auto_create: bool = True, clock_ms: Callable[[], int]) -> None:
+    def __init__(self, config_dir: Path, *, auto_create: bool = True, max_auto_create: int = 10_000,
+                 clock_ms: Callable[[], int]) -> None:
         super().__init__(config_dir / "subscriptionGroup.json", clock_ms=clock_ms)
         self._auto_create = auto_create
+        self._max_auto_create = max_auto_create
 
     table_key = "subscriptionGroupTable"
 
@@ -96,12 +99,27 @@ class SubscriptionGroupManager(VersionedTable[SubscriptionGroupConfig]):
         return decode_group_table(obj)
 
     def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
-        """The group's config; created with defaults when absent and auto-creation is on, else None."""
+        """The group's config; created with defaults when absent and auto-creation is on, else None.
+
+        An auto-created group is written to disk by the next :meth:`persist_if_dirty` (the broker calls it every
+        second and at shutdown), not here: a pull with a new group name once rewrote the whole file. A group lost
+        to a crash inside that second is auto-created again, with the same defaults, on its next use.
+
+        Raises:
+            SubscriptionGroupNotExistError: the broker already holds ``maxAutoCreateSubscriptionGroups`` groups.
+        """
         g = self._table.get(group)
         if g is None and self._auto_create:
+            if len(self._table) >= self._max_auto_create:
+                raise SubscriptionGroupNotExistError(
+                    f"subscription group [{group}] does not exist, and not auto-created: the broker holds "
+                    f"{len(self._table)} groups, the auto-create limit (maxAutoCreateSubscriptionGroups="
+                    f"{self._max_auto_create}); create it explicitly (Admin / POST /subscription-group) or raise "
+                    "the limit")
             g = SubscriptionGroupConfig(group_name=group)
             self._table[group] = g
-            self._changed()
+            self.data_version = self.data_version.next(self._clock_ms())
+            self.dirty = True
             log.info("auto-created subscription group %s", group)
         return g
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.metadata.versioned import VersionedTable, decode_versioned_table
+from client.errors import TopicNotExistError
 from client.protocol.codes import Perm
 from client.protocol.route import DataVersion, TopicConfig
 
@@ -36,6 +37,8 @@ class TopicConfigManager(VersionedTable[TopicConfig]):
         auto_create_topic_enable: create ``TBW102`` so clients can send to unknown topics.
         default_topic_queue_nums: queue counts of ``TBW102``.
         delay_level_count: queues of ``SCHEDULE_TOPIC_XXXX``.
+        max_auto_create: ``maxAutoCreateTopics``: a send stops auto-creating topics once the broker holds this
+            many (explicit creation is not limited).
         clock_ms: wall clock in ms (DataVersion timestamps).
     """
 
@@ -46,9 +49,11 @@ class TopicConfigManager(VersionedTable[TopicConfig]):
         auto_create_topic_enable: bool = True,
         default_topic_queue_nums: int = 8,
         delay_level_count: int = 18,
+        max_auto_create: int = 1024,
         clock_ms: Callable[[], int],
     ) -> None:
         super().__init__(config_dir / "topics.json", clock_ms=clock_ms)
+        self._max_auto_create = max_auto_create
         if auto_create_topic_enable:
             n = default_topic_queue_nums
             self._table[AUTO_CREATE_TOPIC] = TopicConfig(AUTO_CREATE_TOPIC, n, n, int(Perm.INHERIT | Perm.READ | Perm.WRITE))
@@ -71,10 +76,19 @@ class TopicConfigManager(VersionedTable[TopicConfig]):
 
         Returns:
             The new config, or None when ``TBW102`` is absent or not inheritable.
+
+        Raises:
+            TopicNotExistError: the broker already holds ``maxAutoCreateTopics`` topics (each costs a consume
+                queue per queue id and a rewrite of topics.json: auto-creation must not be a resource hole).
         """
         template = self._table.get(AUTO_CREATE_TOPIC)
         if template is None or not template.perm & Perm.INHERIT:
             return None
+        if len(self._table) >= self._max_auto_create:
+            raise TopicNotExistError(
+                f"topic[{topic}] not exist, and not auto-created: the broker holds {len(self._table)} topics, "
+                f"the auto-create limit (maxAutoCreateTopics={self._max_auto_create}); create it explicitly "
+                "(splitmq topic create / Admin.create_topic) or raise the limit")
         n = max(1, min(client_default_queue_nums, default_topic_queue_nums, template.write_queue_nums))
         tc = TopicConfig(topic, n, n, template.perm & ~int(Perm.INHERIT))
         self._table[topic] = tc

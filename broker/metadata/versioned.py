@@ -55,6 +55,8 @@ class VersionedTable(Generic[V]):
         self._clock_ms = clock_ms
         self._table: dict[str, V] = {}
         self.data_version = DataVersion()
+        self.dirty = False
+        """Changed since the last write (changes made by :meth:`_changed` are written at once)."""
 
     @classmethod
     def decode(cls, obj: Mapping[str, Any]) -> tuple[dict[str, V], DataVersion]:
@@ -74,7 +76,17 @@ class VersionedTable(Generic[V]):
         self.data_version = version
 
     def persist(self) -> None:
-        self._file.save(self.to_json())
+        self.dirty = False
+        try:
+            self._file.save(self.to_json())
+        except BaseException:
+            self.dirty = True
+            raise
+
+    def persist_if_dirty(self) -> None:
+        """Write the table when something changed since the last write."""
+        if self.dirty:
+            self.persist()
 
     def to_json(self) -> dict[str, Any]:
         return {"dataVersion": self.data_version.to_json(),

@@ -109,13 +109,15 @@ class FileIO:
     hooked: ClassVar[bool] = False
 
     def open_mapped(
-        self, path: str, size: int, *, create: bool, populate: bool = False
+        self, path: str, size: int, *, create: bool, populate: bool = False, sparse: bool = False
     ) -> tuple[int, mmap.mmap]:
         """Open (or create) ``path``, make sure ``size`` bytes are allocated on disk, and map them.
 
         Space is reserved with ``posix_fallocate`` before mapping, so a full disk fails here with OSError
         instead of a SIGBUS on a later write through the map. ``populate`` pre-faults every page (slow, done
-        off the write path) so later writes do not take a page fault per 4 KiB.
+        off the write path) so later writes do not take a page fault per 4 KiB. ``sparse`` only sets the size:
+        the owner reserves space ahead of its writes with :meth:`allocate` (consume queues, most of which stay
+        nearly empty).
 
         Raises:
             OSError: the file cannot be created, allocated (ENOSPC) or mapped.
@@ -125,7 +127,10 @@ class FileIO:
         try:
             current = os.fstat(fd).st_size
             if current < size:
-                self.allocate(fd, path, current, size - current)
+                if sparse:
+                    os.ftruncate(fd, size)
+                else:
+                    self.allocate(fd, path, current, size - current)
             mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
             if populate:
                 prefault(mm, 0, size)

@@ -39,7 +39,7 @@ def list_offset_files(directory: str) -> list[tuple[int, str]]:
 class MappedFile:
     """One mapped file. Not thread-safe by itself; owners serialise writers."""
 
-    __slots__ = ("closed", "fd", "flushed", "io", "mm", "path", "size", "start", "wrote")
+    __slots__ = ("closed", "fd", "flushed", "io", "mm", "path", "reserved", "size", "start", "wrote")
 
     def __init__(self, io: FileIO, path: str, start: int, size: int, fd: int, mm: mmap.mmap) -> None:
         self.io = io
@@ -51,17 +51,35 @@ class MappedFile:
         self.wrote = 0
         self.flushed = 0
         self.closed = False
+        self.reserved = size
+        """Bytes from the file's start known to be allocated on disk (a sparse file reserves as it fills)."""
 
     @classmethod
     def open(cls, io: FileIO, path: str, start: int, size: int, *, create: bool,
-             populate: bool = False) -> MappedFile:
-        """Open (``create``: or create and preallocate) a file of ``size`` bytes; ``populate`` pre-faults it.
+             populate: bool = False, sparse: bool = False) -> MappedFile:
+        """Open (``create``: or create and preallocate) a file of ``size`` bytes; ``populate`` pre-faults it;
+        ``sparse``: allocate nothing now, the writer calls :meth:`reserve` ahead of its writes.
 
         Raises:
             OSError: cannot create, allocate (ENOSPC) or map it.
         """
-        fd, mm = io.open_mapped(path, size, create=create, populate=populate)
-        return cls(io, path, start, size, fd, mm)
+        fd, mm = io.open_mapped(path, size, create=create, populate=populate, sparse=sparse)
+        mf = cls(io, path, start, size, fd, mm)
+        if sparse:
+            mf.reserved = 0
+        return mf
+
+    def reserve(self, upto: int, chunk: int) -> None:
+        """Allocate on disk at least up to ``upto`` (whole chunks of ``chunk`` bytes, within the file), so a write
+        through the map below it cannot SIGBUS on a full disk.
+
+        Raises:
+            OSError: ENOSPC (nothing is reserved then).
+        """
+        end = min(self.size, -(-upto // chunk) * chunk)
+        if end > self.reserved:
+            self.io.allocate(self.fd, self.path, self.reserved, end - self.reserved)
+            self.reserved = end
 
     @property
     def end(self) -> int:

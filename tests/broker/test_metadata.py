@@ -109,6 +109,8 @@ def test_groups_defaults_auto_create(tmp_path: Path) -> None:
     assert g == SubscriptionGroupConfig(group_name="cg")
     assert (g.broker_id, g.which_broker_when_consume_slowly, g.retry_max_times, g.retry_queue_nums,
             g.consume_enable) == (0, 1, 16, 1, True)
+    assert m.dirty and not m.path.exists()  # written by the broker's once-a-second flush, not per new group
+    m.persist_if_dirty()
     obj = json.loads(m.path.read_text())
     assert obj["subscriptionGroupTable"]["cg"]["whichBrokerWhenConsumeSlowly"] == 1
     assert SubscriptionGroupManager(tmp_path / "x", auto_create=False, clock_ms=clock).find_or_create("cg") is None
