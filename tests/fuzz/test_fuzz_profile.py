@@ -1,0 +1,39 @@
+"""The short profile of the fuzz suite (benchmarks/fuzz_bench.py; the full one is ``python -m benchmarks fuzz``):
+every HTTP endpoint of a real broker and nameserver, the send-batch decoder, the HA frame and report decoders and
+the .properties loader get seeded mutations of valid inputs; no 5xx, crash or hang, the broker's anonymous memory
+flat, the store intact."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.fuzz_bench import SHORT, FuzzReport, mutate, run_fuzz
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_short_profile_finds_no_5xx_crash_or_hang() -> None:
+    report = run_fuzz(SHORT)
+    assert report.failures == [], f"seed {report.seed}: " + "\n".join(report.failures)
+    assert sum(t.inputs for t in report.targets.values()) == sum(SHORT.values())
+    assert report.targets["http-broker"].client_errors > 0  # the mutations do reach the error paths
+
+
+def test_the_report_fails_on_each_kind_of_finding() -> None:
+    from benchmarks.fuzz_bench import TargetResult
+
+    for kind in ("5xx", "hang", "crash"):
+        t = TargetResult()
+        t.fail(kind, 1, b"x", "detail")
+        assert FuzzReport({"t": t}, store_intact=True).failures
+    assert FuzzReport({}, store_intact=False).failures
+    assert FuzzReport({}, rss_start=0, rss_end=6 << 20, store_intact=True).failures
+    assert FuzzReport({}, rss_start=0, rss_end=1 << 20, store_intact=True).failures == []
+
+
+def test_mutate_is_seeded() -> None:
+    import random
+
+    a = [mutate(random.Random(7), b"seed input") for _ in range(3)]
+    b = [mutate(random.Random(7), b"seed input") for _ in range(3)]
+    assert a == b and any(x != b"seed input" for x in a)
