@@ -76,6 +76,13 @@ class BrokerConfig:
     ha_transfer_batch_size: int = 32_768
     ha_max_gap_not_in_sync: int = 268_435_456
     """``haMaxGapNotInSync`` (4.x: ``haSlaveFallbehindMax``), bytes."""
+    ha_max_connections: int = 64
+    """``haMaxConnections`` (SplitMQ): reporting slaves a master keeps at once."""
+    ha_max_pending_connections: int = 16
+    """``haMaxPendingConnections`` (SplitMQ): HA connections that have not reported yet; a newcomer replaces the
+    oldest."""
+    ha_pending_timeout_ms: int = 3000
+    """``haPendingTimeoutMs`` (SplitMQ): an HA connection without an offset report this long is closed."""
     in_sync_replicas: int = 2
     """``inSyncReplicas``: copies of a SYNC_MASTER put before SEND_OK, the master's counted (RocketMQ 5's default
     is 1, no slave wait; 2 keeps 4.9.3's one-slave wait, decision 5)."""
@@ -221,6 +228,9 @@ class BrokerConfig:
             ha_housekeeping_interval_ms=self.ha_housekeeping_interval_ms,
             ha_transfer_batch_size=self.ha_transfer_batch_size,
             ha_max_gap_not_in_sync=self.ha_max_gap_not_in_sync,
+            ha_max_connections=self.ha_max_connections,
+            ha_max_pending_connections=self.ha_max_pending_connections,
+            ha_pending_timeout_ms=self.ha_pending_timeout_ms,
             in_sync_replicas=self.in_sync_replicas,
             min_in_sync_replicas=self.min_in_sync_replicas,
             enable_auto_in_sync_replicas=self.enable_auto_in_sync_replicas,
@@ -336,6 +346,9 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "haTransferBatchSize": ("ha_transfer_batch_size", _P),
     "haMaxGapNotInSync": ("ha_max_gap_not_in_sync", _P),
     "haSlaveFallbehindMax": ("ha_max_gap_not_in_sync", _P),
+    "haMaxConnections": ("ha_max_connections", _P),
+    "haMaxPendingConnections": ("ha_max_pending_connections", _P),
+    "haPendingTimeoutMs": ("ha_pending_timeout_ms", _P),
     "inSyncReplicas": ("in_sync_replicas", _P),
     "minInSyncReplicas": ("min_in_sync_replicas", _P),
     "enableAutoInSyncReplicas": ("enable_auto_in_sync_replicas", _bool),
@@ -407,6 +420,9 @@ KEY_DOCS: dict[str, str] = {
     "minInSyncReplicas": "With `enableAutoInSyncReplicas`: the fewest copies (master counted) a SYNC_MASTER send settles for; must be <= `inSyncReplicas`.",
     "enableAutoInSyncReplicas": "SYNC_MASTER: a send needs as many copies as replicas are in sync, at most `inSyncReplicas` and at least `minInSyncReplicas`.",
     "haSlaveFallbehindMax": "RocketMQ 4.x name of `haMaxGapNotInSync`; sets the same value.",
+    "haMaxConnections": "SplitMQ: slaves (connections that have sent an offset report) a master keeps at once; a first report past it closes that connection.",
+    "haMaxPendingConnections": "SplitMQ: HA connections a master keeps before their first offset report; a newcomer past it replaces the oldest of them.",
+    "haPendingTimeoutMs": "SplitMQ: milliseconds an HA connection may stay without an offset report before the master closes it (a real slave reports at once).",
     "registerNameServerPeriod": "Milliseconds between registrations with every nameserver (clamped to [registerNameServerPeriodMinMs, 60000]).",
     "registerNameServerPeriodMinMs": "SplitMQ, for tests: lower clamp of the registration period.",
     "registerBrokerTimeoutMills": "Milliseconds one registration request may take.",

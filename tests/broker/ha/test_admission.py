@@ -111,3 +111,16 @@ def test_a_flood_of_idle_connections_does_not_lock_the_real_slave_out(
             await wait_until(lambda: _fd_count() <= fds_before, "the sockets closed", 5.0)
 
     run(scenario())
+
+
+def test_the_admission_keys_come_from_the_broker_properties() -> None:
+    from broker.config import BrokerConfig, ConfigError
+
+    ha = BrokerConfig.from_properties({"haMaxConnections": "3", "haMaxPendingConnections": "5",
+                                       "haPendingTimeoutMs": "700"}).to_ha_config()
+    assert (ha.ha_max_connections, ha.ha_max_pending_connections, ha.ha_pending_timeout_ms) == (3, 5, 700)
+    defaults = BrokerConfig.from_properties({}).to_ha_config()
+    assert (defaults.ha_max_connections, defaults.ha_max_pending_connections, defaults.ha_pending_timeout_ms) == (
+        HAConfig().ha_max_connections, HAConfig().ha_max_pending_connections, HAConfig().ha_pending_timeout_ms)
+    with pytest.raises(ConfigError, match="haMaxPendingConnections"):
+        BrokerConfig.from_properties({"haMaxPendingConnections": "0"})
