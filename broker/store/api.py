@@ -25,6 +25,7 @@ from typing import Protocol
 
 import attrs
 
+from broker.store.retention import StoreCleaning
 from client.protocol.codec import BatchItem
 
 __all__ = [
@@ -200,6 +201,10 @@ class MessageStore(Protocol):
             StoreError: the bytes cannot be written (disk full).
         """
 
+    def restart_log_at(self, physical_offset: int) -> None:
+        """Slave side of HA: drop the whole commit log and start it again, empty, at ``physical_offset`` (a file
+        start past its end: the master's oldest file, after retention deleted the bytes between)."""
+
     def add_append_listener(self, callback: Callable[[int], None]) -> None:
         """Subscribe to the append event: ``callback(new_max_physical_offset)`` once after every append, on the
         appending thread (register before appends start; a failing listener is logged, the others still run)."""
@@ -267,6 +272,11 @@ class MessageStore(Protocol):
 
     def topic_queue_max_offsets(self) -> dict[tuple[str, int], int]:
         """Max queue offset of every (topic, queue) the store knows (for runtime info and metrics)."""
+
+    @property
+    def cleaner(self) -> StoreCleaning:
+        """Retention and the disk guard (driven by the broker's :mod:`broker.retention_driver`)."""
+        ...
 
     def truncate(self, physical_offset: int) -> None:
         """Drop commit-log bytes from ``physical_offset`` on and consume-queue units pointing there (HA / DLedger

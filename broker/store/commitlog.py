@@ -16,8 +16,9 @@ from typing import cast
 
 from broker.store.api import StoreCorruptError, StoreError
 from broker.store.io import FileIO, prefault
-from broker.store.mapped_file import MappedFile, file_name, list_offset_files
+from broker.store.mapped_file import MappedFile, RetiredFiles, file_name, list_offset_files
 from broker.store.records import BAD, BLANK, END, ZERO, check_records, scan_records
+from broker.store.retention import FileAge
 from client.protocol.codec import (
     BLANK_MAGIC,
     MAGIC_V1,
@@ -57,6 +58,8 @@ class CommitLog:
         self._preallocate = preallocate
         self._prepared: MappedFile | None = None
         self._prep_thread: threading.Thread | None = None
+        #: Files deleted by retention whose maps wait for their readers.
+        self.retired = RetiredFiles()
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -91,6 +94,48 @@ class CommitLog:
         with self.lock:
             for mf in self.files:
                 mf.close()
+        self.retired.close_all()
+
+    # -- retention --------------------------------------------------------------------------------------
+    def file_ages(self, limit: int) -> list[FileAge]:
+        """The oldest ``limit`` files (and the last one, which always stays) with their last write time: the
+        file's mtime, as RocketMQ's ``lastModified``."""
+        files = self.files
+        head = files[:limit] + ([files[-1]] if len(files) > limit else [])
+        out = []
+        for mf in head:
+            try:
+                ms = int(os.stat(mf.path).st_mtime * 1000)
+            except OSError:
+                ms = 0
+            out.append(FileAge(mf.start, mf.end, ms))
+        return out
+
+    def reset_to(self, offset: int, now_ms: int) -> None:
+        """Retire every file and start the log again, empty, at ``offset`` (a slave whose master deleted what it
+        needed next)."""
+        self._discard_prepared()
+        with self.lock:
+            gone = list(self.files)
+            self.files.clear()
+            self._base = self.flushed_where = offset
+        for mf in gone:
+            self.retired.add(mf, now_ms)
+
+    def retire_head(self, count: int, now_ms: int) -> list[MappedFile]:
+        """Take the ``count`` oldest files out of the log (never the last): unlinked now, unmapped once no reader
+        holds them (:attr:`retired`). Called on the writer's thread; the flush thread sees the list under ``lock``.
+        """
+        with self.lock:
+            count = min(count, len(self.files) - 1)
+            if count <= 0:
+                return []
+            gone = self.files[:count]
+            del self.files[:count]
+            self._base = self.files[0].start
+        for mf in gone:
+            self.retired.add(mf, now_ms)
+        return gone
 
     # -- offsets ----------------------------------------------------------------------------------------
     @property
@@ -341,12 +386,17 @@ class CommitLog:
                     continue
                 if least_pages and mf is last and (mf.wrote >> 12) - (mf.flushed >> 12) < least_pages:
                     break
-                todo.append((mf, mf.flushed, mf.wrote))
-        for mf, begin, end in todo:
-            try:
-                mf.io.flush(mf.mm, mf.path, begin, end)
-            except ValueError:  # closed meanwhile (deleted or truncated away)
-                continue
+                if mf.hold():  # retention may retire it meanwhile: its map stays until we release it
+                    todo.append((mf, mf.flushed, mf.wrote))
+        try:
+            for mf, begin, end in todo:
+                try:
+                    mf.io.flush(mf.mm, mf.path, begin, end)
+                except ValueError:  # closed meanwhile (truncated away, or retired past the forcible delay)
+                    continue
+        finally:
+            for mf, _, _ in todo:
+                mf.release()
         with self.lock:
             for mf, begin, end in todo:
                 if not mf.closed and mf.flushed == begin:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import attrs
 
+from broker.store.retention import RetentionConfig
 from client.protocol.codes import BrokerRole, FlushDiskType
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "StoreConfig", "parse_delay_levels", "total_physical_memory_bytes"]
@@ -84,6 +85,12 @@ class StoreConfig:
     """Packed ``ip + int32 port`` written into STOREHOSTADDRESS (:func:`client.protocol.codec.pack_host`)."""
     clock_ms: Callable[[], int] = _wall_clock_ms
     """Wall clock in ms (injected in tests)."""
+    retention: RetentionConfig = attrs.field(factory=RetentionConfig)
+    """File retention and the disk guard (:mod:`broker.store.retention`)."""
+    destroy_mapped_file_interval_forcibly_ms: int = attrs.field(default=120_000, validator=_positive)
+    """``destroyMapedFileIntervalForcibly``: a deleted file still held by a reader is unmapped after this."""
+    disk_used_ratio: Callable[[str], float] | None = None
+    """``path -> used fraction of its partition``; None: the file layer's ``statvfs`` (tests inject one)."""
 
     @property
     def consume_queue_file_size(self) -> int:

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterator
 
 from broker.store.io import FileIO
-from broker.store.mapped_file import MappedFile, file_name, list_offset_files
+from broker.store.mapped_file import MappedFile, RetiredFiles, file_name, list_offset_files
 
 __all__ = ["BLANK_SIZE", "CQ_UNIT", "UNIT_SIZE", "ConsumeQueue", "ConsumeQueueTable"]
 
@@ -208,6 +208,8 @@ class ConsumeQueue:
                             self.topic, self.queue_id, queue_offset, phy, max_offset)
                 return False
             self._fill_blanks(queue_offset)
+            if self.min_offset >= max_offset:  # nothing readable before the gap (a slave restarted its log)
+                self.min_offset = queue_offset
         files = self.files
         mf = files[-1] if files else None
         if mf is None or mf.wrote >= mf.size:
@@ -245,9 +247,44 @@ class ConsumeQueue:
             self._refresh_bounds()
 
     def flush(self) -> None:
-        for mf in self.files:
+        for mf in list(self.files):
             if mf.flushed < mf.wrote:
                 mf.flush()
+
+    # -- retention --------------------------------------------------------------------------------------
+    def delete_expired(self, min_phy: int, retired: RetiredFiles, now_ms: int) -> int:
+        """Retire the files whose every unit points below ``min_phy`` (never the last file), then correct the
+        min offset (RocketMQ's ``deleteExpiredFile`` + ``correctMinOffset``). Returns the files retired."""
+        files = self.files
+        n = 0
+        while n < len(files) - 1:
+            mf = files[n]
+            if mf.wrote < UNIT_SIZE:
+                break
+            phy, size, _ = CQ_UNIT.unpack_from(mf.mm, mf.wrote - UNIT_SIZE)
+            if size != BLANK_SIZE and phy >= min_phy:  # units are in log order: the last one is the newest
+                break
+            n += 1
+        if n:
+            gone = files[:n]
+            del files[:n]
+            for mf in gone:
+                retired.add(mf, now_ms)
+        self.correct_min_offset(min_phy)
+        return n
+
+    def correct_min_offset(self, min_phy: int) -> None:
+        """Min offset := the first unit that still points into the commit log (``>= min_phy``); the max offset
+        when none does."""
+        lo, hi = max(self.min_offset, self.first_offset), self.max_offset
+        while lo < hi:  # blank padding (phy 0) only at the start, then units in log order
+            mid = (lo + hi) // 2
+            phy, size, _ = self.unit(mid)  # type: ignore[misc]
+            if size != BLANK_SIZE and phy >= min_phy:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.min_offset = lo
 
 
 class ConsumeQueueTable:
@@ -301,6 +338,14 @@ class ConsumeQueueTable:
         for cq in self.queues.values():
             if cq.max_physic_end > phy_end:
                 cq.truncate_dirty(phy_end)
+
+    def delete_expired(self, min_phy: int, retired: RetiredFiles, now_ms: int) -> int:
+        """Every queue's :meth:`ConsumeQueue.delete_expired`; returns the files retired."""
+        return sum(cq.delete_expired(min_phy, retired, now_ms) for cq in list(self.queues.values()))
+
+    def correct_min_offsets(self, min_phy: int) -> None:
+        for cq in self.queues.values():
+            cq.correct_min_offset(min_phy)
 
     def destroy_all(self) -> None:
         for cq in self.queues.values():

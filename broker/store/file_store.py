@@ -27,6 +27,7 @@ from broker.store.api import (
     TagFilter,
 )
 from broker.store.checkpoint import Checkpoint
+from broker.store.cleaner import StoreCleaner
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueueTable
@@ -88,6 +89,10 @@ class FileMessageStore:
         self.dispatcher = Dispatcher(self.commitlog, self.cqs, self.index, self._delay_levels,
                                      self._dispatch_listeners)
         self.validator = PutValidator(config, self._delay_levels)
+        #: Retention and the disk guard; the broker's cleaner task drives it (:mod:`broker.retention_driver`).
+        self.cleaner = StoreCleaner(self.commitlog, self.cqs, self.index, self.dispatcher, config.retention,
+                                    config.disk_used_ratio or self.io.used_ratio, config.clock_ms,
+                                    config.destroy_mapped_file_interval_forcibly_ms)
         #: Next queue offset per (topic, queue): assigned on put, rebuilt from the consume queues at load.
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self._flush_service: FlushService | None = None
@@ -117,6 +122,8 @@ class FileMessageStore:
                 self.index.load()
             recovery.recover(self.commitlog, self.cqs, cp, self.dispatcher, self.config,
                              last_exit_ok=last_exit_ok)
+            # Retention may have deleted commit-log files the queues still point into (a crash between the two).
+            self.cqs.correct_min_offsets(self.commitlog.min_offset)
             self.rebuild_topic_queue_table()
             self.io.write_small_file(self._abort_path, str(os.getpid()).encode())
         except BaseException:
@@ -278,6 +285,9 @@ class FileMessageStore:
         if self._role is BrokerRole.SLAVE:
             return AppendResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                 "broker role is SLAVE: a slave does not accept writes")
+        state = self.cleaner.state
+        if not state.writeable and not (state := self.cleaner.recheck()).writeable:
+            return AppendResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, f"message store is not writeable: {state.reason}")
         return None
 
     def append_batch(
@@ -315,6 +325,7 @@ class FileMessageStore:
         for key, count in advances:
             table[key] = table.get(key, 0) + count
         self.validator.last_store_ts = store_ts
+        self.cleaner.wrote(total, store_ts)
         self._after_append()
         return AppendResult(PutMessageStatus.PUT_OK, "", wrote_offset, total, first_queue_offset, len(items),
                             store_ts, tuple(offsets))
@@ -324,6 +335,7 @@ class FileMessageStore:
         full = exc.errno in _DISK_FULL_ERRNOS
         what = "disk full" if full else "I/O error"
         log.error("append failed (%s): %s", what, exc)
+        self.cleaner.write_failed(f"{what}: {exc}")
         if created:
             return AppendResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED,
                                 f"cannot create the next commit log file ({what}); nothing was written: {exc}")
@@ -375,6 +387,33 @@ class FileMessageStore:
         if self.dispatcher.reput < self.commitlog.min_offset:
             self.dispatcher.reput = self.commitlog.min_offset
         self._after_append()
+
+    def restart_log_at(self, physical_offset: int) -> None:
+        """Slave side of HA: the master's oldest file starts at ``physical_offset``, past the end of this log
+        (retention deleted the bytes between while this slave was away). Drop the whole commit log, start it again
+        there; the consume queues keep their offsets and point nowhere until new units arrive.
+
+        Raises:
+            StoreError: not a slave, not past the end of the log, or not a commit-log file start.
+        """
+        cl = self.commitlog
+        if self._role is not BrokerRole.SLAVE:
+            raise StoreError("only a slave restarts its commit log at its master's offset")
+        if physical_offset <= cl.max_offset or physical_offset % cl.file_size:
+            raise StoreError(f"cannot restart the commit log at {physical_offset}: it must be a file start past the "
+                             f"log's end {cl.max_offset}")
+        while self.dispatcher.dispatch_available(64 << 20):
+            pass
+        with self.dispatcher.lock:
+            now = self.config.clock_ms()
+            cl.reset_to(physical_offset, now)
+            self.dispatcher.reput = physical_offset
+            self.cqs.delete_expired(physical_offset, cl.retired, now)
+            if self.index is not None:
+                self.index.delete_expired(physical_offset, cl.retired, now)
+            if self.checkpoint is not None:
+                self.checkpoint.flushed_offset = physical_offset
+                self.checkpoint.flush()
 
     def add_append_listener(self, callback: Callable[[int], None]) -> None:
         """Subscribe to the append event (see the MessageStore protocol)."""

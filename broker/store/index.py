@@ -20,7 +20,7 @@ from collections.abc import Callable
 from operator import mul
 
 from broker.store.io import FileIO
-from broker.store.mapped_file import MappedFile
+from broker.store.mapped_file import MappedFile, RetiredFiles
 from client.protocol.codec import java_hash
 
 __all__ = ["IndexFile", "IndexService", "key_hash"]
@@ -283,6 +283,18 @@ class IndexService:
         if self.files:
             self.files[-1].flush()  # earlier files were flushed when they filled up
         return True
+
+    def delete_expired(self, min_phy: int, retired: RetiredFiles, now_ms: int) -> int:
+        """Retire the index files that only cover commit-log bytes below ``min_phy`` (never the last one)."""
+        with self.lock:
+            n = 0
+            while n < len(self.files) - 1 and self.files[n].end_phy < min_phy:
+                n += 1
+            gone = self.files[:n]
+            self.files = self.files[n:]  # a new list: query() iterates a copy, the dispatcher the last file
+        for f in gone:
+            retired.add(f.mf, now_ms)
+        return n
 
     def close(self, *, crashed: bool = False) -> None:
         for f in self.files:

@@ -181,6 +181,20 @@ class FileIO:
         except FileNotFoundError:
             pass
 
+    def used_ratio(self, path: str) -> float:
+        """Used fraction of the partition holding ``path`` (``os.statvfs``; the nearest existing parent counts),
+        counting as free only what an unprivileged writer may use, as RocketMQ's ``getUsableSpace``."""
+        while not os.path.exists(path):
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        st = os.statvfs(path)
+        total = st.f_blocks * st.f_frsize
+        if total <= 0:
+            return 0.0
+        return max(0.0, min(1.0, (total - st.f_bavail * st.f_frsize) / total))
+
     def makedirs(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
 

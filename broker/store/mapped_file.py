@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
 
 from broker.store.io import FileIO
 
-__all__ = ["MappedFile", "file_name", "list_offset_files"]
+__all__ = ["MappedFile", "RetiredFiles", "file_name", "list_offset_files"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def list_offset_files(directory: str) -> list[tuple[int, str]]:
 class MappedFile:
     """One mapped file. Not thread-safe by itself; owners serialise writers."""
 
-    __slots__ = ("closed", "fd", "flushed", "io", "mm", "path", "reserved", "size", "start", "wrote")
+    __slots__ = ("closed", "fd", "flushed", "holds", "io", "mm", "path", "reserved", "size", "start", "wrote")
 
     def __init__(self, io: FileIO, path: str, start: int, size: int, fd: int, mm: mmap.mmap) -> None:
         self.io = io
@@ -53,6 +54,8 @@ class MappedFile:
         self.closed = False
         self.reserved = size
         """Bytes from the file's start known to be allocated on disk (a sparse file reserves as it fills)."""
+        self.holds = 0
+        """Readers using the map outside the owner's lock (see :meth:`hold`); a retired file waits for them."""
 
     @classmethod
     def open(cls, io: FileIO, path: str, start: int, size: int, *, create: bool,
@@ -118,10 +121,26 @@ class MappedFile:
         begin = self.flushed
         target = self.wrote if upto is None else upto
         if target > begin and not self.closed:
-            self.io.flush(self.mm, self.path, begin, target)
+            try:
+                self.io.flush(self.mm, self.path, begin, target)
+            except ValueError:
+                if self.closed:  # retired and closed by the cleaner meanwhile: nothing left to flush
+                    return self.flushed
+                raise
             if self.flushed == begin:  # else a truncation reset it while the msync ran (no lock held)
                 self.flushed = target
         return self.flushed
+
+    def hold(self) -> bool:
+        """Keep the map open for a read that runs outside the owner's lock (the flush thread's msync); False
+        when the file is already closed. Pair with :meth:`release`."""
+        if self.closed:
+            return False
+        self.holds += 1
+        return True
+
+    def release(self) -> None:
+        self.holds -= 1
 
     def close(self) -> None:
         """Unmap without flushing. Idempotent."""
@@ -136,3 +155,44 @@ class MappedFile:
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path!r}, wrote={self.wrote}, flushed={self.flushed})"
+
+
+class RetiredFiles:
+    """Files taken out of use by retention: already unlinked (their name is free, their blocks are freed when the
+    map closes), mapped until no reader holds them (:meth:`MappedFile.hold`) or, held or not, until ``forcibly_ms``
+    after retirement (RocketMQ's ``destroyMapedFileIntervalForcibly``). A map is never truncated under a reader, so
+    a reader never meets a SIGBUS: at worst a closed map (``ValueError``) after the forcible delay."""
+
+    def __init__(self) -> None:
+        self._files: list[tuple[MappedFile, int]] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def add(self, mf: MappedFile, now_ms: int) -> None:
+        """Unlink ``mf`` now; its map closes in a later :meth:`close_idle`."""
+        mf.io.remove(mf.path)
+        with self._lock:
+            self._files.append((mf, now_ms))
+
+    def close_idle(self, now_ms: int, forcibly_ms: int) -> int:
+        """Close the maps no reader holds, and those retired ``forcibly_ms`` ago; returns how many closed."""
+        with self._lock:
+            keep: list[tuple[MappedFile, int]] = []
+            done: list[tuple[MappedFile, int]] = []
+            for mf, at in self._files:
+                (done if mf.holds <= 0 or now_ms - at >= forcibly_ms else keep).append((mf, at))
+            self._files = keep
+        for mf, at in done:
+            if mf.holds > 0:
+                log.warning("closing retired file %s still held by %d reader(s) after %d ms "
+                            "(destroyMapedFileIntervalForcibly)", mf.path, mf.holds, now_ms - at)
+            mf.close()
+        return len(done)
+
+    def close_all(self) -> None:
+        with self._lock:
+            files, self._files = self._files, []
+        for mf, _ in files:
+            mf.close()

@@ -3,6 +3,7 @@ whether it strikes a write or the creation of the next commit-log file; nothing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,10 @@ from tests.broker.fakes import run_with_broker
 FILE = 64 * 1024
 
 
-def _store(root: Path, io: FaultyIO) -> FileMessageStore:
+def _store(root: Path, io: FaultyIO, clock: Callable[[], int]) -> FileMessageStore:
     cfg = StoreConfig(store_path_root_dir=str(root), mapped_file_size_commitlog=FILE,
                       mapped_file_size_consume_queue=20 * 1000, max_hash_slot_num=1024, max_index_num=4096,
-                      total_physical_memory_bytes=1 << 34)
+                      total_physical_memory_bytes=1 << 34, clock_ms=clock)
     store = FileMessageStore(cfg, io)
     store.load()
     store.start()
@@ -36,7 +37,8 @@ async def _send(client: Any, n: int = 1, size: int = 100) -> Any:
 @pytest.mark.parametrize("where", ["write", "next-file"])
 def test_disk_full_is_503_service_not_available(tmp_path: Path, where: str) -> None:
     io = FaultyIO()
-    store = _store(tmp_path / "store", io)
+    now = [1_700_000_000_000]
+    store = _store(tmp_path / "store", io, lambda: now[0])
 
     async def scenario(ctrl: Any, client: Any) -> None:
         assert (await _send(client)).status_code == 200
@@ -54,6 +56,9 @@ def test_disk_full_is_503_service_not_available(tmp_path: Path, where: str) -> N
         assert "disk full" in err["remark"] and "nothing was written" in err["remark"], err
         assert store.max_physical_offset == before
         io.enospc_on_allocate = io.enospc_on_write = False
+        r = await _send(client)  # refused until the next disk check, a second later at the earliest
+        assert (r.status_code, r.json()["code"]) == (503, 14) and "the last write failed" in r.json()["remark"]
+        now[0] += 1000
         assert (await _send(client)).status_code == 200
 
     try:

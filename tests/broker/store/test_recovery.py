@@ -13,7 +13,7 @@ from broker.store.io import FaultyIO, SimulatedCrash
 from client.protocol.codec import decode_records
 from client.protocol.message import MessageExt
 
-from .conftest import BORN_HOST, StoreFactory, batch, small_config
+from .conftest import BORN_HOST, FakeClock, StoreFactory, batch, small_config
 
 
 def _write(store: FileMessageStore, n_batches: int, per: int = 3, queue_id: int = 0) -> list[int]:
@@ -147,7 +147,8 @@ def test_consume_queue_past_recovered_end_is_truncated(make_store: StoreFactory,
 @pytest.mark.parametrize("preallocate", [False, True])
 def test_enospc_on_new_file_writes_nothing(make_store: StoreFactory, preallocate: bool) -> None:
     io = FaultyIO()
-    store = make_store(io=io, preallocate_commitlog=preallocate)
+    clock = FakeClock()
+    store = make_store(io=io, preallocate_commitlog=preallocate, clock_ms=clock)
     _write(store, 1)
     while store.max_physical_offset + 2000 < 64 * 1024:
         _write(store, 1)
@@ -160,12 +161,16 @@ def test_enospc_on_new_file_writes_nothing(make_store: StoreFactory, preallocate
     assert store.max_physical_offset == before and len(store.commitlog.files) == 1
     io.enospc_on_allocate = False
     r = store.append_batch("T", 0, batch("T", 2, body=b"n" * 1000), born_host=BORN_HOST)
+    assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and "the last write failed" in r.remark
+    clock.now_ms += 1000  # the next disk check finds room: writes resume by themselves
+    r = store.append_batch("T", 0, batch("T", 2, body=b"n" * 1000), born_host=BORN_HOST)
     assert r.status is PutMessageStatus.PUT_OK and r.wrote_offset == 64 * 1024
 
 
 def test_enospc_on_write_is_service_not_available(make_store: StoreFactory) -> None:
     io = FaultyIO()
-    store = make_store(io=io)
+    clock = FakeClock()
+    store = make_store(io=io, clock_ms=clock)
     _write(store, 2)
     before = store.max_physical_offset
     io.enospc_on_write = True
@@ -173,6 +178,7 @@ def test_enospc_on_write_is_service_not_available(make_store: StoreFactory) -> N
     assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and "disk full" in r.remark
     assert store.max_physical_offset == before
     io.enospc_on_write = False
+    clock.now_ms += 1000
     assert store.append_batch("T", 0, batch("T", 1), born_host=BORN_HOST).queue_offset == 6
 
 
