@@ -21,6 +21,7 @@ import attrs
 from broker.ha.config import HAConfig
 from broker.properties_file import PropertiesSyntaxError, parse_properties
 from broker.store.config import DEFAULT_DELAY_LEVELS, StoreConfig, parse_delay_levels
+from broker.store.retention import RetentionConfig, parse_delete_when
 from client.protocol.codes import BrokerRole, FlushDiskType, Perm
 
 __all__ = ["BrokerConfig", "ConfigError", "LoadedConfig", "load_config", "parse_set_options"]
@@ -112,7 +113,6 @@ class BrokerConfig:
     """``httpBodyTimeoutMs`` (SplitMQ): a request body must be complete this long after its head."""
     http_max_connections: int = 4096
     """``httpMaxConnections`` (SplitMQ): open HTTP connections; a new one past it is closed at once."""
-    """``maxInflightRequestBodyBytes`` (SplitMQ): bound on the bytes of all request bodies held at once."""
     broker_permission: int = int(Perm.READ | Perm.WRITE)
     flush_interval_commit_log_ms: int = 500
     flush_commit_log_least_pages: int = 4
@@ -138,6 +138,22 @@ class BrokerConfig:
     slave_metadata_sync_interval_ms: int = 10_000
     truncate_corrupt_commit_log: bool = False
     """``truncateCorruptCommitLog`` (SplitMQ): recovery truncates at a corrupt record instead of refusing."""
+    clean_resource_interval_ms: int = 10_000
+    """``cleanResourceInterval``: milliseconds between retention passes."""
+    file_reserved_time_h: float = 72.0
+    """``fileReservedTime``: hours after its last write a commit-log file expires (fractions allowed)."""
+    delete_when: str = "04"
+    """``deleteWhen``: hours of the day, ``;``-separated, at which expired files are deleted."""
+    disk_max_used_space_ratio: int = 75
+    """``diskMaxUsedSpaceRatio`` (percent): above it expired files go whatever the hour."""
+    disk_space_clean_forcibly_ratio: int = 85
+    """``diskSpaceCleanForciblyRatio`` (percent): above it the oldest files go even before they expire."""
+    disk_space_warning_level_ratio: int = 90
+    """``diskSpaceWarningLevelRatio`` (percent): above it sends are refused until usage drops."""
+    clean_file_forcibly_enable: bool = True
+    delete_file_batch_max: int = 10
+    delete_commit_log_files_interval_ms: int = 100
+    destroy_maped_file_interval_forcibly_ms: int = 120_000
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> BrokerConfig:
@@ -207,6 +223,20 @@ class BrokerConfig:
             offset_check_in_slave=self.offset_check_in_slave,
             truncate_corrupt=self.truncate_corrupt_commit_log,
             store_host=store_host,
+            retention=self.to_retention_config(),
+            destroy_mapped_file_interval_forcibly_ms=self.destroy_maped_file_interval_forcibly_ms,
+        )
+
+    def to_retention_config(self) -> RetentionConfig:
+        """The store cleaner's settings (percent keys become fractions)."""
+        return RetentionConfig(
+            file_reserved_time_ms=int(self.file_reserved_time_h * 3_600_000),
+            delete_when=parse_delete_when(self.delete_when),
+            disk_max_used_space_ratio=self.disk_max_used_space_ratio / 100,
+            disk_space_clean_forcibly_ratio=self.disk_space_clean_forcibly_ratio / 100,
+            disk_space_warning_level_ratio=self.disk_space_warning_level_ratio / 100,
+            clean_file_forcibly_enable=self.clean_file_forcibly_enable,
+            delete_file_batch_max=self.delete_file_batch_max,
         )
 
     def check_derived(self) -> None:
@@ -317,6 +347,24 @@ def _delay_levels(key: str, raw: str) -> str:
     return raw
 
 
+def _hours(key: str, raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a number of hours") from None
+    if not 0 < v < 1e6:
+        raise ConfigError(f"{key}={raw!r} must be a positive number of hours")
+    return v
+
+
+def _delete_when(key: str, raw: str) -> str:
+    try:
+        parse_delete_when(raw)
+    except ValueError as e:
+        raise ConfigError(f"{key}={raw!r}: {e}") from None
+    return raw
+
+
 _P = _int(1)
 _NN = _int(0)
 _PORT = _int(0, 65535)
@@ -388,6 +436,16 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "offsetCheckInSlave": ("offset_check_in_slave", _bool),
     "slaveMetadataSyncInterval": ("slave_metadata_sync_interval_ms", _P),
     "truncateCorruptCommitLog": ("truncate_corrupt_commit_log", _bool),
+    "cleanResourceInterval": ("clean_resource_interval_ms", _P),
+    "fileReservedTime": ("file_reserved_time_h", _hours),
+    "deleteWhen": ("delete_when", _delete_when),
+    "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", _int(10, 95)),
+    "diskSpaceCleanForciblyRatio": ("disk_space_clean_forcibly_ratio", _int(10, 99)),
+    "diskSpaceWarningLevelRatio": ("disk_space_warning_level_ratio", _int(10, 99)),
+    "cleanFileForciblyEnable": ("clean_file_forcibly_enable", _bool),
+    "deleteFileBatchMax": ("delete_file_batch_max", _P),
+    "deleteCommitLogFilesInterval": ("delete_commit_log_files_interval_ms", _NN),
+    "destroyMapedFileIntervalForcibly": ("destroy_maped_file_interval_forcibly_ms", _P),
 }
 
 
@@ -459,6 +517,16 @@ KEY_DOCS: dict[str, str] = {
     "offsetCheckInSlave": "A slave may answer PULL_OFFSET_MOVED (off: it sends the consumer to the master instead).",
     "slaveMetadataSyncInterval": "Milliseconds between a slave's copies of its master's topics, groups and offsets.",
     "truncateCorruptCommitLog": "SplitMQ: recovery cuts the commit log at a corrupt record instead of refusing to start.",
+    "cleanResourceInterval": "Milliseconds between retention passes (disk check, expired-file deletion).",
+    "fileReservedTime": "Hours after its last write a commit-log file expires (default 72; SplitMQ accepts fractions, e.g. 0.5).",
+    "deleteWhen": "Hours of the local day, `;`-separated (`04;16`), at which expired commit-log files are deleted.",
+    "diskMaxUsedSpaceRatio": "Percent (10..95) of the commit log's partition above which expired files are deleted whatever the hour.",
+    "diskSpaceCleanForciblyRatio": "Percent above which the oldest commit-log files are deleted even before they expire, with a warning naming what each group lost (a system property in RocketMQ).",
+    "diskSpaceWarningLevelRatio": "Percent of any store partition above which sends get SERVICE_NOT_AVAILABLE (disk full) until usage drops below it; reads keep working (a system property in RocketMQ).",
+    "cleanFileForciblyEnable": "Allow the forced deletion above `diskSpaceCleanForciblyRatio`.",
+    "deleteFileBatchMax": "Commit-log files one retention pass deletes at most.",
+    "deleteCommitLogFilesInterval": "Milliseconds between two deletions of one retention pass.",
+    "destroyMapedFileIntervalForcibly": "Milliseconds after which a deleted file still held by a reader is unmapped anyway (readers copy their bytes first, so none is cut short).",
 }
 
 @attrs.frozen

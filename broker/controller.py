@@ -49,6 +49,7 @@ from broker.processor.pull import PullProcessor
 from broker.processor.send import SendProcessor
 from broker.processor.sendback import SendBackProcessor
 from broker.registration import BrokerIdentity, RegisterResult, Registrar, build_register_body
+from broker.retention_driver import RetentionDriver
 from broker.schedule import ScheduleMessageService
 from broker.slave_sync import SlaveSynchronizer
 from broker.store.api import AppendResult, MessageStore
@@ -122,6 +123,11 @@ class BrokerController:
                                      self.role_name, self.metrics_state)
         self.put_rate = RateMeter(clock_ms=self._clock_ms)
         self.dispatch = DispatchDriver(store)
+        self.retention = RetentionDriver(
+            store.cleaner, self.offsets.table, interval_s=config.clean_resource_interval_ms / 1000.0,
+            delete_interval_s=config.delete_commit_log_files_interval_ms / 1000.0,
+            batch_max=config.delete_file_batch_max,
+        )
         if ha_service is None:
             ha_config = config.to_ha_config()
             ha_service = HAService(store, ha_config)
@@ -171,7 +177,7 @@ class BrokerController:
                                             request_registration=self.request_registration, clock_ms=self._clock_ms)
         admin = AdminProcessor(cfg, addr=addr, store=store, catch_up_dispatch=self.dispatch.catch_up, topics=topics,
                                groups=groups, offsets=self.offsets, delay_offsets=self.delay_offsets,
-                               register_now=self.register_now,
+                               register_now=self.register_now, clean_now=self._clean_now,
                                status=StatusViews(self.runtime_info, self.ha_status, self.metrics_text))
         routes = {("POST", "/send"): send.handle, ("GET", "/pull"): pull.handle, **send_back.routes(),
                   **consumers.routes(), **admin.routes()}
@@ -223,6 +229,7 @@ class BrokerController:
             store.add_append_listener(lambda _end: self.put_rate.add(1))
         store.add_dispatch_listener(self._on_dispatch)
         self._spawn(self.dispatch.run(), "dispatch")
+        self._spawn(self.retention.run(), "retention")
         if not cfg.is_slave:
             await self.schedule.start()  # only a master redelivers delayed messages (SEMANTICS.md 8.2)
         ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
@@ -378,6 +385,8 @@ class BrokerController:
     def metrics_state(self) -> BrokerState:
         """What ``GET /metrics`` reads at scrape time (consumer lag from committed offsets and queue ends)."""
         store = self.store
+        cleaner = store.cleaner
+        usage = cleaner.usage
         max_offsets = store.topic_queue_max_offsets()
         lag: dict[tuple[str, str], int] = {}
         for key, queues in self.offsets.table().items():
@@ -389,7 +398,15 @@ class BrokerController:
             dispatch_behind_bytes=store.dispatch_behind_bytes,
             consumer_lag=lag,
             ha=self.ha_service.status(),
+            commitlog_min_offset=store.min_physical_offset,
+            disk_used_ratio={"commitlog": usage.commitlog, "consumequeue": usage.consume_queue, "index": usage.index},
+            store_writeable=cleaner.writeable,
+            retention_files_deleted=cleaner.stats.files_deleted,
+            retention_bytes_reclaimed=cleaner.stats.bytes_reclaimed,
         )
+
+    async def _clean_now(self) -> dict[str, Any]:
+        return (await self.retention.clean_now()).to_json()
 
     def runtime_info(self) -> dict[str, Any]:
         cfg = self.config
@@ -408,6 +425,12 @@ class BrokerController:
             "commitLogMinOffset": store.min_physical_offset,
             "flushedOffset": store.flushed_physical_offset,
             "dispatchBehindBytes": store.dispatch_behind_bytes,
+            "storeWriteable": store.cleaner.writeable,
+            "storeNotWriteableReason": store.cleaner.state.reason,
+            "diskUsedRatio": {"commitLog": store.cleaner.usage.commitlog,
+                              "consumeQueue": store.cleaner.usage.consume_queue, "index": store.cleaner.usage.index},
+            "retentionFilesDeleted": store.cleaner.stats.files_deleted,
+            "retentionBytesReclaimed": store.cleaner.stats.bytes_reclaimed,
             "putTps": self.put_rate.per_second(),
             "parkedPulls": self.hold.parked_count,
             "topicCount": len(self.topics),

@@ -52,6 +52,12 @@ class BrokerState:
     """``(consumer_group, topic) -> messages`` not yet consumed (broker max offset - committed offset)."""
     ha: Mapping[str, Any] | None
     """The HA service's ``status()`` (master side), or None."""
+    commitlog_min_offset: int = 0
+    disk_used_ratio: Mapping[str, float] = attrs.field(factory=dict)
+    """``store part (commitlog, consumequeue, index) -> used fraction of its partition`` at the last disk check."""
+    store_writeable: bool = True
+    retention_files_deleted: int = 0
+    retention_bytes_reclaimed: int = 0
 
 
 class _StateCollector(Collector):
@@ -79,7 +85,33 @@ class _StateCollector(Collector):
         for (group, topic), n in sorted(st.consumer_lag.items()):
             lag.add_metric((*self._base, group, topic), n)
         yield lag
+        yield from self._retention(st)
         yield from self._ha(st.ha or {})
+
+    def _retention(self, st: BrokerState) -> Iterator[Any]:
+        names = ("cluster", "node_type", "node_id")
+        disk = GaugeMetricFamily("splitmq_disk_used_ratio", "Used fraction of the partition holding each store part "
+                                 "(at the last disk check)", labels=(*names, "part"))
+        for part, ratio in sorted(st.disk_used_ratio.items()):
+            disk.add_metric((*self._base, part), ratio)
+        yield disk
+        for name, doc, value in (
+            ("splitmq_commitlog_min_offset", "Commit-log min physical offset (moves when retention deletes files)",
+             st.commitlog_min_offset),
+            ("splitmq_store_writeable", "1 while the store takes writes, 0 while it refuses them (disk full or a "
+             "write error)", int(st.store_writeable)),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(self._base, value)
+            yield g
+        for name, doc, value in (
+            ("splitmq_retention_files_deleted", "Commit-log files deleted by retention", st.retention_files_deleted),
+            ("splitmq_retention_bytes_reclaimed", "Commit-log bytes deleted by retention",
+             st.retention_bytes_reclaimed),
+        ):
+            c = CounterMetricFamily(name, doc, labels=names)
+            c.add_metric(self._base, value)
+            yield c
 
     def _ha(self, ha: Mapping[str, Any]) -> Iterator[Any]:
         slaves = ha.get("slaves", [])

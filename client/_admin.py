@@ -264,6 +264,28 @@ class Admin:
                 out[bid] = {"error": str(e), "addr": addr}
         return out
 
+    def clean_expired_files(self, broker_name: str) -> dict[int, dict[str, Any]]:
+        """Run a retention pass now on every member of ``broker_name`` (RocketMQ's ``deleteExpiredCommitLog``):
+        each deletes the commit-log files that have expired (``fileReservedTime``), whatever the hour of
+        ``deleteWhen``, and the consume-queue and index files that only pointed into them.
+
+        Returns:
+            broker id -> ``{"deletedFiles", "bytesReclaimed", "minOffset", "reason", "forced", "diskUsage",
+            "lostMessages"}`` (``minOffset`` -1 when nothing was deleted); unreachable members show ``{"error"}``.
+
+        Raises:
+            BrokerNotFoundError: no broker group of that name is registered.
+        """
+        out: dict[int, dict[str, Any]] = {}
+        for bid, addr in sorted(self._members(broker_name).items()):
+            try:
+                out[bid] = self._broker_call(
+                    addr, f"clean expired files of {broker_name}[{bid}]",
+                    lambda a: rq.json_of(self.client.http.post(f"http://{a}/commitlog/clean"), a))
+            except ClientError as e:
+                out[bid] = {"error": str(e), "addr": addr}
+        return out
+
     def broker_runtime(self, addr: str) -> dict[str, Any]:
         """``GET /runtime`` of one broker."""
         return self._broker_call(addr, f"runtime of {addr}",
@@ -282,6 +304,15 @@ class Admin:
                 last = rq.map_transport_error(e, addr, f"offset query at {addr}")
         assert last is not None
         raise last
+
+    def min_offset(self, mq: MessageQueue) -> int:
+        """Smallest logical offset still stored in ``mq`` (it moves up when retention deletes old files), asked of
+        the master, else a slave."""
+        return self._queue_offset(self._members(mq.broker_name), partial(rq.offset_url, kind="min", mq=mq), None)
+
+    def max_offset(self, mq: MessageQueue) -> int:
+        """One past the last logical offset of ``mq``, asked of the master, else a slave."""
+        return self._queue_offset(self._members(mq.broker_name), partial(rq.offset_url, kind="max", mq=mq), None)
 
     def consumer_progress(self, group: str, topic: str) -> list[QueueProgress]:
         """Per readable queue of ``topic``: broker max offset, the group's offset, and the lag."""

@@ -245,8 +245,11 @@ class GroupCore:
         if status is PullStatus.FOUND:
             return self.on_pulled(pq, generation, result.msg_found_list, result.next_begin_offset, group), 0.0
         if status is PullStatus.OFFSET_ILLEGAL:
-            log.warning("%s: offset %d of %s is illegal (min %d max %d); moving to %d", group, offset, pq.mq,
-                        result.min_offset, result.max_offset, result.next_begin_offset)
+            skipped = result.next_begin_offset - offset
+            log.warning("%s: offset %d of %s is illegal (min %d max %d); moving to %d%s", group, offset, pq.mq,
+                        result.min_offset, result.max_offset, result.next_begin_offset,
+                        f", skipping {skipped} messages the broker no longer has (deleted by retention)"
+                        if skipped > 0 else "")
             with self.lock:
                 if self.live(pq, generation):
                     self.reset_queue(pq, result.next_begin_offset)

@@ -203,8 +203,40 @@ Besides `/metrics`, every broker answers `GET /runtime` (role, commit-log min/ma
 `ackWaiters`, the SYNC_MASTER sends waiting for acks; on a slave, its link to the master). `inSync` is the rule
 a SYNC_MASTER send applies (`diff < haMaxGapNotInSync`): while fewer slaves are in sync than
 `inSyncReplicas - 1`, a SYNC_MASTER answers every send SLAVE_NOT_AVAILABLE (unless `enableAutoInSyncReplicas`
-lowers the need). The CLI shows both: `splitmq broker runtime`, `splitmq ha status`. The exact fields are in
+lowers the need). The CLI shows both: `splitmq broker status`, `splitmq ha status`. The exact fields are in
 `PROTOCOL.md`.
+
+Read at scrape time, beside the table above: `rocketmq_storage_size`, `rocketmq_storage_flush_behind_bytes`,
+`rocketmq_storage_dispatch_behind_bytes`, `rocketmq_consumer_lag_messages{consumer_group,topic}`, the HA gauges
+`splitmq_ha_*`, and for retention `splitmq_disk_used_ratio{part}` (used fraction of the partition holding
+`commitlog`, `consumequeue`, `index`, at the last disk check), `splitmq_commitlog_min_offset`,
+`splitmq_store_writeable` (0 while sends are refused for a full disk or a write error),
+`splitmq_retention_files_deleted_total` and `splitmq_retention_bytes_reclaimed_total`. `GET /runtime` has the
+same figures (`storeWriteable`, `storeNotWriteableReason`, `diskUsedRatio`, `retentionFilesDeleted`,
+`retentionBytesReclaimed`).
+
+## Retention and disk space
+
+A broker deletes old commit-log files by itself (RocketMQ's clean services), on masters and slaves alike. Every
+`cleanResourceInterval` (10 s) it measures the partitions holding the commit log, the consume queues and the
+index (`statvfs`), then deletes the oldest commit-log files whose last write is `fileReservedTime` (72 h) old,
+at most `deleteFileBatchMax` (10) per pass, `deleteCommitLogFilesInterval` (100 ms) apart, when the hour is one
+of `deleteWhen` (`04`), when the commit log's partition is above `diskMaxUsedSpaceRatio` (75 %), or when an
+operator asks (`splitmq broker clean -b NAME`, `Admin.clean_expired_files`, `POST /commitlog/clean`: expired
+files go now, whatever the hour). Above `diskSpaceCleanForciblyRatio` (85 %) the oldest files go even before
+they expire. Each deletion takes the consume-queue and index files that only pointed into the deleted file
+with it and moves each queue's min offset to its first message still stored; a consumer below it gets
+PULL_OFFSET_MOVED and continues from there (the SDK logs how many messages it skipped), and the broker logs
+how many messages each group lost that it had not consumed. Never deleted: the file being written, and any
+file holding bytes not yet flushed or dispatched into the consume queues. A deleted file a reader still holds
+stays mapped until the reader is done (at most `destroyMapedFileIntervalForcibly`, 120 s).
+
+Above `diskSpaceWarningLevelRatio` (90 %) on any of the three partitions, or after a failed write, sends get
+SERVICE_NOT_AVAILABLE (14, HTTP 503) with a message that says the disk is full and shows the three ratios;
+reads keep working; while sends are refused the disks are measured every second, and writes resume by
+themselves once usage is back below the ratio. A slave that was away while its master deleted the files it
+needed next starts its commit log again at the master's oldest file (its older messages are gone from the
+group anyway).
 """
 
 _PORTS = """\
@@ -239,8 +271,8 @@ _LAYOUT = """\
 | `config/delayDelivery.json` | the master's delayed-delivery journal (no delivery lost or repeated across a crash) |
 
 Each `config/*.json` file is written atomically and keeps its previous version as `<name>.bak`, which is read
-when the file is missing or broken. Nothing is deleted by age (there is no `fileReservedTime` yet): size the
-disk for everything produced.
+when the file is missing or broken. Commit-log, consume-queue and index files are deleted by age and disk
+usage (see "Retention and disk space").
 
 `LocalCluster(root)` and `splitmq cluster up --root DIR` put each broker in `DIR/<name>-<id>/`
 (`broker.properties`, `store/`) and each process's output in `DIR/logs/<name>-<id>.log`.

@@ -53,6 +53,9 @@ BASE_BROKER_CONFIG: dict[str, str] = {
     "haSendHeartbeatInterval": "1000",
     "flushConsumerOffsetInterval": "500",
     "messageIndexEnable": "false",
+    # The disk-fill fault tests the refusal at diskSpaceWarningLevelRatio and the way back; forced deletion of
+    # young files (past diskSpaceCleanForciblyRatio) would drop acknowledged messages the checker reads back.
+    "cleanFileForciblyEnable": "false",
     # The broker's answer to a send that waits for a paused slave arrives within the SDK's 3 s send timeout
     # (FLUSH_SLAVE_TIMEOUT instead of a client timeout).
     "syncFlushTimeout": "2000",

@@ -62,13 +62,14 @@ class AdminProcessor:
         topics / groups / offsets / delay_offsets: the metadata tables (updated here, or served to slaves).
         register_now: registers with the nameservers and waits (so a new topic is routable when the call
             returns).
+        clean_now: runs a retention pass now (``POST /commitlog/clean``) and returns its report.
         status: the status pages.
     """
 
     def __init__(self, config: BrokerConfig, *, addr: str, store: MessageStore, catch_up_dispatch: Callable[[], bool],
                  topics: TopicConfigManager, groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager,
                  delay_offsets: DelayOffsetManager, register_now: Callable[[], Awaitable[None]],
-                 status: StatusViews) -> None:
+                 clean_now: Callable[[], Awaitable[dict[str, Any]]], status: StatusViews) -> None:
         self._config = config
         self._addr = addr
         self._store = store
@@ -78,6 +79,7 @@ class AdminProcessor:
         self._offsets = offsets
         self._delay_offsets = delay_offsets
         self._register_now = register_now
+        self._clean_now = clean_now
         self._status = status
 
     def routes(self) -> dict[tuple[str, str], Any]:
@@ -98,6 +100,7 @@ class AdminProcessor:
             ("GET", "/runtime"): self.runtime,
             ("GET", "/ha"): self.ha_status,
             ("GET", "/metrics"): self.metrics,
+            ("POST", "/commitlog/clean"): self.clean_expired_files,
         }
 
     # --- offsets ------------------------------------------------------------------------------------------
@@ -223,6 +226,11 @@ class AdminProcessor:
 
     async def runtime(self, request: Request) -> Response:
         return json_response(self._status.runtime())
+
+    async def clean_expired_files(self, request: Request) -> Response:
+        """Run a retention pass now: delete the commit-log files that have expired, whatever the hour (RocketMQ's
+        ``deleteExpiredCommitLog``); answers what it deleted."""
+        return json_response(await self._clean_now())
 
     async def ha_status(self, request: Request) -> Response:
         return json_response(self._status.ha())

@@ -282,5 +282,38 @@ def cmd_broker_status(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json(rt)
     else:
-        out.kv(sorted(rt.items()))
+        out.kv(sorted(_flatten(rt).items()))
     return 0
+
+
+def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, object]:
+    """Nested objects as ``key.sub`` lines; used fractions (``...Ratio``) as percents."""
+    flat: dict[str, object] = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        elif isinstance(value, float) and "Ratio." in name:
+            flat[name] = f"{value:.1%}"
+        else:
+            flat[name] = value
+    return flat
+
+
+def cmd_broker_clean(args: argparse.Namespace, out: Output) -> int:
+    """``Admin.clean_expired_files``: a retention pass now on each member of ``-b NAME``."""
+    with open_admin(args) as adm:
+        reports = adm.clean_expired_files(args.broker_name)
+    if out.json_mode:
+        out.json({str(bid): r for bid, r in reports.items()})
+        return 0 if all("error" not in r for r in reports.values()) else 1
+    rows = []
+    for bid, r in sorted(reports.items()):
+        if "error" in r:
+            rows.append([str(bid), _role_of(bid), "-", "-", "-", r["error"]])
+            continue
+        lost = ", ".join(f"{g}={n}" for g, n in sorted(r["lostMessages"].items())) or "-"
+        rows.append([str(bid), _role_of(bid), str(r["deletedFiles"]), str(r["bytesReclaimed"]),
+                     str(r["minOffset"]) if r["deletedFiles"] else "-", f"{r['reason']}; lost: {lost}"])
+    out.table(["BROKER_ID", "ROLE", "DELETED_FILES", "BYTES", "MIN_OFFSET", "WHY"], rows)
+    return 0 if all("error" not in r for r in reports.values()) else 1

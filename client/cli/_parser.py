@@ -163,6 +163,9 @@ def _add_admin(sub: Any, common: _Parser) -> None:
     which.add_argument("--addr", metavar="HOST:PORT", help="the broker's listen address")
     p.add_argument("-i", "--broker-id", type=_int_in(0), default=0, metavar="N",
                    help="member of --broker-name (default: 0, the master)")
+    p = _leaf(bs, "clean", _admin_cmds.cmd_broker_clean,
+              "delete expired commit-log files now, whatever the hour (every member of the group)", parents=[common])
+    p.add_argument("-b", "--broker-name", required=True, metavar="BROKER_NAME", help="broker group name")
 
 
 def _add_messages(sub: Any, common: _Parser) -> None:

@@ -20,10 +20,39 @@ from broker.store.api import (
     QueryResult,
     TagFilter,
 )
+from broker.store.retention import CleanDecision, DeletedFile, DiskState, DiskUsage, RetentionStats
 from client.protocol.codec import BatchItem, parse_dispatch_info, record_size, write_batch_records
 from client.protocol.codes import BrokerRole
 
 STORE_HOST = b"\x7f\x00\x00\x01\x00\x00\x2a\x9f"
+
+
+class FakeCleaner:
+    """Retention that never deletes: a disk always empty."""
+
+    def __init__(self) -> None:
+        self.state = DiskState(True)
+        self.usage = DiskUsage(0.0, 0.0, 0.0)
+        self.stats = RetentionStats()
+
+    @property
+    def writeable(self) -> bool:
+        return self.state.writeable
+
+    def check_disk(self) -> DiskUsage:
+        return self.usage
+
+    def decide(self, manual: bool) -> CleanDecision:
+        return CleanDecision(None)
+
+    def deletable(self, decision: CleanDecision) -> int:
+        return 0
+
+    def delete_oldest(self) -> DeletedFile | None:
+        return None
+
+    def close_retired(self) -> int:
+        return 0
 
 
 class FakeStore:
@@ -40,6 +69,7 @@ class FakeStore:
         self.next_queue_offset: dict[tuple[str, int], int] = {}
         self.shut = False
         self.fail_next: PutMessageStatus | None = None
+        self.cleaner = FakeCleaner()
 
     # lifecycle
     def load(self) -> None: ...

@@ -135,8 +135,36 @@ def test_trailing_space_is_trimmed_not_silently_false() -> None:
 
 
 def test_unknown_keys_reported_sorted() -> None:
-    loaded = config_from_properties({"deleteWhen": "04", "fileReservedTime": "48", "brokerName": "b"}, env={})
-    assert loaded.unknown_keys == ("deleteWhen", "fileReservedTime")
+    loaded = config_from_properties({"transientStorePoolEnable": "true", "deleteWhen": "04", "aclEnable": "false",
+                                     "brokerName": "b"}, env={})
+    assert loaded.unknown_keys == ("aclEnable", "transientStorePoolEnable")
+
+
+def test_retention_keys_reach_the_store() -> None:
+    cfg = load({"fileReservedTime": "0.5", "deleteWhen": "04;16", "diskMaxUsedSpaceRatio": "70",
+                "diskSpaceCleanForciblyRatio": "80", "diskSpaceWarningLevelRatio": "95", "deleteFileBatchMax": "3",
+                "destroyMapedFileIntervalForcibly": "5000", "cleanFileForciblyEnable": "false"})
+    store = cfg.to_store_config(b"\x7f\x00\x00\x01\x00\x00\x00\x00")
+    r = store.retention
+    assert (r.file_reserved_time_ms, r.delete_when, r.delete_file_batch_max) == (1_800_000, (4, 16), 3)
+    assert (r.disk_max_used_space_ratio, r.disk_space_clean_forcibly_ratio, r.disk_space_warning_level_ratio) == (
+        0.70, 0.80, 0.95)
+    assert r.clean_file_forcibly_enable is False
+    assert store.destroy_mapped_file_interval_forcibly_ms == 5000
+    default = load({}).to_store_config(b"\x7f\x00\x00\x01\x00\x00\x00\x00").retention
+    assert (default.file_reserved_time_ms, default.delete_when) == (72 * 3_600_000, (4,))
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("deleteWhen", "4;25", "deleteWhen='4;25': deleteWhen part '25' is not an hour"),
+    ("deleteWhen", "noon", "is not an hour"),
+    ("fileReservedTime", "-1", "must be a positive number of hours"),
+    ("fileReservedTime", "x", "is not a number of hours"),
+    ("diskMaxUsedSpaceRatio", "99", "is outside"),
+])
+def test_bad_retention_values_name_the_key(key: str, value: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load({key: value})
 
 
 def test_unreadable_file_is_config_error(tmp_path: Path) -> None:
