@@ -268,6 +268,14 @@ class HAClient:
                             f"master sent phyOffset {phy} to an empty slave, not a commit-log file start"
                         )
                     checker.reset(phy)
+                elif phy > expected and not run and not checker.held and not phy % store.mapped_file_size_commitlog:
+                    # The master's oldest file starts past this log's end: retention deleted the bytes between
+                    # while the slave was away. Everything the slave holds is older than what the master keeps.
+                    log.warning("HA client: the master's log now starts at %d, past this slave's end %d (retention "
+                                "deleted the bytes between); dropping the local commit log and continuing from %d",
+                                phy, expected, phy)
+                    store.restart_log_at(phy)
+                    checker.reset(phy)
                 elif phy != expected:
                     held = f" (its log ends at {expected - checker.held}, {checker.held} bytes of an incomplete " \
                            f"record held)" if checker.held else ""

@@ -48,15 +48,21 @@ T = TypeVar("T")
 _SWEEP_SLACK = 1024
 
 
-def transfer_start_offset(request_offset: int, master_max_offset: int, mapped_file_size: int) -> int:
+def transfer_start_offset(request_offset: int, master_max_offset: int, mapped_file_size: int,
+                          master_min_offset: int = 0) -> int:
     """Where the master starts streaming for a slave's first report (SEMANTICS.md 2.4).
 
     An empty slave (report 0) gets the start of the master's LAST commit-log file; older data is never sent.
+    A slave whose log ends before the master's oldest file (it was away while retention deleted what it
+    needed) gets the master's first file: it then drops its own log and continues from there (RocketMQ would
+    wait forever for bytes the master no longer has).
     """
     if request_offset < 0:
         raise ValueError(f"request offset {request_offset} is negative: the slave has not reported yet")
     if request_offset == 0:
         return max(0, master_max_offset - master_max_offset % mapped_file_size)
+    if request_offset < master_min_offset:
+        return master_min_offset
     return request_offset
 
 

@@ -191,6 +191,12 @@ class _SlaveConnection:
 
     async def _send_available(self) -> bool:
         """Send the frames available from ``sent_to`` in one ``sendmsg``; False when there were none."""
+        oldest = self.service._store.min_physical_offset
+        if 0 < self.sent_to < oldest:
+            # Retention deleted what this slave needs next: it continues from the oldest file the master has.
+            log.warning("ha-transfer->%s: offset %d was deleted by retention; continuing from the master's oldest "
+                        "file at %d", self.addr, self.sent_to, oldest)
+            self.sent_to = oldest
         bufs, total = self._frames(self.sent_to)
         if not total:
             return False
@@ -437,9 +443,9 @@ class HAService:
         return self._loop
 
     def _start_offset(self, request_offset: int) -> int:
-        return transfer_start_offset(
-            request_offset, self._store.max_physical_offset, self._store.mapped_file_size_commitlog
-        )
+        store = self._store
+        return transfer_start_offset(request_offset, store.max_physical_offset, store.mapped_file_size_commitlog,
+                                     store.min_physical_offset)
 
     def _on_report(self, conn: _SlaveConnection, offset: int) -> None:
         first = conn.progress.request_offset < 0

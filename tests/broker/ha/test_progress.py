@@ -37,6 +37,19 @@ def test_transfer_start_offset(request_offset: int, master_max: int, file_size: 
     assert transfer_start_offset(request_offset, master_max, file_size) == expected
 
 
+@pytest.mark.parametrize(
+    ("request_offset", "master_min", "expected"),
+    [
+        (5000, 4096, 5000),  # the master still has the slave's next byte
+        (4096, 4096, 4096),
+        (1000, 4096, 4096),  # retention deleted it: the master's first file
+        (0, 4096, 8192),  # an empty slave still gets the last file
+    ],
+)
+def test_transfer_start_offset_after_retention(request_offset: int, master_min: int, expected: int) -> None:
+    assert transfer_start_offset(request_offset, 9000, 4096, master_min) == expected
+
+
 def test_transfer_start_offset_needs_a_report() -> None:
     with pytest.raises(ValueError, match="not reported"):
         transfer_start_offset(-1, 100, 64)
