@@ -20,6 +20,7 @@ ENTRIES: dict[str, str] = {
     "chaos": "benchmarks.chaos:run_rows",
     "client": "benchmarks.client_bench:run",
     "consumer": "benchmarks.consumer_bench:run",
+    "disk": "benchmarks.disk_bench:run",
     "fuzz": "benchmarks.fuzz_bench:run",
     "ha": "benchmarks.ha_bench:run_rows",
     "replication": "benchmarks.replication_bench:run",
