@@ -135,7 +135,8 @@ class RetentionDriver:
                                 " (disk above diskSpaceCleanForciblyRatio: files not yet expired)"
                                 if decision.force else "", n, group)
                 usage = cleaner.check_disk()
-            cleaner.close_retired()
+            # Unmapping a large file and freeing its blocks can take tens of ms: not on the event loop.
+            await asyncio.to_thread(cleaner.close_retired)
             reason = decision.reason.value if decision.reason is not None else "nothing to do at this hour"
             return CleanReport(len(deleted), sum(d.end - d.start for d in deleted),
                                deleted[-1].new_min_offset if deleted else -1, reason, decision.force, usage, lost)
