@@ -1,0 +1,12 @@
+"""DLedger mode (issue 12, SEMANTICS.md 9): a Raft-replicated commit log with leader election.
+
+Pure state first, each module a table of rules with no I/O (the house rule of ``broker/ha/``):
+
+* :mod:`broker.dledger.member` -- the member state (role, term, vote, leader, ledger end) and its transitions;
+* :mod:`broker.dledger.election` -- vote and heartbeat handling, the candidate's count of votes, the timers;
+* :mod:`broker.dledger.quorum` -- the leader's pending appends and peer watermarks, the quorum index;
+* :mod:`broker.dledger.dispatcher` -- the leader's per-follower COMPARE / TRUNCATE / APPEND states;
+* :mod:`broker.dledger.follower` -- the follower's parked appends and their gap timeout.
+
+Storage, the peer transport and the broker integration build on these.
+"""
