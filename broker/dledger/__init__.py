@@ -6,7 +6,9 @@ Pure state first, each module a table of rules with no I/O (the house rule of ``
 * :mod:`broker.dledger.election` -- vote and heartbeat handling, the candidate's count of votes, the timers;
 * :mod:`broker.dledger.quorum` -- the leader's pending appends and peer watermarks, the quorum index;
 * :mod:`broker.dledger.dispatcher` -- the leader's per-follower COMPARE / TRUNCATE / APPEND states;
-* :mod:`broker.dledger.follower` -- the follower's parked appends and their gap timeout.
+* :mod:`broker.dledger.follower` -- the follower's parked appends and their gap timeout;
+* :mod:`broker.dledger.entry` -- the entry and index byte formats;
+* :mod:`broker.dledger.protocol` -- the peer protocol's frames.
 
-Storage, the peer transport and the broker integration build on these.
+The storage, the peer transport and the broker integration (issue 12, items 2-5) are still to come.
 """
