@@ -8,7 +8,10 @@ Pure state first, each module a table of rules with no I/O (the house rule of ``
 * :mod:`broker.dledger.dispatcher` -- the leader's per-follower COMPARE / TRUNCATE / APPEND states;
 * :mod:`broker.dledger.follower` -- the follower's parked appends and their gap timeout;
 * :mod:`broker.dledger.entry` -- the entry and index byte formats;
-* :mod:`broker.dledger.protocol` -- the peer protocol's frames.
+* :mod:`broker.dledger.protocol` -- the peer protocol's frames;
+* :mod:`broker.dledger.store` -- the log on disk: data and index files, checkpoint, ``currterm``, recovery,
+  truncation.
 
-The storage, the peer transport and the broker integration (issue 12, items 2-5) are still to come.
+The peer transport, the node that runs an election over it, and the broker integration (issue 12, items 1 and
+3-5) are still to come.
 """

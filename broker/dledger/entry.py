@@ -27,9 +27,10 @@ A batch of bodies of ``128 * (i + 1)`` bytes appended from position 0 puts entry
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 __all__ = [
     "BLANK_MAGIC",
@@ -40,6 +41,8 @@ __all__ = [
     "INDEX_UNIT_SIZE",
     "EntryHeader",
     "IndexUnit",
+    "ReadBuffer",
+    "WriteBuffer",
     "check_entry",
     "entry_size",
     "read_entry_header",
@@ -47,6 +50,10 @@ __all__ = [
     "write_entry",
     "write_index_unit",
 ]
+
+#: What entries are read from and written into (files are read through their maps).
+ReadBuffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
+WriteBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
 
 ENTRY_MAGIC = 1
 BLANK_MAGIC = -1
@@ -80,8 +87,8 @@ def entry_size(body_length: int) -> int:
     return BODY_OFFSET + body_length
 
 
-def write_entry(buf: bytearray | memoryview, at: int, *, index: int, term: int, pos: int,
-                body: bytes | memoryview) -> int:
+def write_entry(buf: WriteBuffer, at: int, *, index: int, term: int, pos: int,
+                body: bytes | bytearray | memoryview) -> int:
     """Write one entry at ``buf[at:]``; returns its size."""
     n = len(body)
     ENTRY_HEADER.pack_into(buf, at, ENTRY_MAGIC, BODY_OFFSET + n, index, term, pos, 0, 0,
@@ -90,11 +97,11 @@ def write_entry(buf: bytearray | memoryview, at: int, *, index: int, term: int, 
     return BODY_OFFSET + n
 
 
-def read_entry_header(buf: bytes | bytearray | memoryview, at: int) -> EntryHeader:
+def read_entry_header(buf: ReadBuffer, at: int) -> EntryHeader:
     return EntryHeader._make(ENTRY_HEADER.unpack_from(buf, at))
 
 
-def check_entry(buf: bytes | bytearray | memoryview, at: int, *, end: int, pos: int | None = None,
+def check_entry(buf: ReadBuffer, at: int, *, end: int, pos: int | None = None,
                 index: int | None = None, max_size: int = 1 << 31) -> str | None:
     """Why the entry at ``buf[at:]`` is not a good entry (None when it is): a whole entry before ``end``, the
     right magic, sizes that agree, the body's CRC, and (when given) the expected position and index. Bytes from a
@@ -118,9 +125,9 @@ def check_entry(buf: bytes | bytearray | memoryview, at: int, *, end: int, pos: 
     return None
 
 
-def write_index_unit(buf: bytearray | memoryview, at: int, *, pos: int, size: int, index: int, term: int) -> None:
+def write_index_unit(buf: WriteBuffer, at: int, *, pos: int, size: int, index: int, term: int) -> None:
     INDEX_UNIT.pack_into(buf, at, ENTRY_MAGIC, pos, size, index, term)
 
 
-def read_index_unit(buf: bytes | bytearray | memoryview, at: int) -> IndexUnit:
+def read_index_unit(buf: ReadBuffer, at: int) -> IndexUnit:
     return IndexUnit._make(INDEX_UNIT.unpack_from(buf, at))

@@ -1,0 +1,388 @@
+"""The DLedger log on disk (SEMANTICS.md 9.6-9.7): entry data files and index files on the store's mapped-file
+and fault-injecting I/O layer, the ``checkpoint`` and ``currterm`` files, recovery after a crash, and truncation
+of a divergent tail.
+
+* ``data/<20-digit start position>``: entries back to back, preallocated files of ``data_file_size`` bytes; an
+  entry never spans two files: one that does not fit (leaving 8 bytes) goes to the next file and the rest of the
+  current one is closed with the blank marker ``[int32 remaining][int32 BLANK_MAGIC]``, the commit log's rule.
+  Every peer places an entry at the same position (same file size, same rule), so commit-log offsets
+  (position + 48) agree across the group.
+* ``index/<20-digit start byte>``: one 32-byte unit per entry, entry ``i``'s at byte ``i * 32``.
+* ``checkpoint``: ``endIndex`` and ``committedIndex`` (Java properties); ``currterm``: ``currTerm``, ``voteLeader``.
+
+Recovery walks the entries of the last three data files with :func:`broker.dledger.entry.check_entry` and cuts
+the log after the last good one (a torn tail after SIGKILL), rewriting the index units it walked; the committed
+index comes back from the checkpoint, capped at the recovered end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from broker.dledger.entry import (
+    BLANK_MAGIC,
+    BODY_OFFSET,
+    INDEX_UNIT_SIZE,
+    check_entry,
+    read_entry_header,
+    read_index_unit,
+    write_entry,
+    write_index_unit,
+)
+from broker.store.io import FileIO
+from broker.store.mapped_file import MappedFile, file_name, list_offset_files
+
+__all__ = ["DLedgerStore", "EntryRefused", "read_properties"]
+
+log = logging.getLogger(__name__)
+
+_BLANK = BLANK_MAGIC.to_bytes(4, "big", signed=True)
+
+
+class EntryRefused(ValueError):
+    """An entry a follower cannot append (wrong index or position, a bad entry): the leader must COMPARE."""
+
+
+def read_properties(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+class _Chain:
+    """Fixed-size mapped files named by their start offset, contiguous."""
+
+    def __init__(self, io: FileIO, directory: str, file_size: int) -> None:
+        self.io, self.directory, self.file_size = io, directory, file_size
+        self.files: list[MappedFile] = []
+
+    def load(self) -> None:
+        self.io.makedirs(self.directory)
+        for start, path in list_offset_files(self.directory):
+            if self.files and self.files[-1].end != start:
+                log.warning("%s: gap before %s; ignoring it and later files", self.directory, path)
+                break
+            mf = MappedFile.open(self.io, path, start, self.file_size, create=os.path.getsize(path) < self.file_size)
+            mf.wrote = mf.flushed = self.file_size
+            self.files.append(mf)
+
+    def file_for(self, offset: int) -> MappedFile | None:
+        files = self.files
+        if not files:
+            return None
+        i = (offset - files[0].start) // self.file_size
+        return files[i] if 0 <= i < len(files) else None
+
+    def ensure(self, offset: int) -> MappedFile:
+        """The file holding ``offset``, created (with every file before it) when missing.
+
+        Raises:
+            OSError: a full disk (nothing is half-created).
+        """
+        mf = self.file_for(offset)
+        if mf is not None:
+            return mf
+        start = offset - offset % self.file_size
+        if self.files and start < self.files[0].start:
+            raise ValueError(f"{offset} is before the first file of {self.directory}")
+        nxt = self.files[-1].end if self.files else start
+        while True:
+            mf = MappedFile.open(self.io, os.path.join(self.directory, file_name(nxt)), nxt, self.file_size,
+                                 create=True)
+            mf.wrote = self.file_size
+            self.files.append(mf)
+            if mf.end > offset:
+                return mf
+            nxt = mf.end
+
+    def drop_from(self, offset: int) -> None:
+        """Zero everything from ``offset`` and delete the files after its file."""
+        for mf in list(self.files):
+            if mf.start >= offset and mf is not self.files[0]:
+                mf.destroy()
+                self.files.remove(mf)
+            elif mf.end > offset:
+                mf.zero(max(0, offset - mf.start), mf.size)
+
+    def clear(self) -> None:
+        for mf in self.files:
+            mf.destroy()
+        self.files.clear()
+
+    def flush(self) -> None:
+        for mf in self.files:
+            mf.flushed = 0
+            mf.flush(mf.size)
+
+    def close(self) -> None:
+        for mf in self.files:
+            mf.close()
+
+
+class DLedgerStore:
+    """One peer's log.
+
+    Args:
+        io: the file layer (tests pass a :class:`~broker.store.io.FaultyIO`).
+        directory: ``<storePathRootDir>/dledger-<selfId>``.
+        data_file_size: ``mappedFileSizeForEntryData`` (RocketMQ: ``mappedFileSizeCommitLog``).
+        index_file_size: ``mappedFileSizeForEntryIndex`` (a multiple of 32).
+    """
+
+    def __init__(self, io: FileIO, directory: str, *, data_file_size: int, index_file_size: int) -> None:
+        if index_file_size % INDEX_UNIT_SIZE:
+            raise ValueError(f"index file size {index_file_size} is not a multiple of {INDEX_UNIT_SIZE}")
+        if data_file_size < 2 * BODY_OFFSET:
+            raise ValueError(f"data file size {data_file_size} is too small")
+        self.io = io
+        self.directory = directory
+        self.data = _Chain(io, os.path.join(directory, "data"), data_file_size)
+        self.index = _Chain(io, os.path.join(directory, "index"), index_file_size)
+        self.begin_index = -1
+        self.end_index = -1
+        self.end_term = -1
+        self.end_pos = 0
+        """Position after the last entry (where the next one goes, before a roll)."""
+        self.committed_index = -1
+        self.committed_pos = -1
+        """End position of the committed entry (-1 when nothing is committed)."""
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Open the files, recover the end of the log, read the checkpoint."""
+        self.io.makedirs(self.directory)
+        self.data.load()
+        self.index.load()
+        self._recover()
+        cp = self._read(os.path.join(self.directory, "checkpoint"))
+        committed = int(cp.get("committedIndex", "-1"))
+        self.committed_index = min(committed, self.end_index)
+        self.committed_pos = self._end_of(self.committed_index)
+
+    def _read(self, path: str) -> dict[str, str]:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return read_properties(f.read())
+        except FileNotFoundError:
+            return {}
+
+    def _recover(self) -> None:
+        files = self.data.files
+        if not files:
+            return
+        start_file = max(0, len(files) - 3)
+        first = None
+        for mf in files[start_file:]:  # the first entry at the start of one of the last files
+            if check_entry(mf.mm, 0, end=mf.size, pos=mf.start) is None:
+                first = mf
+                break
+        if first is None:
+            log.warning("%s: no entry at the start of the last data files; the log is empty", self.directory)
+            self.data.clear()
+            self.index.clear()
+            return
+        h = read_entry_header(first.mm, 0)
+        if self.begin_index < 0:
+            self.begin_index = self._first_index(h.entry_index)
+        pos, idx, term = first.start, h.entry_index - 1, -1
+        while True:
+            cur = self.data.file_for(pos)
+            if cur is None:
+                break
+            mf = cur
+            at = pos - mf.start
+            if at + 8 <= mf.size and mf.mm[at + 4 : at + 8] == _BLANK:
+                pos = mf.end
+                continue
+            if check_entry(mf.mm, at, end=mf.size, pos=pos, index=idx + 1) is not None:
+                break
+            hdr = read_entry_header(mf.mm, at)
+            iu = self.index.ensure((idx + 1) * INDEX_UNIT_SIZE)
+            write_index_unit(iu.mm, (idx + 1) * INDEX_UNIT_SIZE - iu.start, pos=pos, size=hdr.size, index=idx + 1,
+                             term=hdr.term)
+            idx, term, pos = idx + 1, hdr.term, pos + hdr.size
+        self.end_index, self.end_term, self.end_pos = idx, term, pos
+        self.data.drop_from(pos)
+        self.index.drop_from((idx + 1) * INDEX_UNIT_SIZE)
+        log.info("%s: recovered entries %d..%d (end position %d)", self.directory, self.begin_index, idx, pos)
+
+    def _first_index(self, walked_from: int) -> int:
+        """The first index the index files hold a unit for (the log's begin), else where the walk started."""
+        files = self.index.files
+        if files:
+            first = files[0]
+            for at in range(0, first.size, INDEX_UNIT_SIZE):
+                if read_index_unit(first.mm, at).magic != 0:
+                    return (first.start + at) // INDEX_UNIT_SIZE
+        return walked_from
+
+    def write_checkpoint(self) -> None:
+        text = f"endIndex={self.end_index}\ncommittedIndex={self.committed_index}\n"
+        self.io.write_small_file(os.path.join(self.directory, "checkpoint"), text.encode())
+
+    def persist_term(self, term: int, vote_for: str | None) -> None:
+        """The ``currterm`` file, written (and fsynced) before a vote or a new term is acted on."""
+        text = f"currTerm={term}\nvoteLeader={vote_for or ''}\n"
+        path = os.path.join(self.directory, "currterm")
+        self.io.write_small_file(path + ".tmp", text.encode())
+        os.replace(path + ".tmp", path)
+
+    def load_term(self) -> tuple[int, str | None]:
+        props = self._read(os.path.join(self.directory, "currterm"))
+        return int(props.get("currTerm", "0")), props.get("voteLeader") or None
+
+    def flush(self) -> None:
+        self.data.flush()
+        self.index.flush()
+
+    def close(self) -> None:
+        self.data.close()
+        self.index.close()
+
+    # -- appends ----------------------------------------------------------------------------------------
+    def _place(self, size: int) -> int:
+        """Where an entry of ``size`` bytes goes: the end, or the next file when it does not fit (blank marker)."""
+        fs = self.data.file_size
+        if size + 8 > fs:
+            raise ValueError(f"an entry of {size} bytes does not fit a data file of {fs} bytes")
+        pos = self.end_pos
+        room = fs - pos % fs
+        if size + 8 > room:
+            mf = self.data.ensure(pos)
+            mf.write(pos - mf.start, room.to_bytes(4, "big") + _BLANK)
+            pos += room
+        return pos
+
+    def _write(self, index: int, term: int, pos: int, entry: bytes | bytearray | memoryview) -> None:
+        mf = self.data.ensure(pos)
+        iu = self.index.ensure(index * INDEX_UNIT_SIZE)
+        mf.write(pos - mf.start, entry)
+        write_index_unit(iu.mm, index * INDEX_UNIT_SIZE - iu.start, pos=pos, size=len(entry), index=index, term=term)
+        if self.begin_index < 0:
+            self.begin_index = index
+        self.end_index, self.end_term, self.end_pos = index, term, pos + len(entry)
+
+    def append_as_leader(self, term: int, body: bytes | memoryview,
+                         patch: Callable[[bytearray, int], None] | None = None) -> tuple[int, int]:
+        """Append ``body`` as the next entry in ``term``; returns ``(index, position)``.
+
+        Args:
+            patch: called with the entry's bytes and its position before they are written (RocketMQ's append
+                hook sets the record's PHYSICALOFFSET to ``position + 48`` there). The body CRC is computed after.
+
+        Raises:
+            OSError: the disk is full (nothing is written).
+        """
+        size = BODY_OFFSET + len(body)
+        pos = self._place(size)
+        entry = bytearray(size)
+        index = self.end_index + 1
+        if patch is None:
+            write_entry(entry, 0, index=index, term=term, pos=pos, body=body)
+        else:
+            buf = bytearray(body)
+            patch(buf, pos)
+            write_entry(entry, 0, index=index, term=term, pos=pos, body=buf)
+        self._write(index, term, pos, entry)
+        return index, pos
+
+    def append_as_follower(self, entry: bytes | memoryview) -> int:
+        """Append an entry the leader pushed; it must be the next index, at the position this log puts it.
+
+        Raises:
+            EntryRefused: a bad entry, or not the entry that continues this log.
+        """
+        bad = check_entry(entry, 0, end=len(entry), index=self.end_index + 1 if self.end_index >= 0 else None)
+        if bad is not None:
+            raise EntryRefused(f"entry refused: {bad}")
+        h = read_entry_header(entry, 0)
+        if h.size != len(entry):
+            raise EntryRefused(f"entry of {h.size} bytes arrived as {len(entry)} bytes")
+        if self.end_index >= 0:
+            pos = self._place(h.size)
+            if h.pos != pos:
+                raise EntryRefused(f"entry {h.entry_index} says position {h.pos}, this log puts it at {pos}")
+        else:
+            pos = h.pos  # an empty log starts where the leader's entry sits
+            self.end_pos = pos
+        self._write(h.entry_index, h.term, pos, entry)
+        return int(h.entry_index)
+
+    # -- reads ------------------------------------------------------------------------------------------
+    def unit(self, index: int) -> tuple[int, int, int] | None:
+        """``(position, size, term)`` of entry ``index``, None when absent."""
+        if not self.begin_index <= index <= self.end_index or index < 0:
+            return None
+        iu = self.index.file_for(index * INDEX_UNIT_SIZE)
+        if iu is None:
+            return None
+        u = read_index_unit(iu.mm, index * INDEX_UNIT_SIZE - iu.start)
+        return u.pos, u.size, u.term
+
+    def get(self, index: int) -> bytes | None:
+        """Entry ``index`` (header and body), copied; None when absent."""
+        u = self.unit(index)
+        if u is None:
+            return None
+        pos, size, _ = u
+        mf = self.data.file_for(pos)
+        if mf is None:
+            return None
+        return bytes(mf.mm[pos - mf.start : pos - mf.start + size])
+
+    def _end_of(self, index: int) -> int:
+        u = self.unit(index)
+        return -1 if u is None else u[0] + u[1]
+
+    # -- commit and truncation --------------------------------------------------------------------------
+    def update_committed(self, term: int, index: int, current_term: int) -> bool:
+        """SEMANTICS 9.5 ``updateCommittedIndex``: ignored for -1, an empty log, an old term or no change;
+        refused (False, with a warning) below the committed index or the log's begin; capped at the end."""
+        if index == -1 or self.end_index < 0 or term < current_term or index == self.committed_index:
+            return False
+        if index < self.committed_index or index < self.begin_index:
+            log.warning("%s: committed index %d refused (committed %d, begin %d)", self.directory, index,
+                        self.committed_index, self.begin_index)
+            return False
+        index = min(index, self.end_index)
+        self.committed_index = index
+        self.committed_pos = self._end_of(index)
+        return True
+
+    def truncate(self, entry: bytes | memoryview) -> int:
+        """Make this log end with ``entry`` (the leader's entry at its index): the follower's divergent tail goes.
+        When this log does not reach that index, or starts after it, it is reset to start there.
+
+        Raises:
+            EntryRefused: a bad entry.
+            ValueError: truncating below the committed index (a committed entry is never removed).
+        """
+        bad = check_entry(entry, 0, end=len(entry))
+        if bad is not None:
+            raise EntryRefused(f"truncate entry refused: {bad}")
+        h = read_entry_header(entry, 0)
+        if h.entry_index < self.committed_index:
+            raise ValueError(f"truncating to {h.entry_index} would remove committed entries (committed "
+                             f"{self.committed_index})")
+        u = self.unit(h.entry_index)
+        if u is None or self.begin_index < 0 or h.entry_index < self.begin_index:
+            log.warning("%s: resetting the log to start at entry %d (position %d)", self.directory, h.entry_index,
+                        h.pos)
+            self.data.clear()
+            self.index.clear()
+            self.begin_index = self.end_index = -1
+            self.end_pos = h.pos
+            self._write(h.entry_index, h.term, h.pos, entry)
+            return int(h.entry_index)
+        if u[0] != h.pos:
+            raise EntryRefused(f"entry {h.entry_index} sits at {u[0]} here, the leader's at {h.pos}")
+        self._write(h.entry_index, h.term, h.pos, entry)
+        self.data.drop_from(h.pos + len(entry))
+        self.index.drop_from((h.entry_index + 1) * INDEX_UNIT_SIZE)
+        return int(h.entry_index)
