@@ -21,9 +21,12 @@ ENTRIES: dict[str, str] = {
     "client": "benchmarks.client_bench:run",
     "consumer": "benchmarks.consumer_bench:run",
     "disk": "benchmarks.disk_bench:run",
+    "fresh": "benchmarks.fresh_bench:run",
     "fuzz": "benchmarks.fuzz_bench:run",
     "ha": "benchmarks.ha_bench:run_rows",
     "replication": "benchmarks.replication_bench:run",
+    "retention": "benchmarks.soak_bench:run_cleaner_overhead",
+    "soak": "benchmarks.soak_bench:run",
     "spark": "benchmarks.spark_bench:run",
     "store": "benchmarks.store_bench:run",
 }
