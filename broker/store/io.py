@@ -18,6 +18,7 @@ import errno
 import logging
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import ClassVar
@@ -77,17 +78,41 @@ def msync(mm: mmap.mmap, offset: int, length: int) -> None:
     _call_on_map(_libc_msync, mm, offset, length, _MS_SYNC)
 
 
-def prefault(mm: mmap.mmap, start: int, end: int) -> None:
+def prefault(
+    mm: mmap.mmap,
+    start: int,
+    end: int,
+    *,
+    floor: Callable[[], int] | None = None,
+    stop: threading.Event | None = None,
+) -> None:
     """Pre-fault ``mm[start:end]`` in 1 MiB steps, without the GIL during each step.
 
     Writing into never-touched pages costs a page fault per 4 KiB on the put path (appends ran at a third of
     their speed). ``MAP_POPULATE`` would do this inside ``mmap()`` with the GIL held for seconds and freeze the
     broker's event loop; small madvise steps from a background thread never hold it up. Safe while another
     thread writes the same map; stops quietly when the map is closed meanwhile.
+
+    Args:
+        mm: the map.
+        start: first byte (rounded down to a page).
+        end: end of the range (at most the map's length).
+        floor: the writer's position in this map, read before every step: pages below it were faulted in by the
+            writer itself, so a populater that fell behind jumps to the writer instead of
+            walking over them (a fresh file is written from its start while it is being populated).
+        stop: set by the owner to end the work between two steps (a file being discarded or the store closing).
     """
-    start -= start % PAGE_SIZE
-    end = min(end, len(mm)) if not mm.closed else start
-    for off in range(start, end, _PREFAULT_CHUNK):
+    off = start - start % PAGE_SIZE
+    end = min(end, len(mm)) if not mm.closed else off
+    while off < end:
+        if stop is not None and stop.is_set():
+            return
+        if floor is not None:
+            behind = floor()
+            if behind > off:
+                off = behind - behind % PAGE_SIZE
+                if off >= end:
+                    return
         length = min(_PREFAULT_CHUNK, end - off)
         try:
             if _libc_madvise is not None:
@@ -96,6 +121,7 @@ def prefault(mm: mmap.mmap, start: int, end: int) -> None:
                 mm.madvise(_MADV_POPULATE_WRITE, off, length)
         except (OSError, ValueError):
             return  # old kernel, unsupported file system, or the map was closed: pages fault in when written
+        off += length
 
 
 class SimulatedCrash(BaseException):
