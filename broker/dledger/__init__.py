@@ -10,8 +10,11 @@ Pure state first, each module a table of rules with no I/O (the house rule of ``
 * :mod:`broker.dledger.entry` -- the entry and index byte formats;
 * :mod:`broker.dledger.protocol` -- the peer protocol's frames;
 * :mod:`broker.dledger.store` -- the log on disk: data and index files, checkpoint, ``currterm``, recovery,
-  truncation.
+  truncation;
+* :mod:`broker.dledger.transport` -- the peer connections, with a fault layer for tests;
+* :mod:`broker.dledger.node` -- one member at work: election with pre-vote, replication, quorum, commit.
 
-The peer transport, the node that runs an election over it, and the broker integration (issue 12, items 1 and
-3-5) are still to come.
+Still to come (issue 12, items 2-5): dispatching committed entries into the broker's consume queues, the
+broker's role-change handling and ``.properties`` keys, the SDK's write failover, ``LocalCluster(mode=
+"dledger")``, the CLI and the benchmarks.
 """

@@ -130,6 +130,18 @@ class EntryDispatcher:
             out.append(Send(PushKind.COMMIT, self.watermark))
         return out
 
+    def trim(self, first_index: int, last_index: int) -> None:
+        """The APPEND planned from ``first_index`` carries entries only up to ``last_index`` (a byte bound): the
+        batches planned after it are dropped and pushing goes on from ``last_index + 1`` (the caller sends none
+        of the later APPENDs of the same poll)."""
+        planned = self._in_flight.get(first_index)
+        if planned is None or not first_index <= last_index < planned[0]:
+            return
+        self._in_flight[first_index] = (last_index, planned[1])
+        for f in [f for f in self._in_flight if f > first_index]:
+            del self._in_flight[f]
+        self.write_index = last_index + 1
+
     # -- what came back -------------------------------------------------------------------------------------
     def on_compare(self, success: bool, follower_begin: int, follower_end: int, leader_begin: int,
                    leader_end: int) -> None:

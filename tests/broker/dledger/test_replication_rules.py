@@ -224,3 +224,12 @@ def test_no_gap_timeout_while_the_next_append_is_parked() -> None:
     h.park("next", 6, 6, now_ms=0)
     h.park("after", 7, 7, now_ms=0)
     assert h.sweep(5000, ledger_end=5, holds=lambda p: True) == []
+
+
+def test_trim_drops_the_later_batches_of_a_poll() -> None:
+    d = appending(max_batch=4, max_in_flight=20)
+    assert d.poll(0, 12, 0) == [Send(PushKind.APPEND, 1, 4), Send(PushKind.APPEND, 5, 4), Send(PushKind.APPEND, 9, 4)]
+    d.trim(1, 2)  # only entries 1..2 fit the first frame
+    assert d.write_index == 3
+    assert d.poll(0, 12, 1) == [Send(PushKind.APPEND, 3, 4), Send(PushKind.APPEND, 7, 4), Send(PushKind.APPEND, 11, 2)]
+    assert d.on_append(True, 1, 2) == 2

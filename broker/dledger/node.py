@@ -1,0 +1,694 @@
+"""One DLedger member at work: the election, the leader's replication and quorum wait, the follower's entry
+handling, over :mod:`broker.dledger.transport`, in the owner's event loop. The rules are the pure modules'; this
+module only drives them with a clock, the network and the store.
+
+Two departures from DLedger, both for safety:
+
+* a new leader appends an empty entry in its term first and commits an index only when the entry there is of
+  its own term (Raft's rule; DLedger commits older-term entries by count, which the Raft paper's figure 8 shows
+  can lose a committed entry); readers skip empty entries;
+* pre-vote (``pre_vote``, on by default): before a candidate raises the term by itself it asks whether the others
+  would vote for it, and a member that hears from a live leader says no, so a member cut off and then healed
+  cannot depose a healthy leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable, Mapping
+
+import attrs
+
+from broker.dledger.dispatcher import EntryDispatcher, PushKind
+from broker.dledger.election import (
+    ElectionTimings,
+    HeartbeatCode,
+    HeartbeatVerdict,
+    Verdict,
+    VoteReply,
+    VoteRequest,
+    VoteResult,
+    count_heartbeats,
+    count_votes,
+    handle_heartbeat,
+    handle_pre_vote,
+    handle_vote,
+    leader_lost_quorum,
+    leader_silent,
+)
+from broker.dledger.entry import read_entry_header
+from broker.dledger.follower import EntryHandler, FollowerCode
+from broker.dledger.member import MemberState, Role
+from broker.dledger.protocol import (
+    Frame,
+    MsgType,
+    PushCode,
+    PushReply,
+    Vote,
+    decode_heartbeat_reply,
+    decode_push,
+    decode_push_reply,
+    decode_term,
+    decode_vote,
+    decode_vote_reply,
+    encode_heartbeat_reply,
+    encode_push_head,
+    encode_push_reply,
+    encode_term,
+    encode_vote,
+    encode_vote_reply,
+)
+from broker.dledger.quorum import AckCode, QuorumTracker
+from broker.dledger.store import DLedgerStore, EntryRefused
+from broker.dledger.transport import FaultLayer, PeerClient, PeerError, PeerServer, serve_peers
+
+__all__ = ["AppendError", "DLedgerNode", "NodeConfig"]
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 0.02
+
+
+@attrs.frozen(kw_only=True)
+class NodeConfig:
+    """A member's settings (SEMANTICS.md 9.1; the broker builds it from its ``dLeger*`` keys)."""
+
+    group: str
+    self_id: str
+    peers: Mapping[str, str]
+    """Every member's id -> ``host:port`` of its peer port, this one included."""
+    timings: ElectionTimings = attrs.field(factory=ElectionTimings)
+    pre_vote: bool = True
+    max_pending: int = 10_000
+    """``maxPendingRequestsNum``."""
+    max_wait_ack_ms: int = 2500
+    """``maxWaitAckTimeMs``."""
+    max_push_timeout_ms: int = 1000
+    """``maxPushTimeOutMs``."""
+    max_batch_entries: int = 64
+    max_batch_bytes: int = 4 << 20
+    max_in_flight: int = 1000
+    request_timeout_s: float = 3.0
+
+
+class AppendError(Exception):
+    """An append that did not commit: ``code`` is NOT_LEADER, LEADER_PENDING_FULL, WAIT_QUORUM_ACK_TIMEOUT or
+    TERM_CHANGED; ``leader_id`` the leader this member knows (None when none)."""
+
+    def __init__(self, code: str, message: str, leader_id: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.leader_id = leader_id
+
+
+class _Wakeup:
+    """A wake-up flag a loop waits on with a timeout: a plain future and a timer, so a cancellation always
+    reaches the waiter (``asyncio.wait_for`` on Python 3.11 can lose one that races with the inner wait)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._fut: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._fut is not None and not self._fut.done():
+            self._fut.set_result(None)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Return when set (since the last wait) or after ``timeout_s``; clears the flag."""
+        if not self._set:
+            loop = asyncio.get_running_loop()
+            fut = self._fut = loop.create_future()
+            timer = loop.call_later(timeout_s, _resolve, fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                self._fut = None
+        self._set = False
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class DLedgerNode:
+    """One member.
+
+    Args:
+        config: its settings.
+        store: its log, loaded.
+        faults: the fault layer (tests).
+        clock_ms: wall clock in ms.
+        rng: randomness of the vote back-off.
+        on_role_change: ``(role, term, leader id)`` after every change of role.
+        on_commit: ``(committed index, committed position)`` after the committed index moved.
+    """
+
+    def __init__(self, config: NodeConfig, store: DLedgerStore, *, faults: FaultLayer | None = None,
+                 clock_ms: Callable[[], int] = _wall_ms, rng: random.Random | None = None,
+                 on_role_change: Callable[[Role, int, str | None], None] | None = None,
+                 on_commit: Callable[[int, int], None] | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.faults = faults or FaultLayer()
+        self._clock = clock_ms
+        self._rng = rng or random.Random()
+        self._on_role = on_role_change
+        self._on_commit = on_commit
+        self.state = MemberState(config.self_id, config.peers, persist=store.persist_term)
+        self.state.restore(*store.load_term())
+        self.state.ledger_end_index, self.state.ledger_end_term = store.end_index, store.end_term
+        self._others = [p for p in config.peers if p != config.self_id]
+        self._clients = {p: PeerClient(config.group, config.self_id, p, config.peers[p], self.faults,
+                                       max_in_flight=config.max_in_flight + 16)
+                         for p in self._others}
+        self._server: PeerServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self._wake = _Wakeup()
+        self._new_data = {p: _Wakeup() for p in self._others}  # one per follower's dispatcher
+        self._stopping = False
+        self.last_leader_heartbeat_ms = 0
+        self._last_quorum_heartbeat_ms = 0
+        self._next_vote_ms = 0
+        self._next_heartbeat_ms = 0
+        self._increase_term_now = False
+        self._last_verdict = Verdict.WAIT_TO_REVOTE
+        self._tracker: QuorumTracker | None = None
+        self._futures: dict[int, tuple[asyncio.Future[tuple[int, int]], int]] = {}
+        self._handler = EntryHandler()
+        self._pending_entries: dict[int, bytes] = {}  # parked APPEND batches by first index
+        self._last_sweep_ms = 0
+        self.elections = 0
+        self._last_role = (self.state.role, self.state.term, self.state.leader_id)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", sock: socket.socket | None = None) -> int:
+        """Listen on the peer port (the one in ``peers``, or ``sock`` already bound to it) and start the member;
+        returns the bound port."""
+        port = int(self.config.peers[self.config.self_id].rpartition(":")[2])
+        self._server = await serve_peers(host, port, group=self.config.group, self_id=self.config.self_id,
+                                         peers=self.config.peers, handler=self._handle, faults=self.faults,
+                                         sock=sock)
+        self.last_leader_heartbeat_ms = self._clock()
+        self._next_vote_ms = self._clock() + self._rand_ms()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._run(), name=f"dledger-run-{self.config.self_id}"))
+        return self._server.port
+
+    async def stop(self) -> None:
+        self._stopping = True  # every loop checks it: a cancellation lost in a race cannot keep one running
+        for t in self._tasks + self._leader_tasks:
+            t.cancel()
+        for t in self._tasks + self._leader_tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._fail_pending("TERM_CHANGED", "the member stopped")
+        for c in self._clients.values():
+            await c.close()
+        if self._server is not None:
+            await self._server.close()
+
+    def _rand_ms(self) -> int:
+        t = self.config.timings
+        return self._rng.randrange(t.min_vote_interval_ms, t.max_vote_interval_ms)
+
+    def _role_changed(self) -> None:
+        st = self.state
+        now = (st.role, st.term, st.leader_id)
+        if now != self._last_role:
+            self._last_role = now
+            log.info("dledger %s: %s in term %d, leader %s", st.self_id, st.role.value, st.term, st.leader_id)
+            if st.role is not Role.LEADER:
+                self._stop_leading()
+            if self._on_role is not None:
+                self._on_role(st.role, st.term, st.leader_id)
+
+    # -- the state loop -------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self._step()
+            except Exception:
+                log.exception("dledger %s: state loop step failed", self.state.self_id)
+            await self._wake.wait(_TICK_S)
+
+    async def _step(self) -> None:
+        st, now, t = self.state, self._clock(), self.config.timings
+        if st.role is Role.FOLLOWER:
+            if leader_silent(now, self.last_leader_heartbeat_ms, t):
+                log.warning("dledger %s: leader %s silent for %d ms, campaigning", st.self_id, st.leader_id,
+                            now - self.last_leader_heartbeat_ms)
+                st.change_to_candidate(st.term)
+                self._next_vote_ms = now + self._rand_ms()
+                self._role_changed()
+            elif now - self._last_sweep_ms >= 1000:
+                self._last_sweep_ms = now
+                self._sweep(now)
+        elif st.role is Role.CANDIDATE:
+            if now >= self._next_vote_ms or self._increase_term_now:
+                await self._campaign()
+        else:
+            if leader_lost_quorum(now, self._last_quorum_heartbeat_ms, t):
+                log.warning("dledger %s: no heartbeat quorum for %d ms, stepping down", st.self_id,
+                            now - self._last_quorum_heartbeat_ms)
+                st.change_to_candidate(st.term)
+                self._next_vote_ms = now + self._rand_ms()
+                self._role_changed()
+            elif now >= self._next_heartbeat_ms:
+                self._next_heartbeat_ms = now + t.heartbeat_interval_ms
+                self._leader_tasks.append(asyncio.get_running_loop().create_task(self._heartbeat_round()))
+                self._leader_tasks = [x for x in self._leader_tasks if not x.done()]
+            self._check_quorum()
+
+    async def _ask_all(self, msg: MsgType, body: bytes, timeout_s: float) -> list[Frame | None]:
+        async def one(p: str) -> Frame | None:
+            try:
+                return await self._clients[p].request(msg, body, timeout_s)
+            except PeerError as e:
+                log.debug("dledger %s: %s to %s failed: %s", self.state.self_id, msg.name, p, e)
+                return None
+        return list(await asyncio.gather(*(one(p) for p in self._others)))
+
+    async def _campaign(self) -> None:
+        st, now = self.state, self._clock()
+        if self._increase_term_now:
+            self._increase_term_now = False
+            st.next_term()
+            self._next_vote_ms = now + self._rand_ms()
+            return
+        if self._last_verdict is Verdict.WAIT_TO_VOTE_NEXT:
+            if self.config.pre_vote and not await self._pre_vote(st.term + 1):
+                self._next_vote_ms = self._clock() + self._rand_ms()
+                return
+            st.next_term()
+        term = st.term
+        req = VoteRequest(term, st.ledger_end_term, st.ledger_end_index, st.self_id)
+        own, _ = handle_vote(st, req, from_self=True)
+        self.elections += 1
+        replies = await self._collect_votes(term, own, encode_vote(Vote(term, req.ledger_end_term,
+                                                                         req.ledger_end_index, False)))
+        if st.role is not Role.CANDIDATE or st.term != term:
+            return  # a heartbeat or a larger term arrived meanwhile
+        v = count_votes(st, term, replies, rand_ms=self._rand_ms(), timings=self.config.timings)
+        self._last_verdict = v.verdict
+        if v.verdict is Verdict.PASSED:
+            self._become_leader(term)
+            return
+        if v.known_max_term > term:
+            st.change_to_candidate(v.known_max_term)
+        self._next_vote_ms = self._clock() + v.retry_after_ms
+
+    async def _collect_votes(self, term: int, own: VoteResult, body: bytes) -> list[VoteReply | None]:
+        """Ask every peer; stop waiting once a quorum accepted or everyone answered, at most 2000 ms plus a random
+        [0, 1000) (DLedger's bound), so a peer that accepts connections but never answers cannot stall a round."""
+        replies: list[VoteReply | None] = [VoteReply(own, term)]
+        accepted = int(own is VoteResult.ACCEPT)
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._clients[p].request(MsgType.VOTE, body, self.config.request_timeout_s))
+                 for p in self._others]
+        deadline = loop.time() + 2.0 + self._rng.random()
+        try:
+            pending = set(tasks)
+            while pending and not self.state.is_quorum(accepted):
+                done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()),
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+                for t in done:
+                    try:
+                        reply = VoteReply(*decode_vote_reply(t.result().body))
+                    except (PeerError, ValueError):
+                        replies.append(None)
+                        continue
+                    replies.append(reply)
+                    accepted += reply.result is VoteResult.ACCEPT
+        finally:
+            for t in tasks:
+                t.cancel()
+        return replies
+
+    async def _pre_vote(self, term: int) -> bool:
+        st = self.state
+        frames = await self._ask_all(MsgType.VOTE, encode_vote(Vote(term, st.ledger_end_term, st.ledger_end_index,
+                                                                    True)), self.config.request_timeout_s)
+        granted = 1 + sum(1 for f in frames if f is not None and decode_vote_reply(f.body)[0] is VoteResult.ACCEPT)
+        if not st.is_quorum(granted):
+            log.info("dledger %s: pre-vote for term %d got %d of %d; not raising the term", st.self_id, term,
+                     granted, st.peer_count)
+        return st.is_quorum(granted)
+
+    # -- leading --------------------------------------------------------------------------------------------
+    def _become_leader(self, term: int) -> None:
+        st = self.state
+        st.change_to_leader(term)
+        now = self._clock()
+        self._last_quorum_heartbeat_ms = now
+        self._next_heartbeat_ms = 0
+        self._tracker = QuorumTracker(self.config.peers, max_pending=self.config.max_pending,
+                                      max_wait_ack_ms=self.config.max_wait_ack_ms)
+        # An empty entry of this term first: entries of older terms commit with it (Raft's rule).
+        index, _ = self.store.append_as_leader(term, b"")
+        self._after_local_append(index)
+        loop = asyncio.get_running_loop()
+        self._leader_tasks = [loop.create_task(self._replicate(p, term)) for p in self._others]
+        self._role_changed()
+        self._wake.set()
+
+    def _stop_leading(self) -> None:
+        for t in self._leader_tasks:
+            t.cancel()
+        self._leader_tasks = []
+        self._fail_pending("TERM_CHANGED", "leadership changed before a quorum stored the entry")
+        self._tracker = None
+
+    def _fail_pending(self, code: str, message: str) -> None:
+        futures, self._futures = self._futures, {}
+        for fut, _ in futures.values():
+            if not fut.done():
+                fut.set_exception(AppendError(code, message, self.state.leader_id))
+
+    def _kick(self) -> None:
+        """New entries or acks: every dispatcher looks again."""
+        for w in self._new_data.values():
+            w.set()
+
+    def _after_local_append(self, index: int) -> None:
+        st = self.state
+        st.ledger_end_index, st.ledger_end_term = self.store.end_index, self.store.end_term
+        assert self._tracker is not None
+        self._tracker.ack(st.term, st.self_id, index)
+        self._kick()
+
+    async def append(self, body: bytes, patch: Callable[[bytearray, int], None] | None = None) -> tuple[int, int]:
+        """Append one entry as the leader and wait until a quorum stores it; returns ``(index, position)``.
+
+        Raises:
+            AppendError: NOT_LEADER, LEADER_PENDING_FULL, WAIT_QUORUM_ACK_TIMEOUT or TERM_CHANGED.
+            OSError: the disk refused the write (nothing was appended).
+        """
+        st = self.state
+        if st.role is not Role.LEADER or self._tracker is None:
+            raise AppendError("NOT_LEADER", f"{st.self_id} is {st.role.value}; the leader is {st.leader_id}",
+                              st.leader_id)
+        term = st.term
+        if self._tracker.pending_full(term):
+            raise AppendError("LEADER_PENDING_FULL", f"more than {self.config.max_pending} appends wait for a "
+                                                     f"quorum (maxPendingRequestsNum)", st.leader_id)
+        index, pos = self.store.append_as_leader(term, body, patch)
+        fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._futures[index] = (fut, pos)
+        self._tracker.add(term, index, index, self._clock())
+        self._after_local_append(index)
+        self._check_quorum()
+        return await fut
+
+    def _check_quorum(self) -> None:
+        tracker, st = self._tracker, self.state
+        if tracker is None or st.role is not Role.LEADER:
+            return
+        idx, done = tracker.check(st.term, self._clock())
+        if idx > self.store.committed_index:
+            unit = self.store.unit(idx)
+            committed = unit is not None and unit[2] == st.term and self.store.update_committed(st.term, idx, st.term)
+            if committed and self._on_commit is not None:
+                self._on_commit(self.store.committed_index, self.store.committed_pos)
+        for c in done:
+            entry = self._futures.get(c.index)
+            if entry is None:
+                continue
+            fut, pos = entry
+            if c.code is AckCode.SUCCESS:
+                del self._futures[c.index]
+                if not fut.done():
+                    fut.set_result((c.index, pos))
+            elif not fut.done():
+                del self._futures[c.index]
+                fut.set_exception(AppendError(c.code.value, f"entry {c.index} was not stored by a quorum within "
+                                              f"{self.config.max_wait_ack_ms} ms (maxWaitAckTimeMs)"
+                                              if c.code is AckCode.WAIT_QUORUM_ACK_TIMEOUT else
+                                              f"the term moved on before entry {c.index} reached a quorum",
+                                              st.leader_id))
+
+    async def _heartbeat_round(self) -> None:
+        st, term = self.state, self.state.term
+        timeout = self.config.timings.heartbeat_interval_ms / 1000
+        frames = await self._ask_all(MsgType.HEARTBEAT, encode_term(term), timeout)
+        if st.role is not Role.LEADER or st.term != term:
+            return
+        verdict, t = count_heartbeats(st, [None if f is None else decode_heartbeat_reply(f.body) for f in frames])
+        if verdict is HeartbeatVerdict.OK:
+            self._last_quorum_heartbeat_ms = self._clock()
+        elif verdict is HeartbeatVerdict.RESEND_NOW:
+            self._next_heartbeat_ms = 0
+            self._wake.set()
+        elif verdict is HeartbeatVerdict.STEP_DOWN:
+            st.change_to_candidate(max(t, st.term))
+            self._next_vote_ms = self._clock() + self._rand_ms()
+            self._role_changed()
+
+    async def _replicate(self, peer: str, term: int) -> None:
+        """The dispatcher of one follower while this member leads ``term``."""
+        cfg, st, store = self.config, self.state, self.store
+        disp = EntryDispatcher(peer, max_in_flight=cfg.max_in_flight, max_batch=cfg.max_batch_entries,
+                               max_push_timeout_ms=cfg.max_push_timeout_ms)
+        client = self._clients[peer]
+        loop = asyncio.get_running_loop()
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while st.role is Role.LEADER and st.term == term and not self._stopping:
+                for s in disp.poll(store.begin_index, store.end_index, self._clock()):
+                    if s.kind in (PushKind.COMPARE, PushKind.TRUNCATE):
+                        await self._compare_or_truncate(client, disp, s.kind, s.index, term)
+                    elif s.kind is PushKind.APPEND:
+                        body, last = self._batch(s.index, s.count)
+                        if last < s.index + s.count - 1:
+                            disp.trim(s.index, last)
+                        t = loop.create_task(self._push(client, disp, term, s.index, last, body))
+                        inflight.add(t)
+                        t.add_done_callback(inflight.discard)
+                        if last < s.index + s.count - 1:
+                            break
+                    else:
+                        t = loop.create_task(self._push(client, disp, term, -1, -1, b""))
+                        inflight.add(t)
+                        t.add_done_callback(inflight.discard)
+                await self._new_data[peer].wait(0.05)
+        finally:
+            for t in inflight:
+                t.cancel()
+
+    def _batch(self, first: int, count: int) -> tuple[bytes, int]:
+        parts: list[bytes] = []
+        total, last = 0, first - 1
+        for i in range(first, first + count):
+            e = self.store.get(i)
+            if e is None or (parts and total + len(e) > self.config.max_batch_bytes):
+                break
+            parts.append(e)
+            total += len(e)
+            last = i
+        return b"".join(parts), last
+
+    async def _compare_or_truncate(self, client: PeerClient, disp: EntryDispatcher, kind: PushKind, index: int,
+                                   term: int) -> None:
+        store = self.store
+        entry = store.get(index)
+        if entry is None:
+            disp.reset()
+            return
+        body = encode_push_head(kind, term, store.committed_index, index, 1) + entry
+        try:
+            f = await client.request(MsgType.PUSH, body, self.config.request_timeout_s)
+            r = decode_push_reply(f.body)
+        except (PeerError, ValueError) as e:
+            log.debug("dledger %s: %s to %s failed: %s", self.state.self_id, kind.value, client.peer_id, e)
+            disp.reset() if kind is PushKind.TRUNCATE else disp.on_compare_failed()
+            await asyncio.sleep(0.5 if isinstance(e, PeerError) else 0)
+            return
+        if self._term_reply(r):
+            return
+        if r.code not in (PushCode.SUCCESS, PushCode.INCONSISTENT_STATE):
+            disp.on_compare_failed() if kind is PushKind.COMPARE else disp.reset()
+            await asyncio.sleep(0.05)  # not following us yet (our first heartbeat is on its way)
+            return
+        if kind is PushKind.COMPARE:
+            disp.on_compare(r.code is PushCode.SUCCESS, r.begin_index, r.end_index, store.begin_index,
+                            store.end_index)
+        else:
+            disp.on_truncate(r.code is PushCode.SUCCESS)
+            if r.code is PushCode.SUCCESS and self._tracker is not None:
+                self._tracker.ack(term, client.peer_id, index)
+                self._check_quorum()
+
+    async def _push(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                    entries: bytes) -> None:
+        kind = PushKind.APPEND if entries else PushKind.COMMIT
+        head = encode_push_head(kind, term, self.store.committed_index, first if entries else -1,
+                                last - first + 1 if entries else 0)
+        try:
+            f = await client.request(MsgType.PUSH, head + entries, self.config.request_timeout_s)
+            r = decode_push_reply(f.body)
+        except (PeerError, ValueError):
+            return  # pushed again after maxPushTimeOutMs
+        if not entries or self._term_reply(r):
+            return
+        if r.code is PushCode.SUCCESS:
+            disp.on_append(True, first, min(last, r.acked_index))
+            if self._tracker is not None and self.state.term == term:
+                self._tracker.ack(term, client.peer_id, min(last, r.acked_index))
+                self._check_quorum()
+            self._kick()
+        elif r.code is PushCode.INCONSISTENT_STATE:
+            disp.on_append(False, first, last, inconsistent=True)
+            self._kick()
+
+    def _term_reply(self, r: PushReply) -> bool:
+        """A follower answered with a larger term: step down. True when it did."""
+        st = self.state
+        if r.term > st.term:
+            st.change_to_candidate(r.term)
+            self._increase_term_now = True
+            self._role_changed()
+            return True
+        return False
+
+    # -- answering peers ------------------------------------------------------------------------------------
+    async def _handle(self, peer: str, f: Frame) -> tuple[MsgType, bytes]:
+        if f.type is MsgType.VOTE:
+            return MsgType.VOTE_REPLY, self._on_vote(peer, f)
+        if f.type is MsgType.HEARTBEAT:
+            return MsgType.HB_REPLY, self._on_heartbeat(peer, decode_term(f.body))
+        if f.type is MsgType.PUSH:
+            return MsgType.PUSH_REPLY, encode_push_reply(await self._on_push(peer, f))
+        raise ValueError(f"peer {peer} sent a {f.type.name} request")
+
+    def _on_vote(self, peer: str, f: Frame) -> bytes:
+        v = decode_vote(f.body)
+        req = VoteRequest(v.term, v.ledger_end_term, v.ledger_end_index, peer)
+        st = self.state
+        if v.pre_vote:
+            result = handle_pre_vote(st, req, now_ms=self._clock(),
+                                     last_leader_heartbeat_ms=self.last_leader_heartbeat_ms,
+                                     timings=self.config.timings)
+            return encode_vote_reply(result, st.term)
+        result, increase = handle_vote(st, req, from_self=False)
+        if increase:
+            self._increase_term_now = True
+            self._role_changed()
+            self._wake.set()
+        return encode_vote_reply(result, st.term)
+
+    def _on_heartbeat(self, peer: str, term: int) -> bytes:
+        return encode_heartbeat_reply(self._on_heartbeat_code(peer, term), self.state.term)
+
+    def _on_heartbeat_code(self, peer: str, term: int) -> HeartbeatCode:
+        code, increase = handle_heartbeat(self.state, term, peer)
+        if code is HeartbeatCode.SUCCESS:
+            self.last_leader_heartbeat_ms = self._clock()
+        if increase:
+            self._increase_term_now = True
+            self._wake.set()
+        self._role_changed()
+        return code
+
+    def _reply(self, code: PushCode, index: int = -1) -> PushReply:
+        s = self.store
+        return PushReply(code, self.state.term, index if index >= 0 else s.end_index, s.begin_index, s.end_index)
+
+    async def _on_push(self, peer: str, f: Frame) -> PushReply:
+        push = decode_push(f.body)
+        st, store = self.state, self.store
+        # A push speaks for its leader as a heartbeat does (the same checks; a candidate follows it).
+        hb = self._on_heartbeat_code(peer, push.term)
+        if hb is not HeartbeatCode.SUCCESS:
+            return self._reply({HeartbeatCode.EXPIRED_TERM: PushCode.EXPIRED_TERM,
+                                HeartbeatCode.INCONSISTENT_LEADER: PushCode.INCONSISTENT_LEADER}.get(
+                                    hb, PushCode.NOT_FOLLOWER))
+        if push.kind is PushKind.COMMIT:
+            self._commit_to(push.committed_index)
+            return self._reply(PushCode.SUCCESS)
+        if push.kind in (PushKind.COMPARE, PushKind.TRUNCATE):
+            for p in self._handler.clear():
+                self._pending_entries.pop(p.first_index, None)
+                self._answer(p.token, self._reply(PushCode.INCONSISTENT_STATE))
+            entry = bytes(push.entries)
+            if push.kind is PushKind.COMPARE:
+                return self._reply(PushCode.SUCCESS if store.get(push.first_index) == entry
+                                   else PushCode.INCONSISTENT_STATE)
+            try:
+                store.truncate(entry)
+            except (EntryRefused, ValueError) as e:
+                log.error("dledger %s: truncate at %d refused: %s", st.self_id, push.first_index, e)
+                return self._reply(PushCode.INCONSISTENT_STATE)
+            self._synced()
+            self._commit_to(push.committed_index)
+            return self._reply(PushCode.SUCCESS)
+        last = push.first_index + push.n_entries - 1
+        waiter: asyncio.Future[PushReply] = asyncio.get_running_loop().create_future()
+        code = self._handler.park(waiter, push.first_index, last, self._clock())
+        if code is not None:
+            return self._reply(PushCode.REPEATED_PUSH if code is FollowerCode.REPEATED_PUSH
+                               else PushCode.INCONSISTENT_STATE)
+        self._pending_entries[push.first_index] = bytes(push.entries)
+        self._drain(push.committed_index)
+        return await waiter
+
+    def _drain(self, committed: int) -> None:
+        """Append every parked batch that continues the log, in order."""
+        store = self.store
+        while (p := self._handler.take_next(store.end_index)) is not None:
+            data = memoryview(self._pending_entries.pop(p.first_index, b""))
+            reply = self._reply(PushCode.SUCCESS, p.last_index)
+            at = 0
+            try:
+                while at < len(data):
+                    h = read_entry_header(data, at)
+                    if h.size < 48 or at + h.size > len(data):
+                        raise EntryRefused(f"entry at byte {at} of a batch claims {h.size} bytes")
+                    if h.entry_index > store.end_index:
+                        store.append_as_follower(data[at : at + h.size])
+                    at += h.size
+                self._synced()
+            except (EntryRefused, OSError) as e:
+                log.warning("dledger %s: append from %d refused: %s", self.state.self_id, p.first_index, e)
+                reply = self._reply(PushCode.INCONSISTENT_STATE)
+            self._answer(p.token, reply)
+        self._commit_to(committed)
+
+    @staticmethod
+    def _answer(token: object, reply: PushReply) -> None:
+        if isinstance(token, asyncio.Future) and not token.done():
+            token.set_result(reply)
+
+    def _synced(self) -> None:
+        self.state.ledger_end_index, self.state.ledger_end_term = self.store.end_index, self.store.end_term
+
+    def _commit_to(self, index: int) -> None:
+        st, store = self.state, self.store
+        if store.update_committed(st.term, min(index, store.end_index), st.term) and self._on_commit is not None:
+            self._on_commit(store.committed_index, store.committed_pos)
+
+    def _sweep(self, now: int) -> None:
+        store = self.store
+        for p, code in self._handler.sweep(now, store.end_index,
+                                           lambda p: store.get(p.last_index) is not None):
+            self._pending_entries.pop(p.first_index, None)
+            self._answer(p.token, self._reply(PushCode.SUCCESS if code is FollowerCode.SUCCESS
+                                              else PushCode.INCONSISTENT_STATE, p.last_index))
+
+    def status(self) -> dict[str, object]:
+        st, s = self.state, self.store
+        return {"selfId": st.self_id, "role": st.role.value, "term": st.term, "leaderId": st.leader_id,
+                "ledgerBeginIndex": s.begin_index, "ledgerEndIndex": s.end_index,
+                "committedIndex": s.committed_index, "elections": self.elections}

@@ -1,0 +1,264 @@
+"""The DLedger peer transport: one TCP connection per ordered pair of peers, frames of
+:mod:`broker.dledger.protocol`, requests answered in any order by request id. Runs in the owner's event loop.
+
+* :class:`PeerClient` -- this member's requests to one peer: connects (bounded), sends HELLO, then multiplexes
+  requests; each waits at most its timeout; at most ``max_in_flight`` wait at once. A broken connection fails
+  every waiting request and is re-made by the next request.
+* :func:`serve_peers` -- accepts connections from peers; the first frame must be a HELLO naming this group, this
+  member and a known peer, else the connection is logged and closed; then every request goes to the handler and
+  its answer back. Garbage, truncated frames, absurd sizes: a log line and a closed connection.
+* :class:`FaultLayer` -- for tests: drop or delay this member's traffic to and from chosen peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+
+from broker.dledger.protocol import (
+    Frame,
+    FrameDecoder,
+    Hello,
+    MsgType,
+    PeerProtocolError,
+    decode_hello,
+    encode_frame,
+    encode_hello,
+)
+
+__all__ = ["FaultLayer", "PeerClient", "PeerError", "PeerServer", "RequestHandler", "serve_peers"]
+
+log = logging.getLogger(__name__)
+
+#: ``(peer id, frame) -> (answer type, answer body)``.
+RequestHandler = Callable[[str, Frame], Awaitable[tuple[MsgType, bytes]]]
+
+
+class PeerError(ConnectionError):
+    """A request to a peer failed: not connected, timed out, dropped, or the connection broke."""
+
+
+class FaultLayer:
+    """Drops or delays this member's traffic to and from peers (tests only; the default lets everything pass)."""
+
+    def __init__(self) -> None:
+        self.blocked: set[str] = set()
+        self.delay_s: dict[str, float] = {}
+
+    def block(self, *peer_ids: str) -> None:
+        self.blocked.update(peer_ids)
+
+    def heal(self, *peer_ids: str) -> None:
+        for p in peer_ids or tuple(self.blocked):
+            self.blocked.discard(p)
+
+    async def passes(self, peer_id: str) -> bool:
+        delay = self.delay_s.get(peer_id)
+        if delay:
+            await asyncio.sleep(delay)
+        return peer_id not in self.blocked
+
+
+class PeerClient:
+    """Requests from this member to one peer.
+
+    Args:
+        group, self_id, peer_id, addr: who talks to whom (``addr`` is ``host:port``).
+        faults: the fault layer.
+        connect_timeout_s: bound of a connection attempt.
+        max_in_flight: requests waiting at once at most.
+        max_frame_bytes: largest answer accepted.
+    """
+
+    def __init__(self, group: str, self_id: str, peer_id: str, addr: str, faults: FaultLayer, *,
+                 connect_timeout_s: float = 1.0, max_in_flight: int = 1024, max_frame_bytes: int = 32 << 20) -> None:
+        self.group, self.self_id, self.peer_id, self.addr = group, self_id, peer_id, addr
+        self._faults = faults
+        self._connect_timeout_s = connect_timeout_s
+        self._max_in_flight = max_in_flight
+        self._max_frame_bytes = max_frame_bytes
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Lock = asyncio.Lock()
+        self._waiting: dict[int, asyncio.Future[Frame]] = {}
+        self._ids = itertools.count(1)
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        async with self._connecting:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            host, _, port = self.addr.rpartition(":")
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
+                                                        self._connect_timeout_s)
+            except (TimeoutError, OSError) as e:
+                raise PeerError(f"cannot connect to peer {self.peer_id} at {self.addr}: {e or 'timeout'}") from None
+            writer.write(encode_frame(MsgType.HELLO, 0, encode_hello(Hello(self.group, self.self_id, self.peer_id))))
+            self._writer = writer
+            self._reader_task = asyncio.get_running_loop().create_task(self._read(reader, writer))
+            return writer
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        dec = FrameDecoder(self._max_frame_bytes)
+        why = "closed by the peer"
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                for f in dec.feed(data):
+                    fut = self._waiting.pop(f.request_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(f)
+        except PeerProtocolError as e:
+            why = f"protocol error: {e}"
+            log.warning("peer %s (%s) sent a bad frame, closing: %s", self.peer_id, self.addr, e)
+        except (OSError, asyncio.IncompleteReadError) as e:
+            why = str(e)
+        finally:
+            self._fail_all(why)
+            writer.close()
+            if self._writer is writer:
+                self._writer = None
+
+    def _fail_all(self, why: str) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for fut in waiting.values():
+            if not fut.done():
+                fut.set_exception(PeerError(f"connection to peer {self.peer_id} lost: {why}"))
+
+    async def request(self, msg_type: MsgType, body: bytes, timeout_s: float) -> Frame:
+        """Send one request and wait for its answer.
+
+        Raises:
+            PeerError: dropped by the fault layer, not connected, too many in flight, timed out, or lost.
+        """
+        if not await self._faults.passes(self.peer_id):
+            raise PeerError(f"traffic to peer {self.peer_id} is blocked (fault layer)")
+        if len(self._waiting) >= self._max_in_flight:
+            raise PeerError(f"{len(self._waiting)} requests to peer {self.peer_id} already wait (max_in_flight)")
+        writer = await self._connect()
+        rid = next(self._ids)
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = fut
+        try:
+            writer.write(encode_frame(msg_type, rid, body))
+            answer = await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise PeerError(f"peer {self.peer_id} did not answer {msg_type.name} within {timeout_s:.1f} s") from None
+        finally:
+            self._waiting.pop(rid, None)
+        if not await self._faults.passes(self.peer_id):
+            raise PeerError(f"traffic from peer {self.peer_id} is blocked (fault layer)")
+        return answer
+
+    async def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        task = self._reader_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._fail_all("closed")
+
+
+class PeerServer:
+    """The listening peer port and its open connections."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.connections: set[asyncio.StreamWriter] = set()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop listening and close every connection (a stopped member answers nobody)."""
+        if self.server is not None:
+            self.server.close()
+        for w in list(self.connections):
+            w.close()
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), 1.0)
+
+
+async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: Mapping[str, str],
+                      handler: RequestHandler, faults: FaultLayer, max_frame_bytes: int = 32 << 20,
+                      max_connections: int = 64, sock: socket.socket | None = None) -> PeerServer:
+    """Listen for peers (on ``sock`` when given, already bound; ``port`` 0 lets the OS choose)."""
+    ps = PeerServer()
+    open_conns = ps.connections
+
+    async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        remote = writer.get_extra_info("peername")
+        if len(open_conns) >= max_connections:
+            log.warning("peer port: %d connections open (max_connections), closing the one from %s",
+                        len(open_conns), remote)
+            writer.close()
+            return
+        open_conns.add(writer)
+        dec = FrameDecoder(max_frame_bytes)
+        peer: str | None = None
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def answer(f: Frame, who: str) -> None:
+            try:
+                kind, body = await handler(who, f)
+            except Exception:
+                log.exception("handling %s from peer %s failed", f.type.name, who)
+                return
+            if await faults.passes(who) and not writer.is_closing():
+                writer.write(encode_frame(kind, f.request_id, body))
+
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                for f in dec.feed(data):
+                    if peer is None:
+                        peer = _check_hello(f, group, self_id, peers, remote)
+                        continue
+                    if len(tasks) >= 1024:
+                        raise PeerProtocolError("more than 1024 requests waiting on one connection")
+                    t = asyncio.get_running_loop().create_task(answer(f, peer))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+        except PeerProtocolError as e:
+            log.warning("peer port: closing the connection from %s (%s): %s", remote, peer or "before HELLO", e)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for t in tasks:
+                t.cancel()
+            open_conns.discard(writer)
+            writer.close()
+
+    if sock is not None:
+        ps.server = await asyncio.start_server(conn, sock=sock)
+    else:
+        ps.server = await asyncio.start_server(conn, host, port, reuse_address=True)
+    return ps
+
+
+def _check_hello(f: Frame, group: str, self_id: str, peers: Mapping[str, str], remote: object) -> str:
+    if f.type is not MsgType.HELLO:
+        raise PeerProtocolError(f"first frame is {f.type.name}, not HELLO")
+    h = decode_hello(f.body)
+    if h.group != group:
+        raise PeerProtocolError(f"HELLO for group {h.group!r}; this is group {group!r}")
+    if h.to_id != self_id:
+        raise PeerProtocolError(f"HELLO for peer {h.to_id!r}; this is {self_id!r}")
+    if h.from_id not in peers or h.from_id == self_id:
+        raise PeerProtocolError(f"HELLO from unknown peer {h.from_id!r} (peers: {sorted(peers)})")
+    log.info("peer port: %s connected from %s", h.from_id, remote)
+    return h.from_id

@@ -1,0 +1,270 @@
+"""Three DLedger members in one event loop on loopback, with fast timings (heartbeat 100 ms, election timeout
+300 ms): one leader, quorum-acknowledged appends, failover, no commit without a quorum, a divergent tail cut,
+pre-vote, restart, and bad bytes on the peer port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from broker.dledger.election import ElectionTimings
+from broker.dledger.member import Role
+from broker.dledger.node import AppendError, DLedgerNode, NodeConfig
+from broker.dledger.store import DLedgerStore
+from broker.store.io import FileIO
+
+FAST = ElectionTimings(heartbeat_interval_ms=100, max_heartbeat_leak=3, min_vote_interval_ms=50,
+                       max_vote_interval_ms=150)
+T = TypeVar("T")
+
+
+async def until(fn: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = fn()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class Group:
+    """``n`` members ``n0..`` with stores under ``root``; ports bound before any member starts."""
+
+    def __init__(self, root: Path, n: int = 3, **cfg: object) -> None:
+        self.root = root
+        self.socks = [socket.socket() for _ in range(n)]
+        for s in self.socks:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 0))
+        self.peers = {f"n{i}": f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(self.socks)}
+        self.cfg = cfg
+        self.nodes: dict[str, DLedgerNode] = {}
+        self.commits: dict[str, list[int]] = {p: [] for p in self.peers}
+
+    def _store(self, peer: str) -> DLedgerStore:
+        s = DLedgerStore(FileIO(), str(self.root / f"dledger-{peer}"), data_file_size=1 << 16,
+                         index_file_size=32 * 1024)
+        s.load()
+        return s
+
+    async def start(self, peer: str) -> DLedgerNode:
+        cfg = NodeConfig(group="g", self_id=peer, peers=self.peers, timings=FAST, max_wait_ack_ms=1000,
+                         **self.cfg)  # type: ignore[arg-type]
+        node = DLedgerNode(cfg, self._store(peer), on_commit=lambda i, _p: self.commits[peer].append(i))
+        i = int(peer[1:])
+        sock = self.socks[i]
+        if sock.fileno() == -1:  # restarted: bind the same port again
+            sock = self.socks[i] = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", int(self.peers[peer].rpartition(":")[2])))
+        await node.start(sock=sock)
+        self.nodes[peer] = node
+        return node
+
+    async def start_all(self) -> None:
+        for p in self.peers:
+            await self.start(p)
+
+    async def stop(self, peer: str) -> None:
+        node = self.nodes.pop(peer)
+        await node.stop()
+        node.store.close()
+        self.socks[int(peer[1:])].close()
+
+    async def stop_all(self) -> None:
+        for p in list(self.nodes):
+            await self.stop(p)
+
+    def leader(self) -> DLedgerNode | None:
+        leaders = [n for n in self.nodes.values() if n.state.role is Role.LEADER]
+        if len(leaders) != 1:
+            return None
+        lead = leaders[0]
+        followers = [n for n in self.nodes.values() if n is not lead and not lead.faults.blocked]
+        ok = all(n.state.role is Role.FOLLOWER and n.state.leader_id == lead.state.self_id
+                 and n.state.term == lead.state.term for n in followers if not n.faults.blocked)
+        return lead if ok else None
+
+    async def wait_leader(self, timeout_s: float = 10.0) -> DLedgerNode:
+        return await until(self.leader, timeout_s, f"one leader among {sorted(self.nodes)}")
+
+
+def run(root: Path, scenario: Callable[[Group], Awaitable[None]], **cfg: object) -> None:
+    async def main() -> None:
+        g = Group(root, **cfg)
+        try:
+            await g.start_all()
+            await asyncio.wait_for(scenario(g), 60)  # a hang fails here, with the members stopped below
+        finally:
+            await g.stop_all()
+            for s in g.socks:
+                s.close()
+    asyncio.run(main())
+
+
+def entries(node: DLedgerNode, upto: int) -> list[bytes | None]:
+    return [node.store.get(i) for i in range(upto + 1)]
+
+
+def test_three_members_elect_one_leader_and_commit_by_quorum(tmp_path: Path) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        terms = {n.state.term for n in g.nodes.values()}
+        assert len(terms) == 1
+        results = await asyncio.gather(*(lead.append(b"m%d" % i) for i in range(50)))
+        assert [i for i, _ in results] == sorted(i for i, _ in results)
+        last = results[-1][0]
+        assert lead.store.committed_index >= last
+        for n in g.nodes.values():  # every follower gets every entry and learns the commit
+            await until(lambda n=n: n.store.committed_index >= last, 5, f"{n.state.self_id} committing {last}")
+            assert entries(n, last) == entries(lead, last)
+
+    run(tmp_path, scenario)
+
+
+def test_the_leader_dies_a_follower_with_every_committed_entry_takes_over(tmp_path: Path) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        acked = [await lead.append(b"a%d" % i) for i in range(20)]
+        old = lead.state.self_id
+        t0 = time.monotonic()
+        await g.stop(old)
+        new = await g.wait_leader()
+        took = time.monotonic() - t0
+        assert new.state.self_id != old and new.state.term > lead.state.term - 1
+        for index, _ in acked:
+            assert new.store.get(index) is not None
+        index, _ = await new.append(b"after")
+        assert index > acked[-1][0]
+        assert took < 5, took
+        await g.start(old)  # it comes back as a follower and catches up
+        back = g.nodes[old]
+        await until(lambda: back.store.committed_index >= index, 5, "the old leader catching up")
+        assert entries(back, index) == entries(new, index)
+
+    run(tmp_path, scenario)
+
+
+def test_no_commit_without_a_quorum_and_pending_full(tmp_path: Path) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        others = [p for p in g.peers if p != lead.state.self_id]
+        lead.faults.block(*others)
+        for p in others:
+            g.nodes[p].faults.block(lead.state.self_id)
+        t0 = time.monotonic()
+        with pytest.raises(AppendError) as e:
+            await lead.append(b"lonely")
+        assert e.value.code in ("WAIT_QUORUM_ACK_TIMEOUT", "TERM_CHANGED")
+        assert time.monotonic() - t0 < 2.5  # maxWaitAckTimeMs 1000 (or the step-down after 300 ms)
+
+    run(tmp_path, scenario)
+
+
+def test_pending_full_answers_at_once(tmp_path: Path) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        for p in g.peers:
+            if p != lead.state.self_id:
+                lead.faults.block(p)
+        waiting = [asyncio.ensure_future(lead.append(b"w%d" % i)) for i in range(4)]
+        await asyncio.sleep(0)
+        with pytest.raises(AppendError, match="LEADER_PENDING_FULL"):
+            await lead.append(b"one too many")
+        for w in waiting:
+            with pytest.raises(AppendError):
+                await w
+
+    run(tmp_path, scenario, max_pending=3)
+
+
+def test_an_old_leaders_unacknowledged_tail_is_cut_when_it_rejoins(tmp_path: Path) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        committed, _ = await lead.append(b"shared")
+        old = lead.state.self_id
+        others = [p for p in g.peers if p != old]
+        lead.faults.block(*others)
+        for p in others:
+            g.nodes[p].faults.block(old)
+        lonely = [asyncio.ensure_future(lead.append(b"lost%d" % i)) for i in range(5)]
+        new = await until(lambda: next((g.nodes[p] for p in others if g.nodes[p].state.role is Role.LEADER), None),
+                          10, "the majority electing a new leader")
+        index, _ = await new.append(b"majority")
+        for f in lonely:
+            with pytest.raises(AppendError):
+                await f
+        lead.faults.heal()
+        for p in others:
+            g.nodes[p].faults.heal()
+        await until(lambda: lead.state.role is Role.FOLLOWER and lead.store.committed_index >= index, 10,
+                    "the old leader following and catching up")
+        assert entries(lead, index) == entries(new, index)
+        assert b"lost" not in b"".join(e or b"" for e in entries(lead, lead.store.end_index))
+        assert lead.store.get(committed) == new.store.get(committed)
+
+    run(tmp_path, scenario)
+
+
+def test_pre_vote_keeps_an_isolated_follower_from_deposing_the_leader(tmp_path: Path) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        term = lead.state.term
+        loner = next(n for n in g.nodes.values() if n is not lead)
+        loner.faults.block(*(p for p in g.peers if p != loner.state.self_id))
+        for n in g.nodes.values():
+            if n is not loner:
+                n.faults.block(loner.state.self_id)
+        await asyncio.sleep(10 * FAST.election_timeout_ms / 1000)  # the fault lasts 10 election timeouts
+        loner.faults.heal()
+        for n in g.nodes.values():
+            n.faults.heal()
+        await until(lambda: loner.state.role is Role.FOLLOWER and loner.state.leader_id == lead.state.self_id,
+                    5, "the healed member following the same leader")
+        assert lead.state.role is Role.LEADER and lead.state.term == term
+        await lead.append(b"still here")
+
+    run(tmp_path, scenario)
+
+
+def test_all_members_restart_with_every_committed_entry_and_their_votes(tmp_path: Path) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        acked = [await lead.append(b"r%d" % i) for i in range(30)]
+        await g.stop_all()
+        for p in g.peers:
+            persisted = g._store(p)
+            term_vote = persisted.load_term()
+            persisted.close()
+            node = await g.start(p)  # the term and vote of the currterm file: no second vote in that term
+            assert (node.state.term, node.state.vote_for) == term_vote
+        lead = await g.wait_leader()
+        for index, _ in acked:
+            assert lead.store.get(index) is not None
+        await lead.append(b"again")
+
+    run(tmp_path, scenario)
+
+
+def test_garbage_on_the_peer_port_closes_that_connection_only(tmp_path: Path) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        host, _, port = g.peers["n0"].rpartition(":")
+        for junk in (b"GET / HTTP/1.1\r\n\r\n", b"\x00\x00\x00\x0c\x44\x4c\x01\x09" + bytes(8),
+                     b"\x7f\xff\xff\xff\x44\x4c\x01\x06" + bytes(8)):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(junk)
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the member
+            writer.close()
+            await writer.wait_closed()
+        await lead.append(b"fine")
+
+    run(tmp_path, scenario)
