@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from benchmarks import Row
+from benchmarks.chaos.cluster import pick_disk_mode
 from client import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 from client.errors import BrokerError
@@ -45,15 +46,8 @@ QUEUES = 2
 
 
 def can_mount_tmpfs() -> bool:
-    """Root, and a container that lets root mount a tmpfs."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return False
-    with tempfile.TemporaryDirectory(prefix="splitmq-disk-probe-") as d:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", d], capture_output=True, check=False)
-        if r.returncode != 0:
-            return False
-        subprocess.run(["umount", d], capture_output=True, check=False)
-    return True
+    """Root, and a container that lets root mount a tmpfs (the chaos suite's probe)."""
+    return pick_disk_mode("auto") == "tmpfs"
 
 
 @contextlib.contextmanager
