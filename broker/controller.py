@@ -411,6 +411,8 @@ class BrokerController:
     def runtime_info(self) -> dict[str, Any]:
         cfg = self.config
         store = self.store
+        cleaner = store.cleaner
+        usage = cleaner.usage
         return {
             "clusterName": cfg.broker_cluster_name,
             "brokerName": cfg.broker_name,
@@ -425,12 +427,12 @@ class BrokerController:
             "commitLogMinOffset": store.min_physical_offset,
             "flushedOffset": store.flushed_physical_offset,
             "dispatchBehindBytes": store.dispatch_behind_bytes,
-            "storeWriteable": store.cleaner.writeable,
-            "storeNotWriteableReason": store.cleaner.state.reason,
-            "diskUsedRatio": {"commitLog": store.cleaner.usage.commitlog,
-                              "consumeQueue": store.cleaner.usage.consume_queue, "index": store.cleaner.usage.index},
-            "retentionFilesDeleted": store.cleaner.stats.files_deleted,
-            "retentionBytesReclaimed": store.cleaner.stats.bytes_reclaimed,
+            "storeWriteable": cleaner.writeable,
+            "storeNotWriteableReason": cleaner.state.reason,
+            "diskUsedRatio": {"commitLog": usage.commitlog, "consumeQueue": usage.consume_queue,
+                              "index": usage.index},
+            "retentionFilesDeleted": cleaner.stats.files_deleted,
+            "retentionBytesReclaimed": cleaner.stats.bytes_reclaimed,
             "putTps": self.put_rate.per_second(),
             "parkedPulls": self.hold.parked_count,
             "topicCount": len(self.topics),

@@ -116,8 +116,10 @@ class RetentionDriver:
             usage = cleaner.check_disk()
             decision = cleaner.decide(manual)
             deleted: list[DeletedFile] = []
-            while len(deleted) < self._batch_max and cleaner.deletable(decision) > 0:
-                if deleted:
+            # Decided once: what may go now may still go after the pauses (files only age, dispatch and flush
+            # only advance).
+            for i in range(min(self._batch_max, cleaner.deletable(decision))):
+                if i:
                     await self._sleep(self._delete_interval_s)
                 gone = cleaner.delete_oldest()
                 if gone is None:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, TypeVar
 
 from broker.dledger.dispatcher import PushKind
 from broker.dledger.election import HeartbeatCode, VoteResult
@@ -100,6 +101,8 @@ class PushCode(enum.IntEnum):
     INCONSISTENT_LEADER = 6
     DISK_ERROR = 7
 
+
+E = TypeVar("E", bound=enum.Enum)
 
 _VOTE_RESULTS = list(VoteResult)
 _HB_CODES = list(HeartbeatCode)
@@ -246,26 +249,31 @@ def decode_vote(body: memoryview | bytes) -> Vote:
     return Vote(term, lt, li, bool(pre))
 
 
+def _encode_reply(codes: Sequence[E], code: E, term: int) -> bytes:
+    return _REPLY.pack(codes.index(code), term)
+
+
+def _decode_reply(codes: Sequence[E], body: memoryview | bytes, what: str, field: str) -> tuple[E, int]:
+    code, term = _exact(body, _REPLY, what)
+    if code >= len(codes):
+        raise PeerProtocolError(f"{what} {field} {code} is unknown")
+    return codes[code], term
+
+
 def encode_vote_reply(result: VoteResult, term: int) -> bytes:
-    return _REPLY.pack(_VOTE_RESULTS.index(result), term)
+    return _encode_reply(_VOTE_RESULTS, result, term)
 
 
 def decode_vote_reply(body: memoryview | bytes) -> tuple[VoteResult, int]:
-    code, term = _exact(body, _REPLY, "VOTE_REPLY")
-    if code >= len(_VOTE_RESULTS):
-        raise PeerProtocolError(f"VOTE_REPLY result {code} is unknown")
-    return _VOTE_RESULTS[code], term
+    return _decode_reply(_VOTE_RESULTS, body, "VOTE_REPLY", "result")
 
 
 def encode_heartbeat_reply(code: HeartbeatCode, term: int) -> bytes:
-    return _REPLY.pack(_HB_CODES.index(code), term)
+    return _encode_reply(_HB_CODES, code, term)
 
 
 def decode_heartbeat_reply(body: memoryview | bytes) -> tuple[HeartbeatCode, int]:
-    code, term = _exact(body, _REPLY, "HB_REPLY")
-    if code >= len(_HB_CODES):
-        raise PeerProtocolError(f"HB_REPLY code {code} is unknown")
-    return _HB_CODES[code], term
+    return _decode_reply(_HB_CODES, body, "HB_REPLY", "code")
 
 
 def encode_term(term: int) -> bytes:

@@ -159,6 +159,8 @@ class _SlaveConnection:
             if await self._send_available():
                 self.last_write = loop.time()
                 continue
+            if self._skip_deleted():
+                continue
             self._warn_if_unservable(self.sent_to)
             idle_s = loop.time() - self.last_write
             if idle_s >= heartbeat_s:
@@ -191,12 +193,6 @@ class _SlaveConnection:
 
     async def _send_available(self) -> bool:
         """Send the frames available from ``sent_to`` in one ``sendmsg``; False when there were none."""
-        oldest = self.service._store.min_physical_offset
-        if 0 < self.sent_to < oldest:
-            # Retention deleted what this slave needs next: it continues from the oldest file the master has.
-            log.warning("ha-transfer->%s: offset %d was deleted by retention; continuing from the master's oldest "
-                        "file at %d", self.addr, self.sent_to, oldest)
-            self.sent_to = oldest
         bufs, total = self._frames(self.sent_to)
         if not total:
             return False
@@ -225,6 +221,17 @@ class _SlaveConnection:
         self.last_write = self.service._require_loop().time()
         if self._carry or total >= self.service._config.ha_send_gather_bytes:
             self.new_data.set()  # the writer sends the rest
+
+    def _skip_deleted(self) -> bool:
+        """Nothing to send because retention deleted what this slave needs next: continue from the master's oldest
+        file (the slave drops its own log and follows). Only looked at when a send found nothing."""
+        oldest = self.service._store.min_physical_offset
+        if not 0 < self.sent_to < oldest:
+            return False
+        log.warning("ha-transfer->%s: offset %d was deleted by retention; continuing from the master's oldest file "
+                    "at %d", self.addr, self.sent_to, oldest)
+        self.sent_to = oldest
+        return True
 
     def _warn_if_unservable(self, next_offset: int) -> None:
         """Nothing to send: say so once when that is because the slave wants bytes the master does not have

@@ -10,6 +10,7 @@ reader never sees the commit log and its consume queues disagree about the minim
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -35,11 +36,9 @@ log = logging.getLogger(__name__)
 
 #: A store refusing writes measures its disks again at most this often when a write comes in.
 _RECHECK_MS = 1000
-#: A writing store measures its disks after this many bytes or this many ms since the last check, whichever comes
-#: first, so it stops near ``diskSpaceWarningLevelRatio`` even when a fast disk fills between two cleaner passes
-#: (three ``statvfs`` calls: about 10 us per MiB written).
+#: A writing store measures its disks after this many bytes, so it stops near ``diskSpaceWarningLevelRatio`` even
+#: when a fast disk fills between two cleaner passes (one ``statvfs`` per partition: a few us per MiB written).
 WRITE_CHECK_BYTES = 1 << 20
-WRITE_CHECK_MS = 100
 
 
 class StoreCleaner:
@@ -68,6 +67,7 @@ class StoreCleaner:
         self._write_error: str | None = None
         self._checked_ms = -_RECHECK_MS
         self._written = 0
+        self._parts: list[tuple[str, ...]] | None = None  # the parts' directories, grouped by partition
 
     # -- the disk guard -------------------------------------------------------------------------------------
     @property
@@ -86,21 +86,38 @@ class StoreCleaner:
         the warning level: the next write tries again)."""
         self._checked_ms = self._clock_ms()
         self._written = 0
-        ratio = self._used_ratio
-        cl = ratio(self._cl.directory)
-        cq = ratio(self._cqs.directory)
-        ix = ratio(self._index.directory) if self._index is not None else 0.0
-        self.usage = usage = DiskUsage(cl, cq, ix)
+        ratios: dict[str, float] = {}
+        for group in self._partitions():
+            r = self._used_ratio(group[0])
+            ratios.update(dict.fromkeys(group, r))
+        ix = self._index
+        self.usage = usage = DiskUsage(ratios[self._cl.directory], ratios[self._cqs.directory],
+                                       ratios[ix.directory] if ix is not None else 0.0)
         if self._write_error is not None and usage.highest <= self.cfg.disk_space_warning_level_ratio:
             self._write_error = None
         self._set_state(disk_state(usage, self._write_error, self.cfg))
         return usage
 
-    def wrote(self, nbytes: int, now_ms: int) -> None:
-        """The writer appended ``nbytes`` at ``now_ms``: measure the disks when a check is due."""
+    def wrote(self, nbytes: int) -> None:
+        """The writer appended ``nbytes``: measure the disks once ``WRITE_CHECK_BYTES`` went in since the last
+        check."""
         self._written += nbytes
-        if self._written >= WRITE_CHECK_BYTES or now_ms - self._checked_ms >= WRITE_CHECK_MS:
+        if self._written >= WRITE_CHECK_BYTES:
             self.check_disk()
+
+    def _partitions(self) -> list[tuple[str, ...]]:
+        """The store parts' directories grouped by the partition they sit on (usually one group: one ``statvfs``
+        serves all three). Found once the directories exist."""
+        if self._parts is None:
+            dirs = [self._cl.directory, self._cqs.directory] + ([self._index.directory] if self._index else [])
+            try:
+                devices: dict[int, list[str]] = {}
+                for d in dirs:
+                    devices.setdefault(os.stat(d).st_dev, []).append(d)
+            except OSError:
+                return [(d,) for d in dirs]  # not created yet: measure each (the nearest parent counts)
+            self._parts = [tuple(g) for g in devices.values()]
+        return self._parts
 
     def recheck(self) -> DiskState:
         """The state, measured again when the last check is a second old (a refused write's way back)."""

@@ -325,7 +325,7 @@ class FileMessageStore:
         for key, count in advances:
             table[key] = table.get(key, 0) + count
         self.validator.last_store_ts = store_ts
-        self.cleaner.wrote(total, store_ts)
+        self.cleaner.wrote(total)
         self._after_append()
         return AppendResult(PutMessageStatus.PUT_OK, "", wrote_offset, total, first_queue_offset, len(items),
                             store_ts, tuple(offsets))
