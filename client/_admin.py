@@ -253,16 +253,22 @@ class Admin:
             raise BrokerNotFoundError(f"The broker[{broker_name}] not exist")
         return dict(bd.broker_addrs)
 
-    def ha_status(self, broker_name: str) -> dict[int, dict[str, Any]]:
-        """``GET /ha`` of each member of ``broker_name`` by broker id; unreachable members show ``{"error"}``."""
+    def _each_member(self, broker_name: str, what: str, method: str, path: str) -> dict[int, dict[str, Any]]:
+        """The JSON answer of every member of ``broker_name`` to ``method path``, by broker id; unreachable
+        members show ``{"error", "addr"}``."""
         out: dict[int, dict[str, Any]] = {}
         for bid, addr in sorted(self._members(broker_name).items()):
             try:
-                out[bid] = self._broker_call(addr, f"ha status of {broker_name}[{bid}]",
-                                             lambda a: rq.json_of(self.client.http.get(f"http://{a}/ha"), a))
+                out[bid] = self._broker_call(
+                    addr, f"{what} of {broker_name}[{bid}]",
+                    lambda a: rq.json_of(self.client.http.request(method, f"http://{a}{path}"), a))
             except ClientError as e:
                 out[bid] = {"error": str(e), "addr": addr}
         return out
+
+    def ha_status(self, broker_name: str) -> dict[int, dict[str, Any]]:
+        """``GET /ha`` of each member of ``broker_name`` by broker id; unreachable members show ``{"error"}``."""
+        return self._each_member(broker_name, "ha status", "GET", "/ha")
 
     def clean_expired_files(self, broker_name: str) -> dict[int, dict[str, Any]]:
         """Run a retention pass now on every member of ``broker_name`` (RocketMQ's ``deleteExpiredCommitLog``):
@@ -276,15 +282,7 @@ class Admin:
         Raises:
             BrokerNotFoundError: no broker group of that name is registered.
         """
-        out: dict[int, dict[str, Any]] = {}
-        for bid, addr in sorted(self._members(broker_name).items()):
-            try:
-                out[bid] = self._broker_call(
-                    addr, f"clean expired files of {broker_name}[{bid}]",
-                    lambda a: rq.json_of(self.client.http.post(f"http://{a}/commitlog/clean"), a))
-            except ClientError as e:
-                out[bid] = {"error": str(e), "addr": addr}
-        return out
+        return self._each_member(broker_name, "clean expired files", "POST", "/commitlog/clean")
 
     def broker_runtime(self, addr: str) -> dict[str, Any]:
         """``GET /runtime`` of one broker."""

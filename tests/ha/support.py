@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from client import Admin, MessageExt
+from client import Admin, Message, MessageExt, Producer
 from client.cluster import BrokerHandle, LocalCluster
 from client.protocol.codec import decode_records
 from tests import waiting
@@ -33,6 +33,15 @@ FAST: dict[str, str] = {
 
 #: Commit-log file size of the test clusters.
 SMALL_FILES = 4 * 1024 * 1024
+
+
+def produce(namesrv: str, topic: str, n: int, *, start: int = 0, body_bytes: int = 1000) -> None:
+    """``n`` messages, 32 per ``send_batch``: message ``seq`` (from ``start``) has key ``k<seq>`` and a body of
+    ``body_bytes`` bytes followed by its sequence number."""
+    body = b"r" * body_bytes
+    with Producer("pg", namesrv) as p:
+        for at in range(start, start + n, 32):
+            p.send_batch([Message(topic, body + b"%d" % j, keys=f"k{j}") for j in range(at, min(at + 32, start + n))])
 
 
 def fast(**extra: str) -> dict[str, str]:

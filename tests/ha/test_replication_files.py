@@ -18,6 +18,7 @@ from tests.ha.support import (
     ha_cluster,
     max_offset,
     poll_until,
+    produce,
     wait_slave_linked,
 )
 
@@ -26,12 +27,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.ha]
 FILE_SIZE = 64 * 1024
 BODY = b"r" * 1000
 _STREAMING = re.compile(r"first report (\d+), streaming from (\d+)")
-
-
-def produce(namesrv: str, topic: str, n: int) -> None:
-    with Producer("pg", namesrv) as p:
-        for start in range(0, n, 32):
-            p.send_batch([Message(topic, BODY + b"%d" % (start + j)) for j in range(min(32, n - start))])
 
 
 def assert_same_files(master_files: dict[int, bytes], slave_files: dict[int, bytes], first: int) -> None:

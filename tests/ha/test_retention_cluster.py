@@ -10,7 +10,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from client import Admin, GroupConsumer, Message, MessageQueue, Producer, PullConsumer, PullStatus
+from client import Admin, GroupConsumer, MessageQueue, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 from tests.ha.support import (
     commitlog_files,
@@ -18,23 +18,17 @@ from tests.ha.support import (
     ha_cluster,
     max_offset,
     poll_until,
+    produce,
     wait_slave_linked,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha]
 
 FILE_SIZE = 64 * 1024
-BODY = b"r" * 1000
 #: Files expire 0.72 s after their last write; deleteWhen is an hour that never comes during a test (the
 #: cleaner's own passes wait a minute), so only the operator's request deletes.
 RETENTION = {"fileReservedTime": "0.0002", "cleanResourceInterval": "60000", "messageIndexEnable": "true",
              "maxHashSlotNum": "1000", "maxIndexNum": "4000"}
-
-
-def produce(namesrv: str, topic: str, n: int, start: int = 0) -> None:
-    with Producer("pg", namesrv) as p:
-        for at in range(start, start + n, 32):
-            p.send_batch([Message(topic, BODY, keys=f"k{j}") for j in range(at, min(at + 32, start + n))])
 
 
 def clean_until_deleted(admin: Admin, broker_id: int = 0) -> dict[int, dict[str, object]]:
