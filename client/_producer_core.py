@@ -1,7 +1,10 @@
 """What the sync and async producers share: config, validation, the batch accumulator and the retry rules.
 
 No I/O here. :class:`SendAttempts` is the retry loop of one send (SEMANTICS.md 4.6) without its requests; the
-producers and :class:`client.lowlevel.BrokerClient` drive it. The accumulator implements automatic batching of concurrent sends as *group commit*:
+producers and :class:`client.lowlevel.BrokerClient` drive it. For the producers it also rides through a change of
+a broker group's master (issue 12): when the group's master is gone and no other group can take the message, the
+send re-reads the route until a new master registers, within its deadline (see :class:`SendAttempts`). The
+accumulator implements automatic batching of concurrent sends as *group commit*:
 
 * a send whose key (topic, or queue for explicit-queue sends) has nothing in flight goes out at once, alone --
   one caller never waits for a linger;
@@ -19,6 +22,8 @@ at most until its send timeout.
 
 from __future__ import annotations
 
+import enum
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -27,7 +32,14 @@ from typing import Any
 import attrs
 
 from client._routing import FaultToleranceConfig, LatencyFaultTolerance, QueueSelector, TopicPublishInfo
-from client.errors import BrokerError, ClientError, MessageIllegalError, SendFailedError
+from client.errors import (
+    BrokerConnectError,
+    BrokerError,
+    BrokerNotFoundError,
+    ClientError,
+    MessageIllegalError,
+    SendFailedError,
+)
 from client.protocol import codec
 from client.protocol.codes import ResponseCode
 from client.protocol.message import Message, MessageQueue
@@ -35,14 +47,18 @@ from client.protocol.properties import validate_group
 from client.protocol.requests import SendRequestHeader
 
 __all__ = [
+    "MASTER_POLL_S",
     "RETRY_RESPONSE_CODES",
+    "SAME_MASTER_RETRY_S",
     "Accumulator",
+    "MasterVerdict",
     "Pending",
     "ProducerConfig",
     "SendAttempts",
     "check_batch",
     "encode_one",
     "is_retriable",
+    "lost_master",
     "send_failed",
     "validate_message",
 ]
@@ -53,6 +69,14 @@ RETRY_RESPONSE_CODES = frozenset({
     ResponseCode.NO_PERMISSION, ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_BUYER_ID,
     ResponseCode.NOT_IN_CURRENT_UNIT,
 })
+
+#: Bounds of the pause between two route reads of a send waiting for a new master (uniformly drawn, so the
+#: producers of a big fleet do not ask the nameservers in step after a failover).
+MASTER_POLL_S = (0.1, 0.2)
+
+#: While the route still names the master address that failed, the send tries that address again this often: a
+#: master restarted at its own address, or a leader elected again, never changes the route.
+SAME_MASTER_RETRY_S = 1.0
 
 _RESERVED_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC"})
 
@@ -284,6 +308,60 @@ def is_retriable(err: ClientError) -> bool:
     return err.retriable
 
 
+def lost_master(err: ClientError) -> bool:
+    """True when ``err`` says that the attempt's group has no master at the address tried (issue 12).
+
+    That is a broker answering SERVICE_NOT_AVAILABLE as a ``SLAVE`` (a follower, or a leader that stepped down),
+    a connection refused, reset or not opened in time (the master's process is gone), or no master address in
+    the route at all. A connection lost after the request went out counts too: the broker may have stored the
+    message, and it is sent again as RocketMQ does (a duplicate has the same ``UNIQ_KEY``).
+
+    A read timeout does not count: the master was reached and may only be slow, and the attempt already used
+    what was left of the send's deadline (each attempt's timeout is the time left). SERVICE_NOT_AVAILABLE from a
+    master (disk full, a disk error) does not count either: the master is there, its store is not writeable.
+    """
+    if isinstance(err, BrokerError):
+        return err.code == ResponseCode.SERVICE_NOT_AVAILABLE and err.broker_role == "SLAVE"
+    return isinstance(err, BrokerConnectError | BrokerNotFoundError)
+
+
+def master_gone(topic: str, lost: dict[str, set[str]], attempts: list[tuple[str, Any]], elapsed_ms: int,
+                route_reads: int) -> SendFailedError:
+    """The error of a send that waited for a new master until its deadline.
+
+    Args:
+        topic: the send's topic.
+        lost: each group whose master was lost in this send, with the addresses that failed.
+        attempts: ``(broker_name, error)`` of each failed attempt, in order.
+        elapsed_ms: time spent on the send.
+        route_reads: how many times the route was read while waiting.
+
+    Returns:
+        A :class:`SendFailedError` holding ``attempts``.
+    """
+    groups = ", ".join(f"{name} (tried {', '.join(sorted(addrs)) or 'no address'})"
+                       for name, addrs in sorted(lost.items()))
+    names = " / ".join(sorted(lost))
+    last = f"; last error: {attempts[-1][1]}" if attempts else ""
+    msg = (f"send to topic {topic} failed: the master of broker group {groups} changed or was unreachable, and no "
+           f"new master registered at the nameserver within send_timeout_s (cost {elapsed_ms} ms, "
+           f"{len(attempts)} attempt(s), {route_reads} route read(s)). Check that {names} has a running master "
+           f"registered with the nameservers (splitmq cluster list; splitmq topic route -t {topic}), or raise "
+           f"send_timeout_s to ride out a longer election{last}")
+    return SendFailedError(msg, attempts=attempts)
+
+
+class MasterVerdict(enum.Enum):
+    """What a send waiting for a new master does after a route read (:meth:`SendAttempts.route_read`)."""
+
+    RETRY = "retry"
+    """A lost group has a master to try now: its address changed, or the same address is due again."""
+    POLL = "poll"
+    """Pause :meth:`SendAttempts.poll_pause_s`, then read the route again."""
+    GIVE_UP = "give up"
+    """The deadline passed: raise :meth:`SendAttempts.exhausted`."""
+
+
 class SendAttempts:
     """The retry loop of one send (SEMANTICS.md 4.6) without its I/O: which queue next, when to stop, what to
     record. A driver asks :meth:`next` for the queue and time budget of each attempt, sends, and reports
@@ -296,6 +374,18 @@ class SendAttempts:
     * a broker that answered SERVICE_NOT_AVAILABLE (its store is not writeable: disk full, a disk error, or it is
       not a master) is not tried again in this send; when no other group has a queue, the send stops there.
 
+    With ``await_master`` (the producers; not for an explicit queue) a send also rides through a change of a
+    group's master. When an attempt fails because the group has no master at the address tried
+    (:func:`lost_master`) and no other group can take the message (every other one lost its master too or is
+    not writeable), :meth:`failed` says stop and sets :attr:`awaiting`. The driver then reads the topic's route
+    at once and reports each read to :meth:`route_read`, pausing :meth:`poll_pause_s` (0.1-0.2 s) between
+    reads, until the verdict is RETRY (the next :meth:`next` gives a queue of that group) or GIVE_UP (the
+    deadline passed; :meth:`exhausted` says that no new master registered). A group is retried as soon as its
+    master address differs from every one that failed in this send, and the same address again every
+    ``same_master_retry_s``, because a master restarted at its address or a leader elected again leaves the route
+    as it was. Neither the wait nor those attempts use the retry budget: an election can take seconds, and the
+    deadline bounds both.
+
     Args:
         info: the topic's writable queues.
         fixed: the explicit queue of the send, or None.
@@ -305,11 +395,17 @@ class SendAttempts:
         selector: the sender's round robin.
         fault: the sender's latency fault table.
         clock: monotonic seconds (injected by tests).
+        await_master: wait for a new master as above (else a lost master is one more retriable failure).
+        rand: uniform random source in [0, 1) for the pause between route reads (injected by tests).
+        poll_s: bounds of the pause between route reads.
+        same_master_retry_s: how often an address that failed is tried again while the route still names it.
     """
 
     def __init__(self, info: TopicPublishInfo, fixed: MessageQueue | None, deadline: float, *, group: str,
                  retries: int, selector: QueueSelector, fault: LatencyFaultTolerance,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, await_master: bool = False,
+                 rand: Callable[[], float] = random.random, poll_s: tuple[float, float] = MASTER_POLL_S,
+                 same_master_retry_s: float = SAME_MASTER_RETRY_S) -> None:
         self.info = info
         self._fixed = fixed
         self._deadline = deadline
@@ -323,6 +419,19 @@ class SendAttempts:
         self._timed_out = False
         self._started_ms = 0
         self._unwritable: set[str] = set()
+        self._await_master = await_master and fixed is None
+        self._rand = rand
+        self._poll_s = poll_s
+        self._same_master_retry_s = same_master_retry_s
+        self._lost: dict[str, set[str]] = {}
+        self._resume: tuple[str, str] | None = None
+        self._attempt_addr: str | None = None
+        self._same_retry_at = 0.0
+        self._gave_up = False
+        self.route_reads = 0
+        """Route reads reported to :meth:`route_read`."""
+        self.awaiting: str | None = None
+        """The group whose lost master made :meth:`failed` stop, until the next :meth:`next`; None otherwise."""
         self.attempts: list[tuple[str, ClientError]] = []
         """``(broker_name, error)`` of each failed attempt."""
 
@@ -331,23 +440,34 @@ class SendAttempts:
 
     def next(self) -> tuple[MessageQueue, float] | None:
         """The queue and time budget (s) of the next attempt, or None when attempts or time ran out."""
-        if self._left_attempts <= 0:
-            return None
-        self._left_attempts -= 1
-        mq = self._fixed
+        self.awaiting = None
+        mq = self._pick()
         if mq is None:
-            queues = self.info.message_queues
-            if self._unwritable:
-                queues = tuple(q for q in queues if q.broker_name not in self._unwritable)
-                if not queues:
-                    return None
-            mq = self._selector.select(queues, self._last_broker, fault=self._fault, now_ms=self._now_ms())
+            return None
         left = self._deadline - self._clock()
         if left <= 0:
             self._timed_out = True
             return None
         self._started_ms = self._now_ms()
         return mq, left
+
+    def _pick(self) -> MessageQueue | None:
+        self._attempt_addr = None
+        if self._resume is not None:
+            (name, self._attempt_addr), self._resume = self._resume, None
+            queues = tuple(q for q in self.info.message_queues if q.broker_name == name)
+            return self._selector.select(queues, None, fault=self._fault, now_ms=self._now_ms())
+        if self._left_attempts <= 0:
+            return None
+        self._left_attempts -= 1
+        if self._fixed is not None:
+            return self._fixed
+        queues = self.info.message_queues
+        if self._unwritable:
+            queues = tuple(q for q in queues if q.broker_name not in self._unwritable)
+            if not queues:
+                return None
+        return self._selector.select(queues, self._last_broker, fault=self._fault, now_ms=self._now_ms())
 
     def target(self, mq: MessageQueue) -> str:
         """Path and query of the attempt's ``POST /send`` to ``mq``."""
@@ -362,21 +482,76 @@ class SendAttempts:
         self._fault.update_fault_item(mq.broker_name, now - self._started_ms, isolation=False, now_ms=now)
 
     def failed(self, mq: MessageQueue, err: ClientError) -> bool:
-        """Record a failed attempt; True when another may follow (else the caller re-raises ``err``)."""
-        self.attempts.append((mq.broker_name, err))
-        self._last_broker = mq.broker_name
+        """Record a failed attempt; True when another may follow (else the caller re-raises ``err``, unless
+        :attr:`awaiting` says to wait for a new master)."""
+        name = mq.broker_name
+        self.attempts.append((name, err))
+        self._last_broker = name
         now = self._now_ms()
-        self._fault.update_fault_item(mq.broker_name, now - self._started_ms, isolation=True, now_ms=now)
+        self._fault.update_fault_item(name, now - self._started_ms, isolation=True, now_ms=now)
         if not is_retriable(err):
             return False
+        if self._await_master and lost_master(err):
+            # The address the error names, and the one this attempt was resumed on: were the broker to name
+            # itself otherwise than the route does, the route's address must still count as tried.
+            self._lost.setdefault(name, set()).update(a for a in (err.broker_addr, self._attempt_addr) if a)
+            if not any(q.broker_name not in self._lost and q.broker_name not in self._unwritable
+                       for q in self.info.message_queues):
+                self.awaiting = name
+                self._same_retry_at = self._clock() + self._same_master_retry_s
+                return False
         if isinstance(err, BrokerError) and err.code == ResponseCode.SERVICE_NOT_AVAILABLE:
             # The same broker cannot store it within this send; another group may. With no other group the
             # broker's own answer (code 14 and its remark) is what the user needs, not a SendFailedError.
-            self._unwritable.add(mq.broker_name)
+            self._unwritable.add(name)
             return any(q.broker_name not in self._unwritable for q in self.info.message_queues)
         return True
 
+    def route_read(self, master_of: Callable[[str], str | None], info: TopicPublishInfo | None
+                   ) -> MasterVerdict:
+        """What a send waiting for a new master does after reading the route.
+
+        Args:
+            master_of: a group's master address in the route just read (None: no master registered).
+            info: the topic's writable queues in that route (None: as before).
+
+        Returns:
+            RETRY (:meth:`next` then gives a queue of the group to try), POLL, or GIVE_UP.
+        """
+        self.route_reads += 1
+        if info is not None:
+            self.info = info
+        now = self._clock()
+        for name in sorted(self._lost):
+            addr = master_of(name)
+            tried = self._lost[name]
+            if addr is None or (addr in tried and now < self._same_retry_at):
+                continue
+            if not any(q.broker_name == name for q in self.info.message_queues):
+                continue  # the route lists no writable queue of the group (yet)
+            if addr not in tried:
+                self._fault.remove(name)  # an isolation earned by the old master says nothing of the new one
+            self._unwritable.discard(name)
+            self._resume = (name, addr)
+            return MasterVerdict.RETRY
+        if now >= self._deadline:
+            self._gave_up = True
+            return MasterVerdict.GIVE_UP
+        return MasterVerdict.POLL
+
+    @property
+    def resuming(self) -> tuple[str, str] | None:
+        """The group and master address the next attempt goes to after a RETRY verdict, else None."""
+        return self._resume
+
+    def poll_pause_s(self) -> float:
+        """The pause before the next route read: drawn from ``poll_s``, never past the deadline."""
+        lo, hi = self._poll_s
+        return max(0.0, min(lo + (hi - lo) * self._rand(), self._deadline - self._clock()))
+
     def exhausted(self) -> SendFailedError:
-        """The error to raise when :meth:`next` said None."""
-        return send_failed(self.info.topic, self.attempts, int((self._clock() - self._begin) * 1000),
-                           self._timed_out)
+        """The error to raise when :meth:`next` said None, or :meth:`route_read` said GIVE_UP."""
+        elapsed_ms = int((self._clock() - self._begin) * 1000)
+        if self._lost and (self._gave_up or (self._timed_out and self.route_reads)):
+            return master_gone(self.info.topic, self._lost, self.attempts, elapsed_ms, self.route_reads)
+        return send_failed(self.info.topic, self.attempts, elapsed_ms, self._timed_out)

@@ -1,0 +1,231 @@
+"""The producer rides through a change of its broker group's master (issue 12 item 4).
+
+When an attempt finds no master at the address it tried (a follower's SERVICE_NOT_AVAILABLE as SLAVE, a refused
+or reset connection, no master in the route) and no other group can take the message, the send reads the route
+until a new master registers and sends there, within ``send_timeout_s``; at the deadline it fails naming the
+group. The decision is table-tested on :class:`SendAttempts` with an injected clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from client._producer_core import MASTER_POLL_S, SAME_MASTER_RETRY_S, MasterVerdict, lost_master
+from client.errors import (
+    BrokerConnectError,
+    BrokerNotFoundError,
+    ClientError,
+    MessageIllegalError,
+    RequestTimeoutError,
+    SendFailedError,
+    ServiceNotAvailableError,
+    SystemBusyError,
+)
+from client.lowlevel import LatencyFaultTolerance, QueueSelector, SendAttempts, TopicPublishInfo
+from client.protocol.message import MessageQueue
+from client.protocol.route import TopicRouteData
+
+RETRY, POLL, GIVE_UP = MasterVerdict.RETRY, MasterVerdict.POLL, MasterVerdict.GIVE_UP
+
+
+class Clock:
+    """Monotonic seconds that move only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _info(*groups: str) -> TopicPublishInfo:
+    return TopicPublishInfo("T", tuple(MessageQueue("T", g, q) for g in groups for q in range(2)),
+                            TopicRouteData((), ()))
+
+
+def _run(*groups: str, clock: Clock, timeout_s: float = 10.0, retries: int = 2, await_master: bool = True,
+         fixed: MessageQueue | None = None) -> SendAttempts:
+    return SendAttempts(_info(*groups), fixed, clock.now + timeout_s, group="pg", retries=retries,
+                        selector=QueueSelector(start_index=0), fault=LatencyFaultTolerance(), clock=clock,
+                        await_master=await_master, rand=lambda: 0.5)
+
+
+def _gone(addr: str) -> BrokerConnectError:
+    return BrokerConnectError("send at master: ConnectError: refused", broker_addr=addr)
+
+
+def _as(role: str | None, addr: str = "a0:1") -> ServiceNotAvailableError:
+    return ServiceNotAvailableError("not writeable", broker_addr=addr, broker_role=role)
+
+
+@pytest.mark.parametrize(("err", "lost"), [
+    (_gone("a0:1"), True),                                  # refused, reset: the master's process is gone
+    (BrokerNotFoundError("The broker[a] not exist"), True),  # no master address in the route at all
+    (_as("SLAVE"), True),                                   # a follower, or a leader that stepped down
+    (_as("SYNC_MASTER"), False),                            # a master whose store is not writeable
+    (_as(None), False),                                     # disk full, role unknown
+    (RequestTimeoutError("slow", broker_addr="a0:1"), False),  # reached, maybe only slow; deadline used
+    (SystemBusyError("busy"), False),
+    (MessageIllegalError("bad"), False),
+])
+def test_which_failures_mean_the_master_is_lost(err: ClientError, lost: bool) -> None:
+    assert lost_master(err) is lost
+
+
+@pytest.mark.parametrize(("groups", "fails", "await_master", "fixed", "retry_next", "awaiting"), [
+    # a lone group whose master is gone: stop the attempts and wait for a new master
+    (("a",), [("a", _gone("a0:1"))], True, False, False, "a"),
+    (("a",), [("a", _as("SLAVE"))], True, False, False, "a"),
+    (("a",), [("a", BrokerNotFoundError("The broker[a] not exist"))], True, False, False, "a"),
+    # not a lost master: as before (the broker's own error at once; a timeout retried on the same group)
+    (("a",), [("a", _as("SYNC_MASTER"))], True, False, False, None),
+    (("a",), [("a", RequestTimeoutError("slow"))], True, False, True, None),
+    (("a",), [("a", MessageIllegalError("bad"))], True, False, False, None),
+    # another group can take it: move there, as before
+    (("a", "b"), [("a", _gone("a0:1"))], True, False, True, None),
+    (("a", "b"), [("a", _as("SLAVE"))], True, False, True, None),
+    # ... unless every other group lost its master too, or is not writeable
+    (("a", "b"), [("a", _gone("a0:1")), ("b", _gone("b0:1"))], True, False, False, "b"),
+    (("a", "b"), [("b", _as(None, "b0:1")), ("a", _gone("a0:1"))], True, False, False, "a"),
+    (("a", "b"), [("a", _gone("a0:1")), ("b", SystemBusyError("busy"))], True, False, True, None),
+    # the low-level client does not wait: a refused connection is one more retriable failure
+    (("a",), [("a", _gone("a0:1"))], False, False, True, None),
+    # an explicit queue never waits (one attempt: the next one is refused by next())
+    (("a",), [("a", _gone("a0:1"))], True, True, True, None),
+])
+def test_which_failures_make_the_send_wait_for_a_new_master(
+        groups: tuple[str, ...], fails: list[tuple[str, ClientError]], await_master: bool, fixed: bool,
+        retry_next: bool, awaiting: str | None) -> None:
+    clock = Clock()
+    run = _run(*groups, clock=clock, await_master=await_master,
+               fixed=MessageQueue("T", groups[0], 0) if fixed else None)
+    verdict = None
+    for name, err in fails:
+        step = run.next()
+        assert step is not None
+        verdict = run.failed(MessageQueue("T", name, 0), err)
+    assert (verdict, run.awaiting) == (retry_next, awaiting)
+
+
+def _fail(run: SendAttempts, err: ClientError) -> bool:
+    """One attempt failing with ``err``; what :meth:`SendAttempts.failed` says."""
+    step = run.next()
+    assert step is not None
+    return run.failed(step[0], err)
+
+
+def _wait(run: SendAttempts, err: ClientError, group: str = "a") -> None:
+    """One attempt to ``group`` failing with ``err``, which must make the send wait."""
+    step = run.next()
+    assert step is not None and step[0].broker_name == group
+    assert run.failed(step[0], err) is False and run.awaiting == group
+
+
+@pytest.mark.parametrize(("master", "after_s", "verdict"), [
+    ("a1:1", 0.0, RETRY),                          # a new master registered: at once
+    (None, 0.0, POLL),                             # the route lists no master (expired, an election on)
+    ("a0:1", 0.0, POLL),                           # still the address that failed
+    ("a0:1", SAME_MASTER_RETRY_S, RETRY),          # ... tried again after a while (restarted / re-elected)
+    ("a1:1", 10.0, RETRY),                         # a change seen at the deadline is still tried
+    (None, 10.0, GIVE_UP),                         # the deadline passed with no new master
+    ("a0:1", 10.0 - 1e-3, RETRY),
+])
+def test_what_a_route_read_decides(master: str | None, after_s: float, verdict: MasterVerdict) -> None:
+    clock = Clock()
+    run = _run("a", clock=clock)
+    _wait(run, _gone("a0:1"))
+    clock.now += after_s
+    assert run.route_read({"a": master}.get, None) is verdict
+
+
+def test_the_retry_on_a_new_master_does_not_use_the_retry_budget() -> None:
+    clock = Clock()
+    run = _run("a", clock=clock, retries=0)
+    _wait(run, _gone("a0:1"))
+    assert run.route_read({"a": "a1:1"}.get, None) is RETRY and run.resuming == ("a", "a1:1")
+    step = run.next()  # no retry left, yet the new master is tried
+    assert step is not None and step[0].broker_name == "a" and step[1] == pytest.approx(10.0)
+    run.succeeded(step[0])
+    assert run.next() is None  # and the budget is still spent: nothing else is
+
+
+def test_a_group_is_tried_again_only_when_its_master_is_another_address() -> None:
+    """The new master fails too: its address now counts as tried, so no second attempt at once (no busy loop);
+    a third master is tried at once again."""
+    clock = Clock()
+    run = _run("a", clock=clock)
+    _wait(run, _gone("a0:1"))
+    assert run.route_read({"a": "a1:1"}.get, None) is RETRY
+    _wait(run, _as("SLAVE", "a1:1"))
+    assert run.route_read({"a": "a1:1"}.get, None) is POLL
+    assert run.route_read({"a": "a0:1"}.get, None) is POLL
+    assert run.route_read({"a": "a2:1"}.get, None) is RETRY
+
+
+def test_a_broker_naming_itself_otherwise_than_the_route_is_not_retried_in_a_loop() -> None:
+    clock = Clock()
+    run = _run("a", clock=clock)
+    _wait(run, _as("SLAVE", "10.0.0.5:1"))  # the route says a1:1; the broker's own idea of its address differs
+    assert run.route_read({"a": "a1:1"}.get, None) is RETRY
+    _wait(run, _as("SLAVE", "10.0.0.5:1"))
+    assert run.route_read({"a": "a1:1"}.get, None) is POLL  # the route's address counts as tried now
+
+
+def test_a_new_master_without_a_writable_queue_in_the_route_is_not_tried() -> None:
+    clock = Clock()
+    run = _run("a", clock=clock)
+    _wait(run, _gone("a0:1"))
+    assert run.route_read({"a": "a1:1"}.get, _info()) is POLL  # no queue of a (say, write permission wiped)
+    assert run.route_read({"a": "a1:1"}.get, _info("a")) is RETRY
+
+
+def test_with_two_groups_lost_the_first_to_get_a_master_is_tried() -> None:
+    clock = Clock()
+    run = _run("a", "b", clock=clock)
+    assert _fail(run, _gone("a0:1")) is True
+    _wait(run, _gone("b0:1"), "b")
+    assert run.route_read({"a": "a0:1", "b": "b1:1"}.get, None) is RETRY and run.resuming == ("b", "b1:1")
+    step = run.next()
+    assert step is not None and step[0].broker_name == "b"
+
+
+def test_a_new_master_of_a_group_found_unwritable_makes_it_writable_again() -> None:
+    """Two groups, a's old master answers as a SLAVE (unwritable for this send), b's is gone: a's new master
+    is tried."""
+    clock = Clock()
+    run = _run("a", "b", clock=clock)
+    assert _fail(run, _as("SLAVE", "a0:1")) is True
+    _wait(run, _gone("b0:1"), "b")
+    assert run.route_read({"a": "a1:1", "b": "b0:1"}.get, None) is RETRY
+    step = run.next()
+    assert step is not None and step[0].broker_name == "a"
+
+
+def test_route_reads_are_bounded_by_the_deadline_and_the_error_names_the_group() -> None:
+    clock = Clock()
+    run = _run("a", clock=clock, timeout_s=3.0)
+    _wait(run, _gone("a0:1"))
+    reads = 0
+    while (verdict := run.route_read({"a": None}.get, None)) is POLL:
+        reads += 1
+        pause = run.poll_pause_s()
+        assert 0 <= pause <= MASTER_POLL_S[1]
+        clock.now += pause
+    assert verdict is GIVE_UP
+    assert reads <= 3.0 / MASTER_POLL_S[0] + 1
+    err = run.exhausted()
+    assert isinstance(err, SendFailedError) and err.attempts == run.attempts
+    text = str(err)
+    for part in ("broker group a", "a0:1", "no new master registered", "send_timeout_s", "splitmq topic route -t T",
+                 f"{reads + 1} route read(s)"):
+        assert part in text, text
+
+
+def test_the_pause_never_passes_the_deadline() -> None:
+    clock = Clock()
+    run = _run("a", clock=clock, timeout_s=1.0)
+    assert run.poll_pause_s() == pytest.approx(0.15)  # the middle of MASTER_POLL_S with rand 0.5
+    clock.now += 0.95
+    assert run.poll_pause_s() == pytest.approx(0.05)
+    clock.now += 1.0
+    assert run.poll_pause_s() == 0.0
