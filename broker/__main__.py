@@ -28,6 +28,7 @@ import uvicorn
 
 from broker.config import BrokerConfig, ConfigError, load_config, parse_set_options
 from broker.controller import BrokerController
+from broker.dledger.message_store import DLedgerMessageStore
 from broker.http_protocol import CoalescingHttpToolsProtocol
 from broker.store.api import StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
@@ -72,7 +73,8 @@ class _JsonFormatter(logging.Formatter):
 def configure_logging(config: BrokerConfig, level: str, fmt: str) -> None:
     """Log to stderr, one line per record, each naming the broker (the only place logging is configured)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_IdentityFilter(f"{config.broker_name}/{config.broker_id}/{config.broker_role.value}"))
+    mode = f"dledger-{config.dleger_self_id}" if config.enable_dleger_commit_log else config.broker_role.value
+    handler.addFilter(_IdentityFilter(f"{config.broker_name}/{config.broker_id}/{mode}"))
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
@@ -90,6 +92,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("-n", "--namesrvAddr", dest="namesrv_addr", help="nameservers, ';'-separated (overrides the file)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override one property (repeatable)")
+    p.add_argument("--dledger-fd", type=int, default=None, metavar="FD",
+                   help="DLedger mode: an inherited socket, bound and listening, to serve the peer port on (a "
+                        "supervisor binds it, so a restarted broker keeps its port)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--log-format", default="text", choices=["text", "json"])
     return p.parse_args(argv)
@@ -128,7 +133,10 @@ def open_store(config: BrokerConfig, store_host: bytes) -> FileMessageStore:
     Raises:
         StoreCorruptError / StoreError: recovery failed.
     """
-    store = FileMessageStore(config.to_store_config(store_host))
+    store_config = config.to_store_config(store_host)
+    store = (DLedgerMessageStore(store_config, self_id=config.dleger_self_id,
+                                 index_file_size=config.mapped_file_size_for_entry_index)
+             if config.enable_dleger_commit_log else FileMessageStore(store_config))
     store.load()
     store.start()
     return store
@@ -145,7 +153,7 @@ async def _wait_started(server: uvicorn.Server, serve_task: asyncio.Task[None]) 
         await asyncio.sleep(0.005)  # uvicorn has no start event; bounded by STARTUP_TIMEOUT_S
 
 
-async def run_broker(config: BrokerConfig) -> int:
+async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int:
     """Run one broker until SIGTERM/SIGINT; returns the process exit code."""
     sock = bind_socket(config.bind_host, config.listen_port)
     port = sock.getsockname()[1]
@@ -169,7 +177,10 @@ async def run_broker(config: BrokerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await ctrl.start()
+        dledger_sock = socket.socket(fileno=dledger_fd) if dledger_fd is not None else None
+        if dledger_sock is not None:
+            dledger_sock.setblocking(False)
+        await ctrl.start(dledger_sock=dledger_sock)
     except OSError as e:
         print(f"broker {config.broker_name}: {e}", file=sys.stderr, flush=True)
         await ctrl.stop()
@@ -188,8 +199,9 @@ async def run_broker(config: BrokerConfig) -> int:
     serve_task = loop.create_task(server.serve(sockets=[sock]), name="http")
     await _wait_started(server, serve_task)
     _freeze_startup_objects()
-    print(f"broker ready name={config.broker_name} id={config.broker_id} role={config.broker_role.value} "
-          f"listen={addr} ha={ctrl.ha_addr}", flush=True)
+    dledger = f" dledger={dict(config.dleger_peers)[config.dleger_self_id]}" if ctrl.dledger is not None else ""
+    print(f"broker ready name={config.broker_name} id={ctrl.role.broker_id} role={ctrl.role_name} "
+          f"listen={addr} ha={ctrl.ha_addr}{dledger}", flush=True)
     stop_wait = loop.create_task(stop.wait())
     await asyncio.wait((stop_wait, serve_task), return_when=asyncio.FIRST_COMPLETED)
     log.info("shutting down")
@@ -238,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loop_factory = None
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(run_broker(config))
+            return runner.run(run_broker(config, args.dledger_fd))
     except OSError as e:
         print(f"broker {config.broker_name}: {e}", file=sys.stderr, flush=True)
         return EXIT_START

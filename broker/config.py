@@ -154,6 +154,28 @@ class BrokerConfig:
     delete_file_batch_max: int = 10
     delete_commit_log_files_interval_ms: int = 100
     destroy_maped_file_interval_forcibly_ms: int = 120_000
+    enable_dleger_commit_log: bool = False
+    """``enableDLegerCommitLog``: the commit log is a DLedger (Raft) log shared by ``dLegerPeers``; the elected
+    leader is the group's master (SEMANTICS.md 9.8). ``brokerRole`` and ``brokerId`` then follow the election."""
+    dleger_group: str = ""
+    """``dLegerGroup`` ('' = brokerName)."""
+    dleger_peers: tuple[tuple[str, str], ...] = ()
+    """``dLegerPeers``: ``n0-host:port;n1-host:port;...`` as ``((id, host:port), ...)``."""
+    dleger_self_id: str = ""
+    """``dLegerSelfId``: this broker's id among the peers."""
+    preferred_leader_id: str = ""
+    """``preferredLeaderId``: the peer the leader hands leadership to when it is healthy and caught up."""
+    heart_beat_time_interval_ms: int = 2000
+    max_heart_beat_leak: int = 3
+    min_vote_interval_ms: int = 300
+    max_vote_interval_ms: int = 1000
+    max_pending_requests_num: int = 10_000
+    max_wait_ack_time_ms: int = 2500
+    max_push_time_out_ms: int = 1000
+    mapped_file_size_for_entry_index: int = 32 * 5 * 1024 * 1024
+    dleger_pre_vote: bool = True
+    """``dLegerPreVote`` (SplitMQ): ask before raising the term, so a member cut off and healed cannot depose a
+    healthy leader (Raft thesis 9.6; DLedger has no pre-vote)."""
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> BrokerConfig:
@@ -167,6 +189,16 @@ class BrokerConfig:
     @property
     def is_slave(self) -> bool:
         return self.broker_role is BrokerRole.SLAVE
+
+    @property
+    def dledger_group(self) -> str:
+        return self.dleger_group or self.broker_name
+
+    @property
+    def dledger_broker_id(self) -> int:
+        """The id a DLedger follower registers with: the number in its peer id plus one (n0 -> 1), SEMANTICS 9.8."""
+        digits = self.dleger_self_id[1:]
+        return int(digits) + 1 if digits.isdigit() else 1 + [p for p, _ in self.dleger_peers].index(self.dleger_self_id)
 
     @property
     def advertised_ip(self) -> str:
@@ -357,6 +389,27 @@ def _hours(key: str, raw: str) -> float:
     return v
 
 
+def _dleger_peers(key: str, raw: str) -> tuple[tuple[str, str], ...]:
+    peers: list[tuple[str, str]] = []
+    for item in filter(None, (x.strip() for x in raw.split(";"))):
+        pid, sep, addr = item.partition("-")
+        if not sep or not pid:
+            raise ConfigError(f"{key}: {item!r} is not id-host:port (e.g. n0-127.0.0.1:40911)")
+        if any(p == pid for p, _ in peers):
+            raise ConfigError(f"{key}: peer id {pid} appears twice")
+        peers.append((pid, _host_port(key, addr)))
+    if not peers:
+        raise ConfigError(f"{key} is empty")
+    return tuple(peers)
+
+
+def _entry_index_size(key: str, raw: str) -> int:
+    size = _int(32 * 1024)(key, raw)
+    if size % 32:
+        raise ConfigError(f"{key}={raw}: must be a multiple of the 32-byte index unit")
+    return int(size)
+
+
 def _delete_when(key: str, raw: str) -> str:
     try:
         parse_delete_when(raw)
@@ -446,6 +499,20 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "deleteFileBatchMax": ("delete_file_batch_max", _P),
     "deleteCommitLogFilesInterval": ("delete_commit_log_files_interval_ms", _NN),
     "destroyMapedFileIntervalForcibly": ("destroy_maped_file_interval_forcibly_ms", _P),
+    "enableDLegerCommitLog": ("enable_dleger_commit_log", _bool),
+    "dLegerGroup": ("dleger_group", _str),
+    "dLegerPeers": ("dleger_peers", _dleger_peers),
+    "dLegerSelfId": ("dleger_self_id", _str),
+    "preferredLeaderId": ("preferred_leader_id", _str),
+    "heartBeatTimeIntervalMs": ("heart_beat_time_interval_ms", _int(10)),
+    "maxHeartBeatLeak": ("max_heart_beat_leak", _P),
+    "minVoteIntervalMs": ("min_vote_interval_ms", _P),
+    "maxVoteIntervalMs": ("max_vote_interval_ms", _P),
+    "maxPendingRequestsNum": ("max_pending_requests_num", _P),
+    "maxWaitAckTimeMs": ("max_wait_ack_time_ms", _P),
+    "maxPushTimeOutMs": ("max_push_time_out_ms", _P),
+    "mappedFileSizeForEntryIndex": ("mapped_file_size_for_entry_index", _entry_index_size),
+    "dLegerPreVote": ("dleger_pre_vote", _bool),
 }
 
 
@@ -527,6 +594,20 @@ KEY_DOCS: dict[str, str] = {
     "deleteFileBatchMax": "Commit-log files one retention pass deletes at most.",
     "deleteCommitLogFilesInterval": "Milliseconds between two deletions of one retention pass.",
     "destroyMapedFileIntervalForcibly": "Milliseconds after which a deleted file still held by a reader is unmapped anyway (readers copy their bytes first, so none is cut short).",
+    "enableDLegerCommitLog": "DLedger mode: the commit log is a Raft log shared by `dLegerPeers`; the elected leader is the group's master (id 0, SYNC_MASTER), the others its slaves. `brokerRole` and `brokerId` are ignored. See docs/DLEDGER.md.",
+    "dLegerGroup": "DLedger mode: the Raft group's name (empty: brokerName); every peer must use the same.",
+    "dLegerPeers": "DLedger mode: every peer of the group, `id-host:port` separated by `;` (e.g. `n0-10.0.0.1:40911;n1-10.0.0.2:40911;n2-10.0.0.3:40911`); the port is the peer port.",
+    "dLegerSelfId": "DLedger mode: this broker's id in `dLegerPeers`; it listens on that entry's port.",
+    "preferredLeaderId": "DLedger mode: the peer that should lead; a leader hands leadership to it once it has caught up.",
+    "heartBeatTimeIntervalMs": "DLedger mode: milliseconds between the leader's heartbeats.",
+    "maxHeartBeatLeak": "DLedger mode: heartbeats a follower may miss before it campaigns, and a leader may fail to get answered by a quorum before it steps down.",
+    "minVoteIntervalMs": "DLedger mode: lower bound of the random back-off between two votes, in ms.",
+    "maxVoteIntervalMs": "DLedger mode: upper bound of that back-off, in ms.",
+    "maxPendingRequestsNum": "DLedger mode: appends waiting for a quorum at most; past it a send gets SYSTEM_BUSY at once.",
+    "maxWaitAckTimeMs": "DLedger mode: milliseconds a send waits for a quorum before it fails (no SEND_OK).",
+    "maxPushTimeOutMs": "DLedger mode: milliseconds after which the leader pushes entries a follower has not acknowledged again.",
+    "mappedFileSizeForEntryIndex": "DLedger mode: size in bytes of each entry-index file (a multiple of 32).",
+    "dLegerPreVote": "SplitMQ, DLedger mode: a member asks the others before it raises the term, so one that was cut off and comes back cannot depose a healthy leader (DLedger has no pre-vote).",
 }
 
 @attrs.frozen
@@ -537,9 +618,29 @@ class LoadedConfig:
     unknown_keys: tuple[str, ...]
 
 
+def _derive_dledger(values: dict[str, Any]) -> None:
+    peers = values.get("dleger_peers", ())
+    self_id = values.get("dleger_self_id", "")
+    if not peers:
+        raise ConfigError("enableDLegerCommitLog=true needs dLegerPeers (id-host:port;...)")
+    if self_id not in [p for p, _ in peers]:
+        raise ConfigError(f"dLegerSelfId={self_id!r} is not one of the dLegerPeers ids "
+                          f"{', '.join(p for p, _ in peers)}")
+    preferred = values.get("preferred_leader_id", "")
+    if preferred and preferred not in [p for p, _ in peers]:
+        raise ConfigError(f"preferredLeaderId={preferred!r} is not one of the dLegerPeers ids")
+    if values.get("min_vote_interval_ms", 300) >= values.get("max_vote_interval_ms", 1000):
+        raise ConfigError("minVoteIntervalMs must be less than maxVoteIntervalMs")
+    # The member starts as a follower; the election decides the role (SEMANTICS.md 9.8).
+    values["broker_role"] = BrokerRole.SLAVE
+    values["broker_id"] = -1
+
+
 def _derive(values: dict[str, Any], given: set[str]) -> None:
     role = values.get("broker_role", BrokerRole.ASYNC_MASTER)
-    if role is BrokerRole.SLAVE:
+    if values.get("enable_dleger_commit_log"):
+        _derive_dledger(values)
+    elif role is BrokerRole.SLAVE:
         if values.get("broker_id", 0) <= 0:
             raise ConfigError(f"Slave's brokerId must be > 0 (brokerId={values.get('broker_id', 0)})")
     else:

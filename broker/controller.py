@@ -21,17 +21,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import attrs
 import httpx
 
 from broker.clients import ClientTable, LastPulls
 from broker.config import BrokerConfig
 from broker.dispatch_driver import DispatchDriver
-from broker.durability import DurabilityWaiter
+from broker.dledger.election import ElectionTimings
+from broker.dledger.message_store import DLedgerMessageStore
+from broker.dledger.node import DLedgerNode, NodeConfig
+from broker.dledger.roles import RoleHandler
+from broker.durability import Durability, DurabilityWaiter, QuorumWait
 from broker.ha import HAClient, HAService
 from broker.ha.api import HAClientAPI, HAServiceAPI
 from broker.long_polling import PullHoldService
@@ -50,6 +56,7 @@ from broker.processor.send import SendProcessor
 from broker.processor.sendback import SendBackProcessor
 from broker.registration import BrokerIdentity, RegisterResult, Registrar, build_register_body
 from broker.retention_driver import RetentionDriver
+from broker.role import RoleState
 from broker.schedule import ScheduleMessageService
 from broker.slave_sync import SlaveSynchronizer
 from broker.store.api import AppendResult, MessageStore
@@ -104,6 +111,8 @@ class BrokerController:
         self.store_host = store_host
         self.ha_addr = ""
         self._clock_ms = clock_ms or _wall_clock_ms
+        self.role = RoleState(config.broker_role, config.broker_id)
+        """The current role and id, read by the processors (DLedger mode: they follow the election)."""
         cfg_dir = config.config_dir
         self.topics = TopicConfigManager(
             cfg_dir, auto_create_topic_enable=config.auto_create_topic_enable,
@@ -131,15 +140,22 @@ class BrokerController:
         if ha_service is None:
             ha_config = config.to_ha_config()
             ha_service = HAService(store, ha_config)
-            if config.is_slave and ha_client is None:
+            if config.is_slave and ha_client is None and not config.enable_dleger_commit_log:
                 ha_client = HAClient(store, ha_config, config.ha_master_address,
                                      max_record_bytes=config.max_message_size)
         self.ha_service: HAServiceAPI = ha_service
         self.ha_client: HAClientAPI | None = ha_client
-        self.durability = DurabilityWaiter(
-            flush_disk_type=config.flush_disk_type, broker_role=config.broker_role,
-            sync_flush_timeout_ms=config.sync_flush_timeout_ms, flush_future=store.flush_future, replicas=ha_service,
-        )
+        self.dledger: DLedgerNode | None = None
+        self.dledger_roles: RoleHandler | None = None
+        self.durability: Durability
+        if config.enable_dleger_commit_log:
+            self._build_dledger()
+        else:
+            self.durability = DurabilityWaiter(
+                flush_disk_type=config.flush_disk_type, broker_role=config.broker_role,
+                sync_flush_timeout_ms=config.sync_flush_timeout_ms, flush_future=store.flush_future,
+                replicas=ha_service,
+            )
         self.master_addr: str | None = None
         """A slave's master client address, from the last registration answer (None pauses metadata sync)."""
         self._own_http = http_client is None
@@ -159,22 +175,63 @@ class BrokerController:
         self._started = False
         self._stopped = False
 
+    def _build_dledger(self) -> None:
+        """DLedger mode: the member on the store's log, the quorum wait, the role-change handler."""
+        cfg, store = self.config, self.store
+        if not isinstance(store, DLedgerMessageStore):
+            raise TypeError("enableDLegerCommitLog=true needs the DLedger message store")
+        timings = ElectionTimings(heartbeat_interval_ms=cfg.heart_beat_time_interval_ms,
+                                  max_heartbeat_leak=cfg.max_heart_beat_leak,
+                                  min_vote_interval_ms=cfg.min_vote_interval_ms,
+                                  max_vote_interval_ms=cfg.max_vote_interval_ms)
+        node_config = NodeConfig(group=cfg.dledger_group, self_id=cfg.dleger_self_id, peers=dict(cfg.dleger_peers),
+                                 timings=timings, pre_vote=cfg.dleger_pre_vote,
+                                 max_pending=cfg.max_pending_requests_num, max_wait_ack_ms=cfg.max_wait_ack_time_ms,
+                                 max_push_timeout_ms=cfg.max_push_time_out_ms)
+        roles = self.dledger_roles = RoleHandler(
+            role=self.role, follower_id=cfg.dledger_broker_id,
+            leading=lambda term: self.dledger is not None and self.dledger.leads(term),
+            caught_up=lambda: store.ledger_caught_up, set_store_role=store.set_broker_role,
+            become_master=self._became_master, become_slave=self._became_slave)
+        node = self.dledger = DLedgerNode(node_config, store.ledger, on_role_change=roles.changed,
+                                          on_commit=store.committed_moved)
+        store.attach(node)
+        store.add_append_listener(lambda _end: roles.poke())
+        self.durability = QuorumWait(group=cfg.dledger_group, max_wait_ack_ms=cfg.max_wait_ack_time_ms)
+
+    async def _became_master(self) -> None:
+        self.master_addr = None
+        await self.schedule.start()
+        self._set_registered_id()
+        await self.register_now()
+
+    async def _became_slave(self) -> None:
+        await self.schedule.stop()
+        self._set_registered_id()
+        self.request_registration()
+
+    def _set_registered_id(self) -> None:
+        if self.registrar is not None:
+            self.registrar.identity = attrs.evolve(self.registrar.identity, broker_id=self.role.broker_id)
+
     def _build_router(self) -> Router:
         """The processors, each given what it touches, and their routes."""
         cfg, addr, store = self.config, self.addr, self.store
         topics, groups, metrics = self.topics, self.groups, self.metrics
         send = SendProcessor(cfg, addr=addr, store_host=self.store_host, store=store, topics=topics, groups=groups,
                              metrics=metrics, durability=self.durability,
-                             request_registration=self.request_registration)
+                             request_registration=self.request_registration, role=self.role)
         pull = PullProcessor(cfg, addr=addr, store=store, topics=topics, groups=groups, offsets=self.offsets,
                              hold=self.hold, catch_up_dispatch=self.dispatch.catch_up,
                              master_link_up=self.master_link_up, last_pulls=self.last_pulls, metrics=metrics,
-                             clock_ms=self._clock_ms)
+                             clock_ms=self._clock_ms, role=self.role)
         send_back = SendBackProcessor(cfg, addr=addr, store=store, topics=topics, groups=groups, metrics=metrics,
-                                      durability=self.durability, request_registration=self.request_registration)
+                                      durability=self.durability, request_registration=self.request_registration,
+                                      role=self.role)
         consumers = ConsumerManageProcessor(cfg, addr=addr, clients=self.clients, offsets=self.offsets,
                                             last_pulls=self.last_pulls, topics=topics, groups=groups,
-                                            request_registration=self.request_registration, clock_ms=self._clock_ms)
+                                            request_registration=self.request_registration, clock_ms=self._clock_ms,
+                                            role=self.role)
         admin = AdminProcessor(cfg, addr=addr, store=store, catch_up_dispatch=self.dispatch.catch_up, topics=topics,
                                groups=groups, offsets=self.offsets, delay_offsets=self.delay_offsets,
                                register_now=self.register_now, clean_now=self._clean_now,
@@ -190,14 +247,17 @@ class BrokerController:
 
     @property
     def role_name(self) -> str:
-        return self.config.broker_role.value
+        return self.role.name
 
     def now_ms(self) -> int:
         """The broker's wall clock (injected in tests)."""
         return self._clock_ms()
 
     def master_link_up(self) -> bool:
-        """On a slave: whether the HA link to the master is connected (decision 6)."""
+        """On a slave: whether the HA link to the master is connected (decision 6); in DLedger mode, whether a
+        leader is known (the follower hears from it)."""
+        if self.dledger is not None:
+            return self.dledger.state.leader_id is not None
         return self.ha_client is not None and bool(self.ha_client.is_connected)
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -207,9 +267,10 @@ class BrokerController:
         for manager in (self.topics, self.offsets, self.groups, self.delay_offsets):
             manager.load()
 
-    async def start(self) -> None:
-        """Load metadata, hook the store, start HA and the background tasks (registration runs in the
-        background: an unreachable nameserver never delays serving).
+    async def start(self, *, dledger_sock: socket.socket | None = None) -> None:
+        """Load metadata, hook the store, start HA (or the DLedger member, listening on ``dledger_sock`` when
+        given, else on its ``dLegerPeers`` port) and the background tasks (registration runs in the background: an
+        unreachable nameserver never delays serving).
 
         Raises:
             RuntimeError: started twice.
@@ -223,20 +284,23 @@ class BrokerController:
         self.load_metadata()
         cfg = self.config
         store = self.store
-        store.add_append_listener(lambda _end: self.ha_service.notify_new_data())
+        dledger = self.dledger
+        if dledger is None:
+            store.add_append_listener(lambda _end: self.ha_service.notify_new_data())
         store.add_append_listener(self.dispatch.wake)
-        if not cfg.is_slave:  # a slave's appends are replication, shown by /ha
+        if not cfg.is_slave or dledger is not None:  # a slave's appends are replication, shown by /ha
             store.add_append_listener(lambda _end: self.put_rate.add(1))
         store.add_dispatch_listener(self._on_dispatch)
         self._spawn(self.dispatch.run(), "dispatch")
         self._spawn(self.retention.run(), "retention")
         if not cfg.is_slave:
             await self.schedule.start()  # only a master redelivers delayed messages (SEMANTICS.md 8.2)
-        ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
-        self.ha_addr = f"{cfg.ha_ip}:{ha_port}"
+        if dledger is None:
+            ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
+            self.ha_addr = f"{cfg.ha_ip}:{ha_port}"
         if self.ha_client is not None:
             await self.ha_client.start()
-        identity = BrokerIdentity(cfg.broker_cluster_name, cfg.broker_name, cfg.broker_id, self.addr, self.ha_addr)
+        identity = self._identity()
         self.registrar = Registrar(cfg.namesrv_addr, identity, self._register_body,
                                    timeout_s=cfg.register_broker_timeout_ms / 1000.0,
                                    on_result=self._on_register_result, client=self.http)
@@ -246,16 +310,21 @@ class BrokerController:
         self._spawn(self._periodic(CLIENT_EXPIRE_CHECK_S, self.clients.expire), "expire-clients")
         # Auto-created subscription groups are written at most once a second, not once per new group.
         self._spawn(self._periodic(GROUPS_PERSIST_INTERVAL_S, self.groups.persist_if_dirty), "persist-groups")
-        if cfg.namesrv_addr:
+        if cfg.namesrv_addr and dledger is None:
             self.request_registration()
             self._spawn(self.registrar.run_periodic(cfg.register_period_ms / 1000.0), "register")
+        elif cfg.namesrv_addr:  # the role handler registers once the election says which id this broker has
+            self._spawn(self._periodic(cfg.register_period_ms / 1000.0, self.request_registration), "register")
         if cfg.is_slave:
             self.slave_sync = SlaveSynchronizer(
-                master_addr=lambda: self.master_addr, own_addr=self.addr, topics=self.topics, offsets=self.offsets,
-                groups=self.groups, delay_offsets=self.delay_offsets, client=self.http,
+                master_addr=lambda: self.master_addr if self.role.is_slave else None, own_addr=self.addr,
+                topics=self.topics, offsets=self.offsets, groups=self.groups, delay_offsets=self.delay_offsets,
+                client=self.http,
             )
             self._spawn(self.slave_sync.run_periodic(cfg.slave_metadata_sync_interval_ms / 1000.0), "slave-sync")
-        log.info("broker %s id=%d role=%s serving at %s, HA at %s", cfg.broker_name, cfg.broker_id,
+        if dledger is not None:
+            await dledger.start(cfg.bind_host, sock=dledger_sock)
+        log.info("broker %s id=%d role=%s serving at %s, HA at %s", cfg.broker_name, self.role.broker_id,
                  self.role_name, self.addr, self.ha_addr)
 
     async def stop(self) -> None:
@@ -269,6 +338,10 @@ class BrokerController:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.dledger_roles is not None:
+            await self.dledger_roles.stop()
+        if self.dledger is not None:
+            await self.dledger.stop()
         await self.schedule.stop()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop_network(), STOP_NETWORK_TIMEOUT_S)
@@ -276,7 +349,7 @@ class BrokerController:
         if self._own_http:
             await self.http.aclose()
         self.store.shutdown()
-        log.info("broker %s id=%d stopped", self.config.broker_name, self.config.broker_id)
+        log.info("broker %s id=%d stopped", self.config.broker_name, self.role.broker_id)
 
     async def _stop_network(self) -> None:
         if self.registrar is not None and self.config.namesrv_addr:
@@ -334,10 +407,10 @@ class BrokerController:
 
     def _identity(self) -> BrokerIdentity:
         cfg = self.config
-        return BrokerIdentity(cfg.broker_cluster_name, cfg.broker_name, cfg.broker_id, self.addr, self.ha_addr)
+        return BrokerIdentity(cfg.broker_cluster_name, cfg.broker_name, self.role.broker_id, self.addr, self.ha_addr)
 
     def _on_register_result(self, result: RegisterResult) -> None:
-        if not self.config.is_slave:
+        if not self.role.is_slave:
             return
         if result.master_addr != self.master_addr:
             log.info("master of %s is now %s (HA %s)", self.config.broker_name, result.master_addr,
@@ -351,6 +424,8 @@ class BrokerController:
         the change that asked is always in a registration that starts later."""
         if self.registrar is None or not self.config.namesrv_addr or self._stopped:
             return
+        if self.role.broker_id < 0:
+            return  # DLedger mode before the first election: the id is not known yet
         self._register_wanted = True
         if self._register_task is not None and not self._register_task.done():
             return
@@ -416,7 +491,7 @@ class BrokerController:
         return {
             "clusterName": cfg.broker_cluster_name,
             "brokerName": cfg.broker_name,
-            "brokerId": cfg.broker_id,
+            "brokerId": self.role.broker_id,
             "role": self.role_name,
             "addr": self.addr,
             "haAddr": self.ha_addr,
@@ -437,16 +512,17 @@ class BrokerController:
             "parkedPulls": self.hold.parked_count,
             "topicCount": len(self.topics),
             "masterAddr": self.master_addr,
-            "masterLinkUp": self.master_link_up() if cfg.is_slave else None,
+            "masterLinkUp": self.master_link_up() if self.role.is_slave else None,
             "namesrvAddr": ";".join(cfg.namesrv_addr),
             "registrationRounds": self.registrar.rounds if self.registrar else 0,
             "slaveSyncRounds": self.slave_sync.rounds if self.slave_sync else 0,
+            "dledger": self.dledger.status() if self.dledger is not None else None,
         }
 
     def ha_status(self) -> dict[str, Any]:
         """``GET /ha``: identity, the HA service's status and, on a slave, the HA client's under ``client``."""
         cfg = self.config
-        status: dict[str, Any] = {"brokerName": cfg.broker_name, "brokerId": cfg.broker_id, "role": self.role_name,
+        status: dict[str, Any] = {"brokerName": cfg.broker_name, "brokerId": self.role.broker_id, "role": self.role_name,
                                   "haAddr": self.ha_addr}
         status.update(self.ha_service.status())
         status["client"] = self.ha_client.status() if self.ha_client is not None else None

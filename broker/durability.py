@@ -22,14 +22,23 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from broker.store.api import AppendResult
+from client.errors import ServiceNotAvailableError, SystemBusyError
 from client.protocol.codes import BrokerRole, FlushDiskType, ResponseCode
 
-__all__ = ["DurabilityWaiter", "ReplicaAcks"]
+__all__ = ["Durability", "DurabilityWaiter", "QuorumWait", "ReplicaAcks"]
 
 log = logging.getLogger(__name__)
 
 #: Extra bound on top of the store's / HA's own timeouts, in case one of them never completes its future.
 _WAIT_SLACK_S = 5.0
+
+
+class Durability(Protocol):
+    """What ``/send`` and ``/consumer/sendback`` wait on after a PUT_OK append."""
+
+    async def wait(self, result: AppendResult) -> ResponseCode:
+        """The send code once the put is as durable as the mode asks; raises a broker error when it cannot be."""
+        ...
 
 
 class ReplicaAcks(Protocol):
@@ -103,3 +112,38 @@ def _true(fut: asyncio.Future[bool]) -> bool:
     if fut.cancelled() or fut.exception() is not None:
         return False
     return bool(fut.result())
+
+
+class QuorumWait:
+    """DLedger mode (SEMANTICS.md 9.4, 9.8): a send is acknowledged once a quorum of the group stores its entry.
+
+    It never answers SEND_OK otherwise: past ``maxWaitAckTimeMs`` the send fails with SYSTEM_BUSY (the entry may
+    still commit later, so a retry can duplicate it); when leadership moved while it waited, with
+    SERVICE_NOT_AVAILABLE, which makes the SDK look up the new leader.
+
+    Args:
+        group: the DLedger group (in error messages).
+        max_wait_ack_ms: ``maxWaitAckTimeMs``; the member fails the entry's future then, this wait adds slack.
+    """
+
+    def __init__(self, *, group: str, max_wait_ack_ms: int) -> None:
+        self._group = group
+        self._timeout_s = max_wait_ack_ms / 1000.0 + _WAIT_SLACK_S
+
+    async def wait(self, result: AppendResult) -> ResponseCode:
+        fut = result.committed
+        if fut is None:
+            return ResponseCode.SUCCESS
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self._timeout_s)
+        except TimeoutError:
+            raise SystemBusyError(f"no quorum of DLedger group {self._group} acknowledged the message within "
+                                  f"{self._timeout_s:.1f} s") from None
+        except Exception as e:
+            code = getattr(e, "code", "")
+            if code in ("WAIT_QUORUM_ACK_TIMEOUT", "LEADER_PENDING_FULL"):
+                raise SystemBusyError(f"DLedger group {self._group}: {e}; the message was not acknowledged "
+                                      f"(it may still be stored later)") from None
+            raise ServiceNotAvailableError(f"DLedger group {self._group}: {e}; the message was not acknowledged: "
+                                           f"send it to the new leader") from None
+        return ResponseCode.SUCCESS

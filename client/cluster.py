@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,12 +33,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Literal
 
-__all__ = ["BrokerHandle", "ClusterError", "LocalCluster", "NameserverHandle"]
+__all__ = ["DLEDGER", "BrokerHandle", "ClusterError", "LocalCluster", "NameserverHandle"]
 
 log = logging.getLogger(__name__)
 
 _NAMESRV_READY = re.compile(r"nameserver ready listen=(\S+)")
-_BROKER_READY = re.compile(r"broker ready name=(\S+) id=(\d+) role=(\S+) listen=(\S+) ha=(\S+)")
+_BROKER_READY = re.compile(r"broker ready name=(\S+) id=(-?\d+) role=(\S+) listen=(\S+) ha=(\S*)")
 _LIVE: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
 
 
@@ -68,7 +69,7 @@ class _Process:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def spawn(self, args: list[str], cwd: Path) -> None:
+    def spawn(self, args: list[str], cwd: Path, pass_fds: tuple[int, ...] = ()) -> None:
         self._ready.clear()
         self.match = None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,7 @@ class _Process:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, *args], stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, cwd=cwd,
-            env=env, start_new_session=True,
+            env=env, start_new_session=True, pass_fds=pass_fds,
         )
         assert self.proc.stdout is not None
         threading.Thread(target=self._drain, args=(self.proc.stdout, logf), daemon=True,
@@ -175,12 +176,15 @@ class NameserverHandle:
 
 
 class BrokerHandle:
-    """One broker process (``broker(name, broker_id)``): ports and store survive restarts."""
+    """One broker process (``broker(name, broker_id)``): ports and store survive restarts. In DLedger mode
+    ``broker_id`` is the member's index (``n0``, ``n1``, ...): the id it registers with follows the election."""
 
     def __init__(self, cluster: LocalCluster, name: str, broker_id: int, role: str) -> None:
         self.name = name
         self.broker_id = broker_id
         self.role = role
+        self.peer_sock: socket.socket | None = None
+        """DLedger mode: the member's peer port, bound here and inherited by each (re)start of the broker."""
         self.dir = cluster.root_dir / f"{name}-{broker_id}"
         self.store_dir = self.dir / "store"
         self.config_path = self.dir / "broker.properties"
@@ -228,6 +232,9 @@ class BrokerHandle:
             props["maxIndexNum"] = str(LOCAL_INDEX_ENTRIES)
         if master_ha_addr:
             props["haMasterAddress"] = master_ha_addr
+        if self.role == DLEDGER:
+            del props["brokerId"], props["brokerRole"], props["haListenPort"]
+            props.update(c.dledger_properties(self))
         props.update(c.broker_config)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -235,9 +242,14 @@ class BrokerHandle:
     def spawn(self) -> None:
         args = ["-m", self.entry_module, "-c", str(self.config_path)]
         if self.addr:  # a restart: the same ports, so the route and the slaves' haMasterAddress stay right
-            args += ["--set", f"listenPort={self.addr.rsplit(':', 1)[1]}",
-                     "--set", f"haListenPort={self.ha_addr.rsplit(':', 1)[1]}"]
-        self._proc.spawn(args, self.dir)
+            args += ["--set", f"listenPort={self.addr.rsplit(':', 1)[1]}"]
+        if self.ha_addr:
+            args += ["--set", f"haListenPort={self.ha_addr.rsplit(':', 1)[1]}"]
+        fds: tuple[int, ...] = ()
+        if self.peer_sock is not None:
+            fds = (self.peer_sock.fileno(),)
+            args += ["--dledger-fd", str(fds[0])]
+        self._proc.spawn(args, self.dir, fds)
 
     def wait_ready(self) -> None:
         m = self._proc.wait_ready(self._cluster.start_timeout_s)
@@ -273,6 +285,11 @@ class BrokerHandle:
         return obj
 
 
+#: The role of a DLedger member's handle (its broker role follows the election).
+DLEDGER = "DLEDGER"
+#: Entry-index file size of a local cluster's DLedger members (32 bytes per entry: 256 Ki entries per file).
+LOCAL_ENTRY_INDEX_FILE_SIZE = 8 << 20
+
 #: Commit-log file size of a local cluster's brokers (see ``LocalCluster``).
 LOCAL_COMMITLOG_FILE_SIZE = 64 << 20
 LOCAL_INDEX_HASH_SLOTS = 100_000
@@ -285,8 +302,10 @@ class LocalCluster:
     Args:
         root_dir: where stores, configs and logs go.
         broker_groups: broker groups ``broker-a``, ``broker-b``, ...
-        slaves_per_group: slaves per group (ids 1..n).
-        mode: ``"async"`` (ASYNC_MASTER) or ``"sync"`` (SYNC_MASTER).
+        slaves_per_group: slaves per group (ids 1..n); ignored in DLedger mode.
+        mode: ``"async"`` (ASYNC_MASTER), ``"sync"`` (SYNC_MASTER) or ``"dledger"`` (each group a Raft group of
+            ``peers_per_group`` members that elect their master, docs/DLEDGER.md).
+        peers_per_group: DLedger mode: members per group (3 tolerates one failure, 5 two).
         nameservers: nameserver processes.
         broker_config: extra ``.properties`` keys for every broker (win over the defaults).
         commitlog_file_size_bytes: ``mappedFileSizeCommitLog`` of every broker. A local cluster defaults to
@@ -302,15 +321,18 @@ class LocalCluster:
         *,
         broker_groups: int = 1,
         slaves_per_group: int = 1,
-        mode: Literal["async", "sync"] = "async",
+        mode: Literal["async", "sync", "dledger"] = "async",
+        peers_per_group: int = 3,
         nameservers: int = 1,
         broker_config: Mapping[str, str] | None = None,
         commitlog_file_size_bytes: int | None = LOCAL_COMMITLOG_FILE_SIZE,
         start_timeout_s: float = 30.0,
         cluster_name: str = "DefaultCluster",
     ) -> None:
-        if mode not in ("async", "sync"):
-            raise ValueError(f"mode must be 'async' or 'sync', got {mode!r}")
+        if mode not in ("async", "sync", "dledger"):
+            raise ValueError(f"mode must be 'async', 'sync' or 'dledger', got {mode!r}")
+        if mode == "dledger" and peers_per_group < 1:
+            raise ValueError(f"peers_per_group must be >= 1, got {peers_per_group}")
         if not 1 <= broker_groups <= 26 or slaves_per_group < 0 or nameservers < 1:
             raise ValueError("need 1..26 broker groups, >= 0 slaves per group and >= 1 nameserver")
         self.root_dir = Path(root_dir)
@@ -324,6 +346,10 @@ class LocalCluster:
         self.group_names = [f"broker-{chr(ord('a') + i)}" for i in range(broker_groups)]
         self._brokers: dict[tuple[str, int], BrokerHandle] = {}
         for name in self.group_names:
+            if mode == "dledger":
+                for i in range(peers_per_group):
+                    self._brokers[(name, i)] = BrokerHandle(self, name, i, DLEDGER)
+                continue
             self._brokers[(name, 0)] = BrokerHandle(self, name, 0, master_role)
             for sid in range(1, slaves_per_group + 1):
                 self._brokers[(name, sid)] = BrokerHandle(self, name, sid, "SLAVE")
@@ -343,8 +369,10 @@ class LocalCluster:
                 ns.spawn()
             for ns in self.nameserver_handles:
                 ns.wait_ready()
-            masters = [b for b in self._brokers.values() if b.broker_id == 0]
-            slaves = [b for b in self._brokers.values() if b.broker_id != 0]
+            if self.mode == "dledger":
+                self._bind_peer_ports()
+            masters = [b for b in self._brokers.values() if b.broker_id == 0 or b.role == DLEDGER]
+            slaves = [b for b in self._brokers.values() if b not in masters]
             for b in masters:
                 b.write_config(None)
                 b.spawn()
@@ -372,7 +400,35 @@ class LocalCluster:
             b.stop(timeout_s)
         for ns in self.nameserver_handles:
             ns.stop(timeout_s)
+        for b in self._brokers.values():
+            if b.peer_sock is not None:
+                b.peer_sock.close()
+                b.peer_sock = None
         _LIVE.discard(self)
+
+    def _bind_peer_ports(self) -> None:
+        """Bind every member's peer port here (race-free: the OS picks, nobody else can take it meanwhile); each
+        broker inherits its socket, on every restart."""
+        for b in self._brokers.values():
+            if b.peer_sock is None:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", 0))
+                sock.listen(128)
+                sock.set_inheritable(True)
+                b.peer_sock = sock
+
+    def dledger_properties(self, member: BrokerHandle) -> dict[str, str]:
+        """The ``.properties`` keys of a DLedger member of this cluster."""
+        peers = [b for (n, _), b in self._brokers.items() if n == member.name]
+        return {
+            "enableDLegerCommitLog": "true",
+            "dLegerGroup": member.name,
+            "dLegerPeers": ";".join(f"n{b.broker_id}-127.0.0.1:{b.peer_sock.getsockname()[1]}"
+                                    for b in peers if b.peer_sock is not None),
+            "dLegerSelfId": f"n{member.broker_id}",
+            "mappedFileSizeForEntryIndex": str(LOCAL_ENTRY_INDEX_FILE_SIZE),
+        }
 
     def __enter__(self) -> LocalCluster:
         if not self._started:
@@ -401,10 +457,40 @@ class LocalCluster:
         return list(self._brokers.values())
 
     def kill_master(self, name: str) -> BrokerHandle:
-        """SIGKILL the master of group ``name``; returns its handle (``.start()`` brings it back)."""
-        b = self.broker(name, 0)
+        """SIGKILL the master of group ``name`` (DLedger mode: its current leader); returns its handle
+        (``.start()`` brings it back)."""
+        b = self.leader(name) if self.mode == "dledger" else self.broker(name, 0)
         b.kill()
         return b
+
+    def members(self, name: str) -> list[BrokerHandle]:
+        """Every broker of group ``name``."""
+        return [b for (n, _), b in self._brokers.items() if n == name]
+
+    def leader(self, name: str, timeout_s: float = 30.0) -> BrokerHandle:
+        """DLedger mode: the member of ``name`` that serves as master (elected, caught up, id 0).
+
+        Raises:
+            ClusterError: none within ``timeout_s`` (the message gives each member's role).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            roles: dict[str, str] = {}
+            for b in self.members(name):
+                if not b.running():
+                    roles[f"n{b.broker_id}"] = "down"
+                    continue
+                try:
+                    rt = b.runtime()
+                except (OSError, ValueError):
+                    roles[f"n{b.broker_id}"] = "unreachable"
+                    continue
+                roles[f"n{b.broker_id}"] = f"{rt.get('role')} id={rt.get('brokerId')}"
+                if rt.get("brokerId") == 0 and rt.get("role") != "SLAVE":
+                    return b
+            if time.monotonic() > deadline:
+                raise ClusterError(f"no leader of {name} serving as master within {timeout_s} s: {roles}")
+            time.sleep(0.05)  # polling the members with a deadline
 
     # --- waits ---
 
@@ -437,8 +523,8 @@ class LocalCluster:
         Raises:
             ClusterError: not caught up within ``timeout_s`` (the message gives both offsets).
         """
-        master = self.broker(name, 0)
-        slaves = [b for (n, bid), b in self._brokers.items() if n == name and bid != 0 and b.running()]
+        master = self.leader(name, timeout_s) if self.mode == "dledger" else self.broker(name, 0)
+        slaves = [b for b in self.members(name) if b is not master and b.running()]
         deadline = time.monotonic() + timeout_s
         while True:
             try:

@@ -47,6 +47,7 @@ __all__ = [
     "entry_size",
     "read_entry_header",
     "read_index_unit",
+    "seal_entry",
     "write_entry",
     "write_index_unit",
 ]
@@ -91,10 +92,18 @@ def write_entry(buf: WriteBuffer, at: int, *, index: int, term: int, pos: int,
                 body: bytes | bytearray | memoryview) -> int:
     """Write one entry at ``buf[at:]``; returns its size."""
     n = len(body)
-    ENTRY_HEADER.pack_into(buf, at, ENTRY_MAGIC, BODY_OFFSET + n, index, term, pos, 0, 0,
-                           zlib.crc32(body) & 0x7FFFFFFF, n)
     buf[at + BODY_OFFSET : at + BODY_OFFSET + n] = body
-    return BODY_OFFSET + n
+    return seal_entry(buf, at, index=index, term=term, pos=pos, body_length=n)
+
+
+def seal_entry(buf: WriteBuffer, at: int, *, index: int, term: int, pos: int, body_length: int) -> int:
+    """Write the header of an entry whose body is already at ``buf[at + 48:]`` (its CRC is computed here);
+    returns the entry's size."""
+    body = memoryview(buf)[at + BODY_OFFSET : at + BODY_OFFSET + body_length]
+    ENTRY_HEADER.pack_into(buf, at, ENTRY_MAGIC, BODY_OFFSET + body_length, index, term, pos, 0, 0,
+                           zlib.crc32(body) & 0x7FFFFFFF, body_length)
+    body.release()
+    return BODY_OFFSET + body_length
 
 
 def read_entry_header(buf: ReadBuffer, at: int) -> EntryHeader:

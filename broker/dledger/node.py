@@ -67,7 +67,7 @@ from broker.dledger.quorum import AckCode, QuorumTracker
 from broker.dledger.store import DLedgerStore, EntryRefused
 from broker.dledger.transport import FaultLayer, PeerClient, PeerError, PeerServer, serve_peers
 
-__all__ = ["AppendError", "DLedgerNode", "NodeConfig"]
+__all__ = ["AppendError", "DLedgerNode", "NodeConfig", "Wakeup"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class AppendError(Exception):
         self.leader_id = leader_id
 
 
-class _Wakeup:
+class Wakeup:
     """A wake-up flag a loop waits on with a timeout: a plain future and a timer, so a cancellation always
     reaches the waiter (``asyncio.wait_for`` on Python 3.11 can lose one that races with the inner wait)."""
 
@@ -176,8 +176,8 @@ class DLedgerNode:
         self._server: PeerServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._leader_tasks: list[asyncio.Task[None]] = []
-        self._wake = _Wakeup()
-        self._new_data = {p: _Wakeup() for p in self._others}  # one per follower's dispatcher
+        self._wake = Wakeup()
+        self._new_data = {p: Wakeup() for p in self._others}  # one per follower's dispatcher
         self._stopping = False
         self.last_leader_heartbeat_ms = 0
         self._last_quorum_heartbeat_ms = 0
@@ -390,11 +390,27 @@ class DLedgerNode:
         self._tracker.ack(st.term, st.self_id, index)
         self._kick()
 
-    async def append(self, body: bytes, patch: Callable[[bytearray, int], None] | None = None) -> tuple[int, int]:
+    async def append(self, body: bytes) -> tuple[int, int]:
         """Append one entry as the leader and wait until a quorum stores it; returns ``(index, position)``.
 
         Raises:
             AppendError: NOT_LEADER, LEADER_PENDING_FULL, WAIT_QUORUM_ACK_TIMEOUT or TERM_CHANGED.
+            OSError: the disk refused the write (nothing was appended).
+        """
+        def copy(buf: bytearray, at: int, _phys: int) -> None:
+            buf[at:] = body
+        _, _, fut = self.append_nowait(len(body), copy)
+        return await fut
+
+    def append_nowait(self, body_length: int, build: Callable[[bytearray, int, int], None]
+                      ) -> tuple[int, int, asyncio.Future[tuple[int, int]]]:
+        """Append one entry as the leader now (its body written by ``build``, see
+        :meth:`DLedgerStore.append_built`) and return ``(index, position, future)``; the future completes with
+        ``(index, position)`` once a quorum stores the entry, or fails with :class:`AppendError`. Call it on the
+        member's event loop.
+
+        Raises:
+            AppendError: NOT_LEADER or LEADER_PENDING_FULL (nothing was appended).
             OSError: the disk refused the write (nothing was appended).
         """
         st = self.state
@@ -405,13 +421,13 @@ class DLedgerNode:
         if self._tracker.pending_full(term):
             raise AppendError("LEADER_PENDING_FULL", f"more than {self.config.max_pending} appends wait for a "
                                                      f"quorum (maxPendingRequestsNum)", st.leader_id)
-        index, pos = self.store.append_as_leader(term, body, patch)
+        index, pos = self.store.append_built(term, body_length, build)
         fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         self._futures[index] = (fut, pos)
         self._tracker.add(term, index, index, self._clock())
         self._after_local_append(index)
         self._check_quorum()
-        return await fut
+        return index, pos, fut
 
     def _check_quorum(self) -> None:
         tracker, st = self._tracker, self.state
@@ -687,8 +703,19 @@ class DLedgerNode:
             self._answer(p.token, self._reply(PushCode.SUCCESS if code is FollowerCode.SUCCESS
                                               else PushCode.INCONSISTENT_STATE, p.last_index))
 
+    def leads(self, term: int) -> bool:
+        """Whether this member is the leader of ``term`` (still)."""
+        return self.state.role is Role.LEADER and self.state.term == term and not self._stopping
+
     def status(self) -> dict[str, object]:
+        """What ``dledger status`` shows: role, term, leader, the log's indexes; on the leader each peer's acked
+        index and lag (entries behind the leader's end)."""
         st, s = self.state, self.store
-        return {"selfId": st.self_id, "role": st.role.value, "term": st.term, "leaderId": st.leader_id,
+        peers: dict[str, dict[str, int]] = {}
+        if self._tracker is not None and st.role is Role.LEADER:
+            for peer, acked in self._tracker.watermarks(st.term).items():
+                peers[peer] = {"ackedIndex": acked, "lag": max(0, s.end_index - acked)}
+        return {"group": self.config.group, "selfId": st.self_id, "peers": dict(self.config.peers),
+                "role": st.role.value, "term": st.term, "leaderId": st.leader_id,
                 "ledgerBeginIndex": s.begin_index, "ledgerEndIndex": s.end_index,
-                "committedIndex": s.committed_index, "elections": self.elections}
+                "committedIndex": s.committed_index, "elections": self.elections, "peerProgress": peers}

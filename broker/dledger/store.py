@@ -28,11 +28,13 @@ from broker.dledger.entry import (
     check_entry,
     read_entry_header,
     read_index_unit,
-    write_entry,
+    seal_entry,
     write_index_unit,
 )
+from broker.store.commitlog import CommitLog
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile, file_name, list_offset_files
+from broker.store.retention import FileAge
 
 __all__ = ["DLedgerStore", "EntryRefused", "read_properties"]
 
@@ -55,14 +57,16 @@ def read_properties(text: str) -> dict[str, str]:
     return out
 
 
-class _Chain:
-    """Fixed-size mapped files named by their start offset, contiguous."""
+class _Chain(CommitLog):
+    """Fixed-size mapped files named by their start offset, contiguous. It is a :class:`CommitLog` so the store's
+    readers, its flush thread (incremental msync of ``[flushed, wrote)``) and its disk guard work on it unchanged;
+    the DLedger store moves each file's ``wrote`` as it writes, and truncation moves it back."""
 
     def __init__(self, io: FileIO, directory: str, file_size: int) -> None:
-        self.io, self.directory, self.file_size = io, directory, file_size
-        self.files: list[MappedFile] = []
+        super().__init__(io, directory, file_size)
 
     def load(self) -> None:
+        """Open every file; all count as written and flushed until recovery sets the end (:meth:`set_end`)."""
         self.io.makedirs(self.directory)
         for start, path in list_offset_files(self.directory):
             if self.files and self.files[-1].end != start:
@@ -71,13 +75,6 @@ class _Chain:
             mf = MappedFile.open(self.io, path, start, self.file_size, create=os.path.getsize(path) < self.file_size)
             mf.wrote = mf.flushed = self.file_size
             self.files.append(mf)
-
-    def file_for(self, offset: int) -> MappedFile | None:
-        files = self.files
-        if not files:
-            return None
-        i = (offset - files[0].start) // self.file_size
-        return files[i] if 0 <= i < len(files) else None
 
     def ensure(self, offset: int) -> MappedFile:
         """The file holding ``offset``, created (with every file before it) when missing.
@@ -95,34 +92,46 @@ class _Chain:
         while True:
             mf = MappedFile.open(self.io, os.path.join(self.directory, file_name(nxt)), nxt, self.file_size,
                                  create=True)
-            mf.wrote = self.file_size
-            self.files.append(mf)
+            with self.lock:
+                self.files.append(mf)
             if mf.end > offset:
                 return mf
+            mf.wrote = mf.size  # skipped over: nothing will be written there
             nxt = mf.end
+
+    def wrote_to(self, mf: MappedFile, end: int) -> None:
+        """Bytes up to global offset ``end`` of ``mf`` are written (the flush thread msyncs them)."""
+        mf.wrote = max(mf.wrote, end - mf.start)
+
+    def set_end(self, offset: int) -> None:
+        """Everything before ``offset`` is written, nothing after it (recovery, truncation)."""
+        with self.lock:
+            for mf in self.files:
+                mf.wrote = min(mf.size, max(0, offset - mf.start))
+                mf.flushed = min(mf.flushed, mf.wrote)
+            self.flushed_where = min(self.flushed_where, offset)
 
     def drop_from(self, offset: int) -> None:
         """Zero everything from ``offset`` and delete the files after its file."""
-        for mf in list(self.files):
-            if mf.start >= offset and mf is not self.files[0]:
-                mf.destroy()
-                self.files.remove(mf)
-            elif mf.end > offset:
-                mf.zero(max(0, offset - mf.start), mf.size)
+        with self.lock:
+            for mf in list(self.files):
+                if mf.start >= offset and mf is not self.files[0]:
+                    mf.destroy()
+                    self.files.remove(mf)
+                elif mf.end > offset:
+                    mf.zero(max(0, offset - mf.start), mf.size)
+        self.set_end(offset)
 
     def clear(self) -> None:
-        for mf in self.files:
-            mf.destroy()
-        self.files.clear()
+        with self.lock:
+            for mf in self.files:
+                mf.destroy()
+            self.files.clear()
+            self.flushed_where = 0
 
-    def flush(self) -> None:
-        for mf in self.files:
-            mf.flushed = 0
-            mf.flush(mf.size)
-
-    def close(self) -> None:
-        for mf in self.files:
-            mf.close()
+    def file_ages(self, limit: int) -> list[FileAge]:
+        """Retention of the DLedger log is not built: no file is ever offered for deletion."""
+        return []
 
 
 class DLedgerStore:
@@ -163,7 +172,7 @@ class DLedgerStore:
         cp = self._read(os.path.join(self.directory, "checkpoint"))
         committed = int(cp.get("committedIndex", "-1"))
         self.committed_index = min(committed, self.end_index)
-        self.committed_pos = self._end_of(self.committed_index)
+        self.committed_pos = self.end_of(self.committed_index)
 
     def _read(self, path: str) -> dict[str, str]:
         try:
@@ -237,9 +246,11 @@ class DLedgerStore:
         props = self._read(os.path.join(self.directory, "currterm"))
         return int(props.get("currTerm", "0")), props.get("voteLeader") or None
 
-    def flush(self) -> None:
-        self.data.flush()
+    def flush(self) -> int:
+        """msync what was written since the last flush (data, then index); returns the flushed data position."""
+        flushed = self.data.flush()
         self.index.flush()
+        return flushed
 
     def close(self) -> None:
         self.data.close()
@@ -256,6 +267,7 @@ class DLedgerStore:
         if size + 8 > room:
             mf = self.data.ensure(pos)
             mf.write(pos - mf.start, room.to_bytes(4, "big") + _BLANK)
+            self.data.wrote_to(mf, mf.end)
             pos += room
         return pos
 
@@ -264,31 +276,38 @@ class DLedgerStore:
         iu = self.index.ensure(index * INDEX_UNIT_SIZE)
         mf.write(pos - mf.start, entry)
         write_index_unit(iu.mm, index * INDEX_UNIT_SIZE - iu.start, pos=pos, size=len(entry), index=index, term=term)
+        self.data.wrote_to(mf, pos + len(entry))
+        self.index.wrote_to(iu, (index + 1) * INDEX_UNIT_SIZE)
         if self.begin_index < 0:
             self.begin_index = index
         self.end_index, self.end_term, self.end_pos = index, term, pos + len(entry)
 
-    def append_as_leader(self, term: int, body: bytes | memoryview,
-                         patch: Callable[[bytearray, int], None] | None = None) -> tuple[int, int]:
+    def append_as_leader(self, term: int, body: bytes | memoryview) -> tuple[int, int]:
         """Append ``body`` as the next entry in ``term``; returns ``(index, position)``.
-
-        Args:
-            patch: called with the entry's bytes and its position before they are written (RocketMQ's append
-                hook sets the record's PHYSICALOFFSET to ``position + 48`` there). The body CRC is computed after.
 
         Raises:
             OSError: the disk is full (nothing is written).
         """
-        size = BODY_OFFSET + len(body)
+        def copy(buf: bytearray, at: int, _phys: int) -> None:
+            buf[at:] = body
+        return self.append_built(term, len(body), copy)
+
+    def append_built(self, term: int, body_length: int,
+                     build: Callable[[bytearray, int, int], None]) -> tuple[int, int]:
+        """Append the next entry in ``term`` with a body of ``body_length`` bytes that ``build(buf, at, phys)``
+        writes into ``buf[at:]``; ``phys`` is the body's position in the log (entry position + 48), which the
+        broker's records carry as their PHYSICALOFFSET. Returns ``(index, position)``.
+
+        Raises:
+            OSError: the disk is full (nothing is written).
+        """
+        size = BODY_OFFSET + body_length
         pos = self._place(size)
-        entry = bytearray(size)
         index = self.end_index + 1
-        if patch is None:
-            write_entry(entry, 0, index=index, term=term, pos=pos, body=body)
-        else:
-            buf = bytearray(body)
-            patch(buf, pos)
-            write_entry(entry, 0, index=index, term=term, pos=pos, body=buf)
+        entry = bytearray(size)
+        if body_length:
+            build(entry, BODY_OFFSET, pos + BODY_OFFSET)
+        seal_entry(entry, 0, index=index, term=term, pos=pos, body_length=body_length)
         self._write(index, term, pos, entry)
         return index, pos
 
@@ -336,7 +355,8 @@ class DLedgerStore:
             return None
         return bytes(mf.mm[pos - mf.start : pos - mf.start + size])
 
-    def _end_of(self, index: int) -> int:
+    def end_of(self, index: int) -> int:
+        """The position after entry ``index`` (-1 when absent)."""
         u = self.unit(index)
         return -1 if u is None else u[0] + u[1]
 
@@ -352,7 +372,7 @@ class DLedgerStore:
             return False
         index = min(index, self.end_index)
         self.committed_index = index
-        self.committed_pos = self._end_of(index)
+        self.committed_pos = self.end_of(index)
         return True
 
     def truncate(self, entry: bytes | memoryview) -> int:

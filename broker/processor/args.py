@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.config import BrokerConfig
+from broker.role import RoleState
 from client.protocol.asgi import Request
 from client.protocol.requests import INT32_MAX, INT64_MAX, ArgumentError, checked_name
 
@@ -51,6 +52,6 @@ def json_field(obj: Mapping[str, Any], key: str, typ: type, *, default: Any = No
     return v
 
 
-def broker_where(config: BrokerConfig, addr: str) -> str:
+def broker_where(config: BrokerConfig, addr: str, role: RoleState) -> str:
     """``broker NAME (ADDR, ROLE)``: which broker answered, for error messages."""
-    return f"broker {config.broker_name} ({addr}, {config.broker_role.value})"
+    return f"broker {config.broker_name} ({addr}, {role.name})"

@@ -23,9 +23,10 @@ from broker.config import BrokerConfig
 from broker.metadata import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
 from broker.processor.args import INT32_MAX, INT64_MAX, ArgumentError, checked_name, json_field, queue_args
 from broker.retry import retry_topic
+from broker.role import RoleState
 from client.errors import QueryNotFoundError
 from client.protocol.asgi import Request, Response, json_response
-from client.protocol.codes import BrokerRole, Perm
+from client.protocol.codes import Perm
 
 __all__ = ["CLIENT_EXPIRE_MS", "MAX_OFFSETS_PER_COMMIT", "ConsumerManageProcessor", "ensure_retry_topics",
            "live_client_ids"]
@@ -46,7 +47,7 @@ def live_client_ids(clients: Mapping[str, ClientInfo], now_ms: int, expire_ms: i
                   if info.last_seen_ms >= now_ms - min(info.timeout_ms, expire_ms))
 
 
-def ensure_retry_topics(consumer_groups: Sequence[Mapping[str, Any]], *, config: BrokerConfig,
+def ensure_retry_topics(consumer_groups: Sequence[Mapping[str, Any]], *, config: BrokerConfig, role: RoleState,
                         topics: TopicConfigManager, groups: SubscriptionGroupManager) -> list[str]:
     """Create ``%RETRY%<group>`` for each heartbeating group that subscribes it (a push consumer), as
     RocketMQ's heartbeat does: the group holds the retry queues from its first rebalance, so the first
@@ -58,7 +59,7 @@ def ensure_retry_topics(consumer_groups: Sequence[Mapping[str, Any]], *, config:
     Returns:
         The topics created (the caller asks for a registration when there are any).
     """
-    if config.broker_role is BrokerRole.SLAVE or not Perm.writeable(config.broker_permission):
+    if role.is_slave or not Perm.writeable(config.broker_permission):
         return []
     created = []
     for c in consumer_groups:
@@ -126,10 +127,11 @@ class ConsumerManageProcessor:
     def __init__(self, config: BrokerConfig, *, addr: str, clients: ClientTable, offsets: ConsumerOffsetManager,
                  last_pulls: LastPulls, topics: TopicConfigManager, groups: SubscriptionGroupManager,
                  request_registration: Callable[[], None], clock_ms: Callable[[], int],
-                 expire_ms: int = CLIENT_EXPIRE_MS) -> None:
+                 expire_ms: int = CLIENT_EXPIRE_MS, role: RoleState | None = None) -> None:
         if expire_ms <= 0:
             raise ValueError(f"expire_ms must be > 0, got {expire_ms}")
         self._config = config
+        self._role = role or RoleState(config.broker_role, config.broker_id)
         self._addr = addr
         self._clients = clients
         self._offsets = offsets
@@ -154,7 +156,8 @@ class ConsumerManageProcessor:
         """``{"clientId", "producerGroups", "consumerGroups": [{"group", "subscriptions"}], "heartbeatTimeoutMs"}``."""
         client_id, producers, consumers, timeout_ms = _check_heartbeat(request.json())
         self._clients.heartbeat(client_id, producers, consumers, timeout_ms)
-        if ensure_retry_topics(consumers, config=self._config, topics=self._topics, groups=self._groups):
+        if ensure_retry_topics(consumers, config=self._config, role=self._role, topics=self._topics,
+                               groups=self._groups):
             self._request_registration()
         return json_response({})
 

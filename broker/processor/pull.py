@@ -28,6 +28,7 @@ from broker.metadata import (
 from broker.metrics import BrokerMetrics
 from broker.processor.args import broker_where
 from broker.read_split import PullContext, plan_pull_answer
+from broker.role import RoleState
 from broker.store.api import GetMessageResult, GetMessageStatus, MessageStore, TagFilter
 from broker.tag_filter import build_tag_filter
 from client.errors import (
@@ -73,8 +74,9 @@ class PullProcessor:
     def __init__(self, config: BrokerConfig, *, addr: str, store: MessageStore, topics: TopicConfigManager,
                  groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, hold: PullHoldService,
                  catch_up_dispatch: Callable[[], bool], master_link_up: Callable[[], bool], last_pulls: LastPulls,
-                 metrics: BrokerMetrics, clock_ms: Callable[[], int]) -> None:
+                 metrics: BrokerMetrics, clock_ms: Callable[[], int], role: RoleState | None = None) -> None:
         self._config = config
+        self._role = role or RoleState(config.broker_role, config.broker_id)
         self._addr = addr
         self._store = store
         self._topics = topics
@@ -96,7 +98,7 @@ class PullProcessor:
 
     def _check(self, req: PullRequestHeader) -> SubscriptionGroupConfig:
         cfg = self._config
-        where = broker_where(cfg, self._addr)
+        where = broker_where(cfg, self._addr, self._role)
         if not Perm.readable(cfg.broker_permission):
             raise NoPermissionError(f"the broker[{cfg.broker_name} {self._addr}] pulling message is forbidden "
                                     f"(brokerPermission={cfg.broker_permission})")
@@ -108,7 +110,7 @@ class PullProcessor:
         if not group.consume_enable:
             raise NoPermissionError(f"subscription group [{req.group}] has consumeEnable=false on {where}")
         tc = self._topics.get(req.topic)
-        if tc is None and cfg.is_slave and self._store.get_max_offset_in_queue(req.topic, req.queue_id) > 0:
+        if tc is None and self._role.is_slave and self._store.get_max_offset_in_queue(req.topic, req.queue_id) > 0:
             # The replicated commit log already holds this queue but the 10 s metadata sync has not brought the
             # topic's config yet (a topic created just before its master died): serve what was replicated
             # rather than refuse it (RocketMQ answers TOPIC_NOT_EXIST until the sync).
@@ -126,7 +128,7 @@ class PullProcessor:
 
     async def _process(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None
                        ) -> bytes:
-        if (req.sys_flag & PullSysFlag.COMMIT_OFFSET and req.commit_offset >= 0 and not self._config.is_slave):
+        if (req.sys_flag & PullSysFlag.COMMIT_OFFSET and req.commit_offset >= 0 and not self._role.is_slave):
             self._offsets.commit(req.group, req.topic, req.queue_id, req.commit_offset)
         allow_suspend = bool(req.sys_flag & PullSysFlag.SUSPEND)
         body = self._run_once(req, group, tag_filter, allow_suspend)
@@ -150,7 +152,7 @@ class PullProcessor:
         cfg = self._config
         store = self._store
         ctx = PullContext(
-            is_slave=cfg.is_slave, slave_read_enable=cfg.slave_read_enable, master_link_up=self._master_link_up(),
+            is_slave=self._role.is_slave, slave_read_enable=cfg.slave_read_enable, master_link_up=self._master_link_up(),
             offset_check_in_slave=cfg.offset_check_in_slave, group_broker_id=group.broker_id,
             which_broker_when_consume_slowly=group.which_broker_when_consume_slowly,
         )
@@ -159,7 +161,7 @@ class PullProcessor:
             self._metrics.count_request(plan.code, pull=True)
             return encode_pull_header(
                 int(plan.code), req.offset, store.get_min_offset_in_queue(req.topic, req.queue_id),
-                store.get_max_offset_in_queue(req.topic, req.queue_id), plan.suggest_which_broker_id, cfg.broker_id, 0,
+                store.get_max_offset_in_queue(req.topic, req.queue_id), plan.suggest_which_broker_id, self._role.broker_id, 0,
             )
         result: GetMessageResult = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums,
                                                      req.max_bytes, tag_filter)
@@ -178,5 +180,5 @@ class PullProcessor:
         if records:
             self._metrics.served(req.topic, len(records), result.total_size)
         head = encode_pull_header(int(code), result.next_begin_offset, result.min_offset, result.max_offset,
-                                  plan.suggest_which_broker_id, cfg.broker_id, len(records))
+                                  plan.suggest_which_broker_id, self._role.broker_id, len(records))
         return b"".join((head, *records)) if records else head

@@ -19,12 +19,13 @@ import logging
 from collections.abc import Callable, Sequence
 
 from broker.config import BrokerConfig
-from broker.durability import DurabilityWaiter
+from broker.durability import Durability
 from broker.metadata import SubscriptionGroupManager, TopicConfigManager
 from broker.metadata.topics import NOT_ALLOWED_SEND_TOPICS
 from broker.metrics import BrokerMetrics
 from broker.processor.args import broker_where
 from broker.retry import DLQ_QUEUE_NUMS, RETRY_GROUP_TOPIC_PREFIX, reroute_retry_batch
+from broker.role import RoleState
 from broker.store.api import AppendResult, MessageStore, PutMessageStatus
 from client.errors import (
     BrokerError,
@@ -38,7 +39,7 @@ from client.errors import (
 )
 from client.protocol.asgi import Request, Response
 from client.protocol.codec import BatchItem, decode_batch, pack_host, record_size
-from client.protocol.codes import BrokerRole, Perm, ResponseCode
+from client.protocol.codes import Perm, ResponseCode
 from client.protocol.properties import validate_topic
 from client.protocol.requests import SendRequestHeader
 from client.protocol.route import TopicConfig
@@ -93,12 +94,15 @@ class SendProcessor:
         metrics: stored messages and answered codes.
         durability: the flush / replica wait after an append.
         request_registration: asks for a registration soon (after a topic was created).
+        role: the broker's current role and id (DLedger mode changes them; default: the configuration's).
     """
 
     def __init__(self, config: BrokerConfig, *, addr: str, store_host: bytes, store: MessageStore,
                  topics: TopicConfigManager, groups: SubscriptionGroupManager, metrics: BrokerMetrics,
-                 durability: DurabilityWaiter, request_registration: Callable[[], None]) -> None:
+                 durability: Durability, request_registration: Callable[[], None],
+                 role: RoleState | None = None) -> None:
         self._config = config
+        self._role = role or RoleState(config.broker_role, config.broker_id)
         self._addr = addr
         self._store_host = store_host
         self._store = store
@@ -113,9 +117,9 @@ class SendProcessor:
         req = SendRequestHeader.from_query(request.query)
         topic, queue_id, reconsume_times = req.topic, req.queue_id, req.reconsume_times
         client_queue_nums = req.create_queue_nums
-        if cfg.broker_role is BrokerRole.SLAVE:
+        if self._role.is_slave:
             raise ServiceNotAvailableError(
-                f"broker {cfg.broker_name} (id {cfg.broker_id}, {self._addr}) is a SLAVE and does not accept "
+                f"broker {cfg.broker_name} (id {self._role.broker_id}, {self._addr}) is a SLAVE and does not accept "
                 f"messages; send to the master of {cfg.broker_name}"
             )
         if not Perm.writeable(cfg.broker_permission):
@@ -194,7 +198,7 @@ class SendProcessor:
         return tc
 
     def _raise_failure(self, topic: str, queue_id: int, result: AppendResult) -> None:
-        where = f"topic {topic} queue {queue_id} on {broker_where(self._config, self._addr)}"
+        where = f"topic {topic} queue {queue_id} on {broker_where(self._config, self._addr, self._role)}"
         remark = f"{result.status.value}: {result.remark or 'store refused the message'} [{where}]"
         cls = _FAILURES.get(result.status, BrokerSystemError)
         self._metrics.count_request(cls.code, pull=False)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.config import BrokerConfig
-from broker.durability import DurabilityWaiter
+from broker.durability import Durability
 from broker.metadata import SubscriptionGroupManager, TopicConfigManager
 from broker.metrics import BrokerMetrics
 from broker.processor.args import INT32_MAX, INT64_MAX, ArgumentError, json_field
@@ -32,6 +32,7 @@ from broker.retry import (
     dlq_topic,
     retry_topic,
 )
+from broker.role import RoleState
 from broker.store.api import MessageStore, PutMessageStatus
 from client.errors import (
     BrokerSystemError,
@@ -44,7 +45,7 @@ from client.errors import (
 )
 from client.protocol.asgi import Request, Response, json_response
 from client.protocol.codec import decode_records
-from client.protocol.codes import BrokerRole, Perm, ResponseCode, SysFlag
+from client.protocol.codes import Perm, ResponseCode, SysFlag
 from client.protocol.message import MessageExt
 from client.protocol.properties import WAIT, validate_group
 from client.protocol.route import TopicConfig
@@ -87,9 +88,11 @@ class SendBackProcessor:
     """
 
     def __init__(self, config: BrokerConfig, *, addr: str, store: MessageStore, topics: TopicConfigManager,
-                 groups: SubscriptionGroupManager, metrics: BrokerMetrics, durability: DurabilityWaiter,
-                 request_registration: Callable[[], None], rand: Callable[[int, int], int] | None = None) -> None:
+                 groups: SubscriptionGroupManager, metrics: BrokerMetrics, durability: Durability,
+                 request_registration: Callable[[], None], rand: Callable[[int, int], int] | None = None,
+                 role: RoleState | None = None) -> None:
         self._config = config
+        self._role = role or RoleState(config.broker_role, config.broker_id)
         self._addr = addr
         self._store = store
         self._topics = topics
@@ -127,8 +130,8 @@ class SendBackProcessor:
     async def handle(self, request: Request) -> Response:
         cfg = self._config
         group, offset, delay_level, origin_msg_id, origin_topic, max_arg = _parse_request(request.json())
-        where = f"broker {cfg.broker_name} (id {cfg.broker_id}, {self._addr}, {cfg.broker_role.value})"
-        if cfg.broker_role is BrokerRole.SLAVE:
+        where = f"broker {cfg.broker_name} (id {self._role.broker_id}, {self._addr}, {self._role.name})"
+        if self._role.is_slave:
             raise ServiceNotAvailableError(f"{where} is a SLAVE and does not accept send-back; send it to the "
                                            f"master of {cfg.broker_name}")
         sg = self._groups.find_or_create(group)

@@ -18,6 +18,7 @@ a queue publishes a *dispatch event* to the dispatch listeners (long polling, de
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -81,6 +82,9 @@ class AppendResult:
     """Store time given to every record of this append."""
     physical_offsets: tuple[int, ...] = ()
     """Physical offset of each record."""
+    committed: asyncio.Future[tuple[int, int]] | None = attrs.field(default=None, eq=False, repr=False)
+    """DLedger mode: completes once a quorum of the group stores the entry (fails with the reason it cannot);
+    the broker's durability wait awaits it. None in the classic mode."""
 
     @property
     def end_offset(self) -> int:

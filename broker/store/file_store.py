@@ -185,13 +185,12 @@ class FileMessageStore:
         finally:
             if self._group_commit is not None:
                 self._group_commit.stop()
-            caught_up = self.dispatcher.reput >= self.commitlog.max_offset
+            behind = self.dispatch_behind_bytes
             self._close_files()
-            if caught_up:
+            if not behind:
                 self.io.remove(self._abort_path)
             else:
-                log.warning("dispatch is %d bytes behind at shutdown: keeping the abort file",
-                            self.commitlog.max_offset - self.dispatcher.reput)
+                log.warning("dispatch is %d bytes behind at shutdown: keeping the abort file", behind)
             self._unlock_dir()
             self._state = _State.SHUT_DOWN
 
@@ -429,7 +428,7 @@ class FileMessageStore:
 
     @property
     def dispatch_behind_bytes(self) -> int:
-        return max(0, self.commitlog.max_offset - self.dispatcher.reput)
+        return max(0, self.max_physical_offset - self.dispatcher.reput)
 
     def truncate(self, physical_offset: int) -> None:
         """Drop commit-log bytes from ``physical_offset`` on, and the consume-queue units pointing there."""

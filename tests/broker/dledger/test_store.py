@@ -48,19 +48,31 @@ def test_leader_appends_roll_files_with_a_blank_tail_and_reads_back(tmp_path: Pa
     assert s.get(30) is None and s.get(-1) is None
 
 
-def test_the_patch_hook_sees_the_position_before_the_crc(tmp_path: Path) -> None:
+def test_a_built_body_sees_its_position_before_the_crc(tmp_path: Path) -> None:
     s = store(tmp_path)
     s.append_as_leader(1, body(0))
 
-    def stamp(buf: bytearray, pos: int) -> None:
-        buf[:8] = (pos + BODY_OFFSET).to_bytes(8, "big")
+    def build(buf: bytearray, at: int, phys: int) -> None:
+        buf[at:] = body(1)
+        buf[at : at + 8] = phys.to_bytes(8, "big")
 
-    index, pos = s.append_as_leader(1, body(1), patch=stamp)
+    index, pos = s.append_built(1, len(body(1)), build)
     e = s.get(index)
     assert e is not None and int.from_bytes(e[BODY_OFFSET : BODY_OFFSET + 8], "big") == pos + BODY_OFFSET
     f = store(tmp_path, "n1")  # the stamped entry passes a follower's check
     f.append_as_follower(s.get(0))  # type: ignore[arg-type]
     f.append_as_follower(e)
+
+
+def test_the_flush_covers_what_was_written_and_nothing_past_the_end(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    for i in range(12):
+        s.append_as_leader(1, body(i))
+    assert s.data.max_offset == s.end_pos  # the chain's written end is the log's
+    assert s.flush() == s.end_pos
+    s.truncate(s.get(5))  # type: ignore[arg-type]
+    assert s.data.max_offset == s.end_pos == s.end_of(5)
+    assert s.data.flushed_where <= s.end_pos
 
 
 def test_a_follower_places_every_entry_where_the_leader_did(tmp_path: Path) -> None:

@@ -1,0 +1,295 @@
+"""The broker's message store in DLedger mode (SEMANTICS.md 9.8): the replicated DLedger log is the commit log.
+
+A send becomes one DLedger entry whose body is the send's RocketMQ records (SEMANTICS.md 7.1), written back to
+back straight into the entry; each record's PHYSICALOFFSET is its position in the data files, so the entry's
+first record sits at entry position + 48 and msgIds carry those offsets. Everything that reads the commit log
+(pulls, lookups by offset or key, the flush thread, the disk guard) reads the DLedger data files through the
+same :class:`~broker.store.commitlog.CommitLog` interface.
+
+Consume queues and the index are built only from *committed* entries (:class:`CommittedDispatcher`), so a
+consumer never sees an entry a new leader may truncate, and the store's end (``max_physical_offset``) is the
+committed position. Committed entries are never truncated, so the queues never need cutting back; after a crash
+they are cut to the end of the recovered log, and dispatch resumes from the first entry they miss.
+
+The store's append event is published when the committed position moves (not at the local append), which is
+what wakes dispatch and, through it, parked pulls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+
+from broker.dledger.entry import BODY_OFFSET
+from broker.dledger.node import AppendError, DLedgerNode
+from broker.dledger.store import DLedgerStore
+from broker.store.api import AppendResult, PutMessageStatus, StoreError
+from broker.store.checkpoint import Checkpoint
+from broker.store.cleaner import StoreCleaner
+from broker.store.config import StoreConfig
+from broker.store.consume_queue import ConsumeQueue, ConsumeQueueTable
+from broker.store.dispatch import Dispatcher, DispatchListener
+from broker.store.file_store import FileMessageStore, _State
+from broker.store.index import IndexService
+from broker.store.io import FileIO
+from client.protocol.codec import BatchItem, write_batch_records
+
+__all__ = ["CommittedDispatcher", "DLedgerMessageStore", "put_status"]
+
+log = logging.getLogger(__name__)
+
+#: How an append the member refused is answered (SEMANTICS.md 9.8's table, 4.9.3 column).
+_REFUSED = {
+    "NOT_LEADER": PutMessageStatus.SERVICE_NOT_AVAILABLE,
+    "LEADER_PENDING_FULL": PutMessageStatus.OS_PAGE_CACHE_BUSY,
+}
+
+
+def put_status(code: str) -> PutMessageStatus:
+    """The put status of a DLedger append code (SEMANTICS.md 9.8)."""
+    return _REFUSED.get(code, PutMessageStatus.UNKNOWN_ERROR)
+
+
+def _retrieve(fut: asyncio.Future[tuple[int, int]]) -> None:
+    """Mark a commit future's failure as seen (a send that does not wait, a server-side put)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+class CommittedDispatcher(Dispatcher):
+    """Builds consume queues and the index from committed entries, one entry at a time (records inside an entry
+    are dispatched by the classic loop). ``reput`` is the position after the last dispatched entry."""
+
+    def __init__(self, ledger: DLedgerStore, cqs: ConsumeQueueTable, index: IndexService | None,
+                 delay_levels_ms: tuple[int, ...], listeners: list[DispatchListener]) -> None:
+        super().__init__(ledger.data, cqs, index, delay_levels_ms, listeners)
+        self.ledger = ledger
+        self.next_index = 0
+
+    def start_at(self, physical_offset: int) -> None:
+        """Resume with the first entry that ends after ``physical_offset`` (queues skip what they hold)."""
+        ledger = self.ledger
+        lo, hi = max(ledger.begin_index, 0), ledger.end_index + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = ledger.unit(mid)
+            if unit is not None and unit[0] + unit[1] <= physical_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.next_index = lo
+        unit = ledger.unit(lo)
+        self.reput = unit[0] if unit is not None else ledger.end_pos
+
+    def _dispatch(self, max_bytes: int, notify: dict[ConsumeQueue, int]) -> int:
+        ledger = self.ledger
+        consumed = 0
+        while consumed < max_bytes and self.next_index <= ledger.committed_index:
+            index = self.next_index
+            unit = ledger.unit(index)
+            if unit is None:
+                if index < ledger.begin_index:
+                    self.next_index = ledger.begin_index
+                    continue
+                break
+            pos, size, _ = unit
+            if size > BODY_OFFSET:  # a leader's empty entry holds no record
+                mf = ledger.data.file_for(pos)
+                if mf is None:
+                    break
+                at = pos - mf.start
+                end = at + size
+                done, _ = self._dispatch_file(mf.mm, mf.start, mf.size, at + BODY_OFFSET, end, end, notify)
+                if done != end:
+                    log.error("dispatch stopped in entry %d at position %d", index, mf.start + done)
+                    break
+            self.next_index = index + 1
+            self.reput = pos + size
+            consumed += size
+        return consumed
+
+
+class DLedgerMessageStore(FileMessageStore):
+    """The file store with the DLedger log as its commit log.
+
+    Args:
+        config: the store configuration (``mapped_file_size_commitlog`` sizes the DLedger data files).
+        self_id: this member's id (the log lives in ``<root>/dledger-<self_id>``).
+        index_file_size: ``mappedFileSizeForEntryIndex``.
+        io: the file layer (tests pass a :class:`~broker.store.io.FaultyIO`).
+
+    The broker attaches the member with :meth:`attach` before it starts serving.
+    """
+
+    def __init__(self, config: StoreConfig, *, self_id: str, index_file_size: int, io: FileIO | None = None) -> None:
+        super().__init__(config, io)
+        self.ledger = DLedgerStore(self.io, os.path.join(self.root, f"dledger-{self_id}"),
+                                   data_file_size=config.mapped_file_size_commitlog, index_file_size=index_file_size)
+        self.commitlog = self.ledger.data
+        self.entries = CommittedDispatcher(self.ledger, self.cqs, self.index, self._delay_levels,
+                                           self._dispatch_listeners)
+        self.dispatcher = self.entries
+        self.cleaner = StoreCleaner(self.commitlog, self.cqs, self.index, self.dispatcher, config.retention,
+                                    config.disk_used_ratio or self.io.used_ratio, config.clock_ms,
+                                    config.destroy_mapped_file_interval_forcibly_ms)
+        self.node: DLedgerNode | None = None
+        self._checkpointed = (-2, -2)
+
+    def attach(self, node: DLedgerNode) -> None:
+        """The member that appends for this store (built on :attr:`ledger`)."""
+        self.node = node
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Lock the directory, recover the DLedger log, cut the consume queues to it and dispatch what they miss.
+
+        Raises:
+            StoreError: the directory is locked by another store, or a file cannot be opened.
+            RuntimeError: called twice.
+        """
+        if self._state is not _State.CREATED:
+            raise RuntimeError(f"load() called on a store in state {self._state.value}; create a new store")
+        self.io.makedirs(self.root)
+        self._lock_dir()
+        try:
+            self.checkpoint = Checkpoint(self.io, os.path.join(self.root, "checkpoint"))
+            ledger = self.ledger
+            ledger.load()
+            self.cqs.load()
+            if self.index is not None:
+                self.index.load()
+            self.cqs.recover()
+            self.cqs.truncate_dirty(ledger.end_pos)
+            dispatched = self.cqs.max_physic_end()
+            self._commit_dispatched(dispatched)
+            start = min(dispatched, self.index.end_phy) if self.index is not None else dispatched
+            self.entries.start_at(start)
+            while self.dispatcher.dispatch_available(64 << 20):
+                pass
+            self.cqs.correct_min_offsets(self.commitlog.min_offset)
+            self.rebuild_topic_queue_table()
+            self.io.write_small_file(self._abort_path, str(os.getpid()).encode())
+        except BaseException:
+            self._close_files()
+            self._unlock_dir()
+            raise
+        self._state = _State.LOADED
+
+    def _commit_dispatched(self, dispatched: int) -> None:
+        """Queues only ever held committed entries: a checkpoint written before their commit is behind them."""
+        ledger = self.ledger
+        if dispatched <= max(ledger.committed_pos, 0):
+            return
+        self.entries.start_at(dispatched - 1)
+        index = self.entries.next_index
+        if index <= ledger.end_index and index > ledger.committed_index:
+            log.info("%s: committed index %d raised to %d (the consume queues hold it)", ledger.directory,
+                     ledger.committed_index, index)
+            ledger.committed_index = index
+            ledger.committed_pos = ledger.end_of(index)
+
+    def _flush_commitlog(self, least_pages: int) -> int:
+        flushed = super()._flush_commitlog(least_pages)
+        ledger = self.ledger
+        ledger.index.flush()
+        now = (ledger.end_index, ledger.committed_index)
+        if now != self._checkpointed:
+            ledger.write_checkpoint()
+            self._checkpointed = now
+        return flushed
+
+    def _close_files(self, *, crashed: bool = False) -> None:
+        if not crashed and self._state is not _State.CREATED:
+            try:
+                self.ledger.write_checkpoint()
+            except OSError as e:
+                log.error("cannot write the DLedger checkpoint: %s", e)
+        self.ledger.index.close()
+        super()._close_files(crashed=crashed)
+
+    def committed_moved(self, committed_index: int, committed_pos: int) -> None:
+        """The member's commit callback: publish the append event (dispatch and parked pulls wake)."""
+        self._after_append()
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def append_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        items: Sequence[BatchItem],
+        *,
+        born_host: bytes,
+        reconsume_times: int = 0,
+    ) -> AppendResult:
+        """Append the records as one entry of the leader's log; ``committed`` on the result completes when a
+        quorum stores it. Same validation as the classic store; a member that is not the leader refuses."""
+        bad = self._unavailable()
+        if bad is not None:
+            return bad
+        node = self.node
+        if node is None:
+            return AppendResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, "the DLedger member is not started")
+        plan = self.validator.plan(topic, queue_id, items, self.topic_queue_table)
+        if isinstance(plan, AppendResult):
+            return plan
+        runs, total, advances, first_queue_offset = plan
+        room = self.commitlog.file_size - BODY_OFFSET - 8
+        if total > room:
+            return AppendResult(
+                PutMessageStatus.MESSAGE_ILLEGAL,
+                f"batch of {len(items)} messages is {total} bytes stored; it must fit one DLedger data file "
+                f"(mappedFileSizeCommitLog {self.commitlog.file_size} minus 56)",
+            )
+        store_ts = self.config.clock_ms()
+        store_host = self.config.store_host
+        offsets: list[int] = []
+
+        def build(buf: bytearray, at: int, phys: int) -> None:
+            pos = at
+            for topic_b, qid, first, run_items, nbytes in runs:
+                offsets.extend(write_batch_records(
+                    buf, pos, phys - at, topic=topic_b, queue_id=qid, first_queue_offset=first, items=run_items,
+                    born_host=born_host, store_timestamp=store_ts, store_host=store_host,
+                    reconsume_times=reconsume_times))
+                pos += nbytes
+
+        try:
+            _, pos, fut = node.append_nowait(total, build)
+        except AppendError as e:
+            return AppendResult(put_status(e.code), f"{e} (DLedger group {node.config.group})")
+        except OSError as exc:
+            return self._disk_error(exc)
+        fut.add_done_callback(_retrieve)
+        table = self.topic_queue_table
+        for key, count in advances:
+            table[key] = table.get(key, 0) + count
+        self.validator.last_store_ts = store_ts
+        self.cleaner.wrote(total)
+        return AppendResult(PutMessageStatus.PUT_OK, "", pos + BODY_OFFSET, total, first_queue_offset, len(items),
+                            store_ts, tuple(offsets), committed=fut)
+
+    def append_to_commitlog(self, physical_offset: int, data: bytes | memoryview) -> None:
+        raise StoreError("a DLedger store is replicated by its DLedger member, not by the classic HA channel")
+
+    def restart_log_at(self, physical_offset: int) -> None:
+        raise StoreError("a DLedger store is replicated by its DLedger member, not by the classic HA channel")
+
+    def truncate(self, physical_offset: int) -> None:
+        raise StoreError("a DLedger store truncates only its uncommitted tail, through its DLedger member")
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def get_commitlog_data(self, physical_offset: int, max_bytes: int) -> memoryview | None:
+        return None  # no classic HA stream in DLedger mode
+
+    @property
+    def max_physical_offset(self) -> int:
+        """The committed position: readers and dispatch see committed entries only."""
+        return max(self.ledger.committed_pos, self.commitlog.min_offset)
+
+    @property
+    def ledger_caught_up(self) -> bool:
+        """Every entry of the log is committed and dispatched (a new leader waits for this before it serves)."""
+        ledger = self.ledger
+        return ledger.end_index == ledger.committed_index and self.entries.next_index > ledger.committed_index
