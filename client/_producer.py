@@ -1,11 +1,13 @@
 """``Producer`` and ``AsyncProducer``: two thin I/O shells over :mod:`client._producer_core`.
 
 Every send is an operation of ``_ProducerBase`` (:func:`client._ops.send_op` underneath), run by the client
-instance's ``drive``; only the waits of automatic batching (a Condition, or futures on the loop) are twins.
+instance's ``drive``; only the waits of automatic batching (a Condition, or futures on the loop) and the pause
+between two route reads of a send waiting for a new master (``time.sleep`` or ``asyncio.sleep``) are twins.
 
 Sends go to masters only. A send picks a queue with :class:`~client._routing.QueueSelector` (avoiding the broker
 of the previous failed attempt, and isolated brokers when latency fault tolerance is on), retries retryable
-failures within ``send_timeout_s`` (SEMANTICS.md 4.6), and returns a :class:`SendResult` also for codes 10/11/12
+failures within ``send_timeout_s`` (SEMANTICS.md 4.6), waits within it for a new master when its group's master
+is gone and no other group can take the message (:class:`~client._producer_core.SendAttempts`), and returns a :class:`SendResult` also for codes 10/11/12
 (stored, not fully durable). Concurrent sends to one topic are batched automatically (see ``_producer_core``).
 """
 
@@ -15,8 +17,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Hashable, Sequence
-from typing import Any
+from collections.abc import Generator, Hashable, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from client import _requests as rq
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState, _InstanceCore
@@ -24,6 +26,7 @@ from client._lifecycle import AsyncLifecycle, SyncLifecycle
 from client._ops import send_op
 from client._producer_core import (
     Accumulator,
+    MasterVerdict,
     Pending,
     ProducerConfig,
     SendAttempts,
@@ -32,8 +35,8 @@ from client._producer_core import (
     explicit_queue,
     validate_message,
 )
-from client._requests import Op, SendResult
-from client._routing import LatencyFaultTolerance, QueueSelector, TopicPublishInfo
+from client._requests import Answer, Exchange, Op, SendResult
+from client._routing import DEFAULT_TOPIC, LatencyFaultTolerance, QueueSelector, TopicPublishInfo
 from client.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
 from client.protocol import codec
 from client.protocol.message import Message, MessageQueue
@@ -41,6 +44,49 @@ from client.protocol.message import Message, MessageQueue
 __all__ = ["AsyncProducer", "Producer"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class _Pause(NamedTuple):
+    """A pause a send operation asks its driver for: the wait between two route reads for a new master."""
+
+    seconds: float
+
+
+#: An operation that may also yield a :class:`_Pause` (run by ``Producer._run`` / ``AsyncProducer._run``).
+_PausingOp = Generator[Exchange | _Pause, Answer, T]
+
+
+class _Stretches(Generic[T]):
+    """Runs a pausing operation as plain operations (:data:`client._requests.Op`), one per stretch between
+    two pauses.
+
+    The instances' ``drive`` makes requests and nothing else; a send waiting for a new master must also sleep
+    between route reads. Each :meth:`stretch` forwards the operation's requests until it asks for a pause (the
+    stretch returns the seconds) or ends (the stretch returns None and :attr:`value` holds its result); the
+    driver sleeps its own way in between.
+    """
+
+    def __init__(self, op: _PausingOp[T]) -> None:
+        self._op = op
+        self.value: T
+
+    def stretch(self) -> Op[float | None]:
+        op = self._op
+        try:
+            req = next(op)
+            while not isinstance(req, _Pause):
+                try:
+                    answer = yield req
+                except BaseException as e:  # a failed request (or an interruption) goes on to the operation
+                    req = op.throw(e)
+                else:
+                    req = op.send(answer)
+            return req.seconds
+        except StopIteration as stop:
+            self.value = stop.value
+            return None
 
 
 def _now_ms() -> int:
@@ -114,18 +160,55 @@ class _ProducerBase:
     def _attempts(self, info: TopicPublishInfo, fixed: MessageQueue | None, deadline: float) -> SendAttempts:
         cfg = self.config
         return SendAttempts(info, fixed, deadline, group=cfg.group, retries=cfg.retry_times_when_send_failed,
-                            selector=self._selector, fault=self._fault)
+                            selector=self._selector, fault=self._fault, await_master=True)
 
     # --- operations ---
 
     def _send_op(self, core: _InstanceCore, topic: str, body: bytes, uniq_keys: list[str],
-                 fixed: MessageQueue | None, deadline: float) -> Op[list[SendResult]]:
+                 fixed: MessageQueue | None, deadline: float) -> _PausingOp[list[SendResult]]:
         run = self._attempts((yield from core.publish_info_op(topic)), fixed, deadline)
-        mq, reply = yield from send_op(core, run, body, len(uniq_keys))
-        return rq.send_results(reply, mq, uniq_keys)
+        while True:
+            try:
+                mq, reply = yield from send_op(core, run, body, len(uniq_keys))
+            except ClientError:
+                if run.awaiting is None:
+                    raise
+            else:
+                return rq.send_results(reply, mq, uniq_keys)
+            # Out of the except block: a deadline error raised by the wait is not chained to the attempt's error
+            # (the attempts it holds say what failed).
+            yield from self._await_master_op(core, run)
+
+    def _await_master_op(self, core: _InstanceCore, run: SendAttempts) -> _PausingOp[None]:
+        """Read the route at once, then every 0.1-0.2 s, until a lost group has a master to try (returns) or the
+        send's deadline passes (raises).
+
+        Raises:
+            SendFailedError: no new master registered within the deadline.
+            ClientClosedError: the producer or its client instance was closed meanwhile.
+        """
+        topic, group = run.info.topic, run.awaiting
+        log.info("send to %s: the master of %s is gone (%s); reading the route until a new master registers",
+                 topic, group, run.attempts[-1][1])
+        while True:
+            yield from core.update_route_op(topic)
+            if run.info.from_default_topic:  # the topic is not in the nameserver yet: its groups come from TBW102
+                default = yield from core.fetch_route_op(DEFAULT_TOPIC)
+                if default is not None:
+                    core.routes.apply_default_route(topic, default)
+            verdict = run.route_read(core.find_broker_address_in_publish, core.publish_info(topic))
+            if verdict is MasterVerdict.RETRY:
+                log.info("send to %s: trying %s after %d route read(s)", topic, run.resuming, run.route_reads)
+                return
+            if verdict is MasterVerdict.GIVE_UP:
+                raise run.exhausted()
+            if self._state is not ClientState.OPENED:
+                raise ClientClosedError(f"producer {self.group} closed while a send to {topic} waited for a new "
+                                        f"master of {group}")
+            yield _Pause(run.poll_pause_s())
 
     def _batch_op(self, core: _InstanceCore, topic: str, fixed: MessageQueue | None, batch: list[Pending]
-                  ) -> Op[None]:
+                  ) -> _PausingOp[None]:
         """Send the members of an automatic batch still within their timeout; each gets its result or error."""
         live = _live_members(batch, topic)
         if not live:
@@ -142,7 +225,7 @@ class _ProducerBase:
             p.result = r
 
     def _send_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], queue: MessageQueue | None
-                       ) -> Op[list[SendResult]]:
+                       ) -> _PausingOp[list[SendResult]]:
         topic = check_batch(msgs, self.config.max_message_size)
         keys = [self._uniq.next() for _ in msgs]
         body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
@@ -151,7 +234,7 @@ class _ProducerBase:
         return (yield from self._send_op(core, topic, body, keys, fixed,
                                          time.monotonic() + self.config.send_timeout_s))
 
-    def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None) -> Op[None]:
+    def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None) -> _PausingOp[None]:
         """One attempt; a failure to send is logged, not raised (invalid messages and a closed client are)."""
         item, uniq = self._prepare(msg)
         fixed = explicit_queue(queue, msg.topic)
@@ -180,6 +263,9 @@ class Producer(SyncLifecycle, _ProducerBase):
         start_index: first round-robin index (random when None; tests pin it).
         **kwargs: more :class:`~client._producer_core.ProducerConfig` fields (``batch_max_messages``...).
     """
+
+    _sleep = staticmethod(time.sleep)
+    """The pause of a send waiting for a new master (the twins' only difference in :meth:`_run`)."""
 
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout_s: float = 3.0,
                  retry_times_when_send_failed: int = 2, latency_fault_enable: bool = False,
@@ -265,9 +351,16 @@ class Producer(SyncLifecycle, _ProducerBase):
               batch: list[Pending]) -> None:
         """Send ``batch``, deliver each member's result, then hand the lead of the next batches on."""
         try:
-            client.drive(self._batch_op(client, topic, fixed, batch))
+            self._run(client, self._batch_op(client, topic, fixed, batch))
         finally:
             self._hand_on(key, batch)
+
+    def _run(self, client: ClientInstance, op: _PausingOp[T]) -> T:
+        """``client.drive`` for an operation that may pause (a send waiting for a new master)."""
+        stretches = _Stretches(op)
+        while (pause := client.drive(stretches.stretch())) is not None:
+            self._sleep(pause)
+        return stretches.value
 
     def _hand_on(self, key: Hashable, batch: list[Pending]) -> None:
         _abandon(batch)
@@ -287,16 +380,19 @@ class Producer(SyncLifecycle, _ProducerBase):
             One SendResult per message, in order, each with its own queue offset and offset msgId.
         """
         client = self._ensure_open()
-        return client.drive(self._send_batch_op(client, msgs, queue or message_queue))
+        return self._run(client, self._send_batch_op(client, msgs, queue or message_queue))
 
     def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """One attempt, no result: the broker's answer is read (keep-alive) but not reported."""
         client = self._ensure_open()
-        client.drive(self._oneway_op(client, msg, queue))
+        self._run(client, self._oneway_op(client, msg, queue))
 
 
 class AsyncProducer(AsyncLifecycle, _ProducerBase):
     """The asyncio twin of :class:`Producer` (same arguments; methods are coroutines; ``async with``)."""
+
+    _sleep = staticmethod(asyncio.sleep)
+    """See :attr:`Producer._sleep`."""
 
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout_s: float = 3.0,
                  retry_times_when_send_failed: int = 2, latency_fault_enable: bool = False,
@@ -380,9 +476,16 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                     batch: list[Pending]) -> None:
         """See :meth:`Producer._lead`."""
         try:
-            await client.drive(self._batch_op(client, topic, fixed, batch))
+            await self._run(client, self._batch_op(client, topic, fixed, batch))
         finally:
             self._hand_on(key, batch)
+
+    async def _run(self, client: AsyncClientInstance, op: _PausingOp[T]) -> T:
+        """See :meth:`Producer._run`."""
+        stretches = _Stretches(op)
+        while (pause := await client.drive(stretches.stretch())) is not None:
+            await self._sleep(pause)
+        return stretches.value
 
     def _hand_on(self, key: Hashable, batch: list[Pending]) -> None:
         _abandon(batch)
@@ -401,9 +504,9 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                          message_queue: MessageQueue | None = None) -> list[SendResult]:
         """See :meth:`Producer.send_batch`."""
         client = self._ensure_open()
-        return await client.drive(self._send_batch_op(client, msgs, queue or message_queue))
+        return await self._run(client, self._send_batch_op(client, msgs, queue or message_queue))
 
     async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """See :meth:`Producer.send_oneway`."""
         client = self._ensure_open()
-        await client.drive(self._oneway_op(client, msg, queue))
+        await self._run(client, self._oneway_op(client, msg, queue))

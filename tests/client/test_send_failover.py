@@ -3,14 +3,25 @@
 When an attempt finds no master at the address it tried (a follower's SERVICE_NOT_AVAILABLE as SLAVE, a refused
 or reset connection, no master in the route) and no other group can take the message, the send reads the route
 until a new master registers and sends there, within ``send_timeout_s``; at the deadline it fails naming the
-group. The decision is table-tested on :class:`SendAttempts` with an injected clock.
+group. The decision is table-tested on :class:`SendAttempts` with an injected clock; the producers are tested
+against real processes: a nameserver and a master that is SIGKILLed while sends are under way, and a new master
+of the same group started on another port (with its own store) as a leader elected elsewhere would be.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
 
+from client import AsyncProducer, Message, Producer, PullConsumer, PullStatus, SendResult, SendStatus
 from client._producer_core import MASTER_POLL_S, SAME_MASTER_RETRY_S, MasterVerdict, lost_master
+from client.cluster import BrokerHandle, LocalCluster
 from client.errors import (
     BrokerConnectError,
     BrokerNotFoundError,
@@ -22,8 +33,11 @@ from client.errors import (
     SystemBusyError,
 )
 from client.lowlevel import LatencyFaultTolerance, QueueSelector, SendAttempts, TopicPublishInfo
+from client.protocol.codec import decode_offset_msg_id
 from client.protocol.message import MessageQueue
 from client.protocol.route import TopicRouteData
+from tests.ha.support import create_topic, ha_cluster
+from tests.waiting import poll_until, wait_until
 
 RETRY, POLL, GIVE_UP = MasterVerdict.RETRY, MasterVerdict.POLL, MasterVerdict.GIVE_UP
 
@@ -229,3 +243,146 @@ def test_the_pause_never_passes_the_deadline() -> None:
     assert run.poll_pause_s() == pytest.approx(0.05)
     clock.now += 1.0
     assert run.poll_pause_s() == 0.0
+
+
+# --- against real processes --------------------------------------------------------------------------------
+
+TOPIC = "Ride"
+
+
+@pytest.fixture
+def lone_master(cluster_factory: Callable[..., LocalCluster]) -> LocalCluster:
+    """A nameserver and one group, ``broker-a``, with a master and no slave; topic ``Ride`` on it."""
+    cluster = ha_cluster(cluster_factory, slaves_per_group=0)
+    create_topic(cluster, TOPIC, queue_nums=2)
+    return cluster
+
+
+@pytest.fixture
+def new_master(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Callable[[LocalCluster], BrokerHandle]]:
+    """Starts another master of ``broker-a``: its own store, a new port, registered as brokerId 0 (the old
+    master's entry is replaced, as when a new leader registers). Stopped at teardown, before the cluster."""
+    started: list[BrokerHandle] = []
+
+    def start(cluster: LocalCluster) -> BrokerHandle:
+        m = BrokerHandle(cluster, "broker-a", 9, "ASYNC_MASTER")  # 9 names its directory: broker-a-9
+        m.broker_id = 0  # what it registers as
+        m.write_config(None)
+        started.append(m)
+        m.start()
+        return m
+
+    yield start
+    for m in started:
+        m.stop()
+
+
+def _waiting(caplog: pytest.LogCaptureFixture) -> int:
+    """Sends that logged that they wait for a new master."""
+    return sum(1 for r in caplog.records if r.name == "client._producer" and "is gone" in r.getMessage())
+
+
+def _check_on(master: BrokerHandle, namesrv: str, sent: dict[bytes, SendResult]) -> None:
+    """Each message was stored by ``master`` and a consumer reads it back from there."""
+    with PullConsumer("cg", namesrv) as c:
+        for body, r in sent.items():
+            assert r.send_status is SendStatus.SEND_OK, r
+            assert decode_offset_msg_id(r.offset_msg_id)[0] == master.addr, (r, master)
+            got = c.pull(r.message_queue, r.queue_offset, max_nums=1)
+            assert got.pull_status is PullStatus.FOUND, (r, got)
+            m = got.msg_found_list[0]
+            assert (m.body, m.msg_id) == (body, r.msg_id)
+
+
+@pytest.mark.integration
+def test_sends_under_way_when_the_master_dies_are_stored_by_the_new_master(
+        lone_master: LocalCluster, new_master: Callable[[LocalCluster], BrokerHandle],
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="client._producer")
+    one = [Message(TOPIC, b"one")]
+    batch = [Message(TOPIC, b"batch-%d" % i) for i in range(3)]
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str, fn: Callable[[], list[SendResult]]) -> None:
+        try:
+            outcomes[name] = fn()
+        except Exception as e:  # shown by the asserts below
+            outcomes[name] = e
+
+    with Producer("pg", lone_master.namesrv_addr, send_timeout_s=10.0) as p:
+        assert p.send(Message(TOPIC, b"before")).send_status is SendStatus.SEND_OK
+        lone_master.kill_master("broker-a")
+        threads = [threading.Thread(target=run, args=("send", lambda: [p.send(one[0])]), daemon=True),
+                   threading.Thread(target=run, args=("send_batch", lambda: p.send_batch(batch)), daemon=True)]
+        for t in threads:
+            t.start()
+        poll_until(lambda: _waiting(caplog) >= 2 or outcomes, 10, "both sends waiting for a new master")
+        assert not outcomes, outcomes  # they must not have ended: there is no master yet
+        m2 = new_master(lone_master)
+        for t in threads:
+            t.join(15)
+    assert all(isinstance(v, list) for v in outcomes.values()) and len(outcomes) == 2, outcomes
+    sent = dict(zip([m.body for m in one + batch], outcomes["send"] + outcomes["send_batch"], strict=True))
+    _check_on(m2, lone_master.namesrv_addr, sent)
+
+
+@pytest.mark.integration
+def test_async_sends_under_way_when_the_master_dies_are_stored_by_the_new_master(
+        lone_master: LocalCluster, new_master: Callable[[LocalCluster], BrokerHandle],
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="client._producer")
+    one = Message(TOPIC, b"async-one")
+    batch = [Message(TOPIC, b"async-batch-%d" % i) for i in range(3)]
+
+    async def main() -> tuple[BrokerHandle, list[SendResult], list[SendResult]]:
+        async with AsyncProducer("pg", lone_master.namesrv_addr, send_timeout_s=10.0) as p:
+            assert (await p.send(Message(TOPIC, b"before"))).send_status is SendStatus.SEND_OK
+            await asyncio.to_thread(lone_master.kill_master, "broker-a")
+            single = asyncio.create_task(p.send(one))
+            batched = asyncio.create_task(p.send_batch(batch))
+            await wait_until(lambda: _waiting(caplog) >= 2 or single.done() or batched.done(), 10,
+                             "both sends waiting for a new master")
+            for task in (single, batched):
+                assert not task.done(), task.exception()  # they must not have ended: there is no master yet
+            m2 = await asyncio.to_thread(new_master, lone_master)
+            return m2, [await single], await batched
+
+    m2, r_one, r_batch = asyncio.run(main())
+    _check_on(m2, lone_master.namesrv_addr, dict(zip([one.body] + [m.body for m in batch], r_one + r_batch,
+                                                     strict=True)))
+
+
+@pytest.mark.integration
+def test_a_master_restarted_at_its_address_is_tried_again(lone_master: LocalCluster,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The route never changes when the master comes back at its own address (or a leader is elected again):
+    the send tries that address again every SAME_MASTER_RETRY_S instead of waiting for a change."""
+    caplog.set_level(logging.INFO, logger="client._producer")
+    outcome: list[Any] = []
+    with Producer("pg", lone_master.namesrv_addr, send_timeout_s=10.0) as p:
+        assert p.send(Message(TOPIC, b"before")).send_status is SendStatus.SEND_OK
+        m1 = lone_master.kill_master("broker-a")
+        sender = threading.Thread(target=lambda: outcome.append(p.send(Message(TOPIC, b"again"))), daemon=True)
+        sender.start()
+        poll_until(lambda: _waiting(caplog) or not sender.is_alive(), 10, "the send waiting for a new master")
+        assert sender.is_alive(), outcome
+        m1.start()  # same store, same port
+        sender.join(15)
+    assert outcome, "the send raised (see the thread's exception above)"
+    _check_on(m1, lone_master.namesrv_addr, {b"again": outcome[0]})
+
+
+@pytest.mark.integration
+def test_without_a_new_master_the_send_fails_at_its_deadline_naming_the_group(lone_master: LocalCluster) -> None:
+    timeout_s = 3.0
+    with Producer("pg", lone_master.namesrv_addr, send_timeout_s=timeout_s) as p:
+        assert p.send(Message(TOPIC, b"before")).send_status is SendStatus.SEND_OK
+        lone_master.kill_master("broker-a")
+        t0 = time.monotonic()
+        with pytest.raises(SendFailedError) as ei:
+            p.send(Message(TOPIC, b"nobody"))
+        took = time.monotonic() - t0
+    text = str(ei.value)
+    print(f"\nno new master: SendFailedError after {took:.2f} s (send_timeout_s {timeout_s}): {text}")
+    assert "broker group broker-a" in text and "no new master registered" in text, text
+    assert took < timeout_s + 1.0, took
