@@ -35,7 +35,7 @@ from broker.config import BrokerConfig
 from broker.dispatch_driver import DispatchDriver
 from broker.dledger.election import ElectionTimings
 from broker.dledger.message_store import DLedgerMessageStore
-from broker.dledger.node import DLedgerNode, NodeConfig
+from broker.dledger.node import AppendError, DLedgerNode, NodeConfig
 from broker.dledger.roles import RoleHandler
 from broker.durability import Durability, DurabilityWaiter, QuorumWait
 from broker.ha import HAClient, HAService
@@ -61,6 +61,7 @@ from broker.schedule import ScheduleMessageService
 from broker.slave_sync import SlaveSynchronizer
 from broker.store.api import AppendResult, MessageStore
 from broker.store.config import parse_delay_levels
+from client.errors import InvalidParameterError, ServiceNotAvailableError
 from client.protocol.asgi import Router
 from client.protocol.route import TopicConfig
 
@@ -187,7 +188,8 @@ class BrokerController:
         node_config = NodeConfig(group=cfg.dledger_group, self_id=cfg.dleger_self_id, peers=dict(cfg.dleger_peers),
                                  timings=timings, pre_vote=cfg.dleger_pre_vote,
                                  max_pending=cfg.max_pending_requests_num, max_wait_ack_ms=cfg.max_wait_ack_time_ms,
-                                 max_push_timeout_ms=cfg.max_push_time_out_ms)
+                                 max_push_timeout_ms=cfg.max_push_time_out_ms,
+                                 preferred_leader_id=cfg.preferred_leader_id or None)
         roles = self.dledger_roles = RoleHandler(
             role=self.role, follower_id=cfg.dledger_broker_id,
             leading=lambda term: self.dledger is not None and self.dledger.leads(term),
@@ -235,7 +237,9 @@ class BrokerController:
         admin = AdminProcessor(cfg, addr=addr, store=store, catch_up_dispatch=self.dispatch.catch_up, topics=topics,
                                groups=groups, offsets=self.offsets, delay_offsets=self.delay_offsets,
                                register_now=self.register_now, clean_now=self._clean_now,
-                               status=StatusViews(self.runtime_info, self.ha_status, self.metrics_text))
+                               status=StatusViews(self.runtime_info, self.ha_status, self.metrics_text,
+                                                  self.dledger_status if self.dledger else None,
+                                                  self._transfer_leadership if self.dledger else None))
         routes = {("POST", "/send"): send.handle, ("GET", "/pull"): pull.handle, **send_back.routes(),
                   **consumers.routes(), **admin.routes()}
         return Router(routes, max_body_bytes=cfg.max_request_body_bytes,
@@ -518,6 +522,24 @@ class BrokerController:
             "slaveSyncRounds": self.slave_sync.rounds if self.slave_sync else 0,
             "dledger": self.dledger.status() if self.dledger is not None else None,
         }
+
+    def dledger_status(self) -> dict[str, Any]:
+        """``GET /dledger``: the member's status and the broker's role and id."""
+        assert self.dledger is not None
+        status = dict(self.dledger.status())
+        status.update(brokerName=self.config.broker_name, brokerId=self.role.broker_id, brokerRole=self.role_name,
+                      addr=self.addr)
+        return status
+
+    async def _transfer_leadership(self, peer: str) -> dict[str, Any]:
+        assert self.dledger is not None
+        try:
+            await self.dledger.transfer_leadership(peer)
+        except ValueError as e:
+            raise InvalidParameterError(str(e)) from None
+        except AppendError as e:
+            raise ServiceNotAvailableError(f"leadership transfer of {self.config.broker_name} to {peer}: {e}") from None
+        return self.dledger_status()
 
     def ha_status(self) -> dict[str, Any]:
         """``GET /ha``: identity, the HA service's status and, on a slave, the HA client's under ``client``."""

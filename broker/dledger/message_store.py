@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 #: How an append the member refused is answered (SEMANTICS.md 9.8's table, 4.9.3 column).
 _REFUSED = {
     "NOT_LEADER": PutMessageStatus.SERVICE_NOT_AVAILABLE,
+    "LEADER_TRANSFERRING": PutMessageStatus.SERVICE_NOT_AVAILABLE,
     "LEADER_PENDING_FULL": PutMessageStatus.OS_PAGE_CACHE_BUSY,
 }
 

@@ -94,6 +94,8 @@ class NodeConfig:
     max_batch_bytes: int = 4 << 20
     max_in_flight: int = 1000
     request_timeout_s: float = 3.0
+    preferred_leader_id: str | None = None
+    """``preferredLeaderIds``: a leader hands leadership to this member once it has every entry."""
 
 
 class AppendError(Exception):
@@ -192,6 +194,9 @@ class DLedgerNode:
         self._last_sweep_ms = 0
         self.elections = 0
         self._last_role = (self.state.role, self.state.term, self.state.leader_id)
+        self._transferee: str | None = None
+        self._take_over = False
+        self._next_transfer_check_ms = 0
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", sock: socket.socket | None = None) -> int:
@@ -270,6 +275,7 @@ class DLedgerNode:
                 self._leader_tasks.append(asyncio.get_running_loop().create_task(self._heartbeat_round()))
                 self._leader_tasks = [x for x in self._leader_tasks if not x.done()]
             self._check_quorum()
+            self._maybe_hand_over(now)
 
     async def _ask_all(self, msg: MsgType, body: bytes, timeout_s: float) -> list[Frame | None]:
         async def one(p: str) -> Frame | None:
@@ -288,7 +294,8 @@ class DLedgerNode:
             self._next_vote_ms = now + self._rand_ms()
             return
         if self._last_verdict is Verdict.WAIT_TO_VOTE_NEXT:
-            if self.config.pre_vote and not await self._pre_vote(st.term + 1):
+            take_over, self._take_over = self._take_over, False  # the leader asked: no pre-vote
+            if self.config.pre_vote and not take_over and not await self._pre_vote(st.term + 1):
                 self._next_vote_ms = self._clock() + self._rand_ms()
                 return
             st.next_term()
@@ -417,6 +424,9 @@ class DLedgerNode:
         if st.role is not Role.LEADER or self._tracker is None:
             raise AppendError("NOT_LEADER", f"{st.self_id} is {st.role.value}; the leader is {st.leader_id}",
                               st.leader_id)
+        if self._transferee is not None:
+            raise AppendError("LEADER_TRANSFERRING", f"{st.self_id} is handing leadership to {self._transferee}",
+                              st.leader_id)
         term = st.term
         if self._tracker.pending_full(term):
             raise AppendError("LEADER_PENDING_FULL", f"more than {self.config.max_pending} appends wait for a "
@@ -455,6 +465,90 @@ class DLedgerNode:
                                               if c.code is AckCode.WAIT_QUORUM_ACK_TIMEOUT else
                                               f"the term moved on before entry {c.index} reached a quorum",
                                               st.leader_id))
+
+    # -- leadership transfer (SEMANTICS.md 9.3, preferredLeaderIds) ------------------------------------------
+    def _maybe_hand_over(self, now: int) -> None:
+        """A leader that is not the preferred one hands over once the preferred member has every entry (checked
+        once a second)."""
+        target = self.config.preferred_leader_id
+        if (not target or target == self.state.self_id or self._transferee is not None
+                or now < self._next_transfer_check_ms or self._tracker is None):
+            return
+        self._next_transfer_check_ms = now + 1000
+        if self._tracker.watermarks(self.state.term).get(target, -1) >= self.store.end_index:
+            task = asyncio.get_running_loop().create_task(self._hand_over_quietly(target))
+            self._leader_tasks.append(task)
+
+    async def _hand_over_quietly(self, target: str) -> None:
+        try:
+            await self.transfer_leadership(target)
+        except (AppendError, ValueError) as e:
+            log.warning("dledger %s: handing leadership to preferred %s failed: %s", self.state.self_id, target, e)
+
+    async def transfer_leadership(self, target: str, timeout_s: float = 5.0) -> None:
+        """Hand leadership to ``target``: refuse appends (LEADER_TRANSFERRING), wait until it has every entry, ask
+        it to campaign at once, and wait until it leads (or the attempt times out).
+
+        Raises:
+            ValueError: ``target`` is not a peer.
+            AppendError: NOT_LEADER, or TRANSFER_FAILED (not caught up, refused, or no new leader in time).
+        """
+        st = self.state
+        if target not in self.config.peers:
+            raise ValueError(f"{target} is not a member of group {self.config.group} ({', '.join(self.config.peers)})")
+        if st.role is not Role.LEADER or self._tracker is None:
+            raise AppendError("NOT_LEADER", f"{st.self_id} is {st.role.value}; the leader is {st.leader_id}",
+                              st.leader_id)
+        if target == st.self_id:
+            return
+        if self._transferee is not None:
+            raise AppendError("TRANSFER_FAILED", f"a transfer to {self._transferee} is already running", st.self_id)
+        term, loop = st.term, asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self._transferee = target
+        try:
+            while self._tracker is not None and self._tracker.watermarks(term).get(target, -1) < self.store.end_index:
+                if not self.leads(term) or loop.time() > deadline:
+                    raise AppendError("TRANSFER_FAILED", f"{target} did not catch up with entry {self.store.end_index} "
+                                      f"within {timeout_s} s", st.leader_id)
+                self._kick()
+                await asyncio.sleep(0.01)  # bounded by the deadline; the follower's acks move the watermark
+            try:
+                f = await self._clients[target].request(MsgType.TAKE_LEADERSHIP, encode_term(term),
+                                                        max(0.1, deadline - loop.time()))
+                code, _ = decode_heartbeat_reply(f.body)
+            except (PeerError, ValueError) as e:
+                raise AppendError("TRANSFER_FAILED", f"{target} did not answer: {e}", st.leader_id) from None
+            if code is not HeartbeatCode.SUCCESS:
+                raise AppendError("TRANSFER_FAILED", f"{target} refused to take leadership ({code.name})",
+                                  st.leader_id)
+            while self.leads(term):
+                if loop.time() > deadline:
+                    raise AppendError("TRANSFER_FAILED", f"{target} did not win an election within {timeout_s} s",
+                                      st.leader_id)
+                await asyncio.sleep(0.01)  # bounded: its vote request (a larger term) deposes this leader
+            log.info("dledger %s: handed leadership to %s (now term %d, leader %s)", st.self_id, target, st.term,
+                     st.leader_id)
+        finally:
+            self._transferee = None
+
+    def _on_take_leadership(self, peer: str, term: int) -> bytes:
+        """The leader asks this follower to campaign now (no pre-vote: the leader itself wants it)."""
+        st = self.state
+        if term < st.term:
+            code = HeartbeatCode.EXPIRED_TERM
+        elif st.role is not Role.FOLLOWER or st.leader_id != peer or term != st.term:
+            code = HeartbeatCode.INCONSISTENT_LEADER
+        else:
+            code = HeartbeatCode.SUCCESS
+            log.info("dledger %s: %s hands leadership over in term %d; campaigning", st.self_id, peer, term)
+            st.change_to_candidate(st.term)
+            self._last_verdict = Verdict.WAIT_TO_VOTE_NEXT
+            self._take_over = True
+            self._next_vote_ms = 0
+            self._role_changed()
+            self._wake.set()
+        return encode_heartbeat_reply(code, st.term)
 
     async def _heartbeat_round(self) -> None:
         st, term = self.state, self.state.term
@@ -587,6 +681,8 @@ class DLedgerNode:
             return MsgType.HB_REPLY, self._on_heartbeat(peer, decode_term(f.body))
         if f.type is MsgType.PUSH:
             return MsgType.PUSH_REPLY, encode_push_reply(await self._on_push(peer, f))
+        if f.type is MsgType.TAKE_LEADERSHIP:
+            return MsgType.TAKE_LEADERSHIP_REPLY, self._on_take_leadership(peer, decode_term(f.body))
         raise ValueError(f"peer {peer} sent a {f.type.name} request")
 
     def _on_vote(self, peer: str, f: Frame) -> bytes:

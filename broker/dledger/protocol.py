@@ -21,6 +21,8 @@ Bodies (strings are ``uint16 length + UTF-8``)::
                  (``count`` entries of :mod:`broker.dledger.entry` back to back: one for COMPARE and TRUNCATE,
                  none for COMMIT)
     PUSH_REPLY   code u8 (PushCode), term i64, index i64, begin_index i64, end_index i64
+    TAKE_LEADERSHIP        term i64 (the leader hands over: the receiver campaigns at once, without pre-vote)
+    TAKE_LEADERSHIP_REPLY  as HB_REPLY
 
 :class:`FrameDecoder` checks every length before it allocates or waits, so garbage, truncated frames or absurd
 sizes end in a :class:`PeerProtocolError` naming the field, and the connection is closed by its owner.
@@ -89,6 +91,8 @@ class MsgType(enum.IntEnum):
     HB_REPLY = 5
     PUSH = 6
     PUSH_REPLY = 7
+    TAKE_LEADERSHIP = 8
+    TAKE_LEADERSHIP_REPLY = 9
 
 
 class PushCode(enum.IntEnum):

@@ -26,7 +26,7 @@ from broker.metadata.topics import SYSTEM_TOPICS
 from broker.metrics import CONTENT_TYPE
 from broker.processor.args import INT32_MAX, INT64_MAX, ArgumentError, checked_name, json_field, queue_args
 from broker.store.api import MessageStore
-from client.errors import MessageIllegalError, QueryNotFoundError
+from client.errors import InvalidParameterError, MessageIllegalError, QueryNotFoundError
 from client.protocol.asgi import Request, Response, json_response
 from client.protocol.codec import decode_offset_msg_id
 from client.protocol.route import TopicConfig
@@ -49,6 +49,10 @@ class StatusViews:
     """``GET /ha``."""
     metrics: Callable[[], bytes]
     """``GET /metrics``: the Prometheus text, gauges refreshed."""
+    dledger: Callable[[], dict[str, Any]] | None = None
+    """``GET /dledger``: the DLedger member's status (None: not in DLedger mode)."""
+    transfer_leadership: Callable[[str], Awaitable[dict[str, Any]]] | None = None
+    """``POST /dledger/transfer?peer=ID``: hand leadership to that peer; answers the new status."""
 
 
 class AdminProcessor:
@@ -101,6 +105,8 @@ class AdminProcessor:
             ("GET", "/ha"): self.ha_status,
             ("GET", "/metrics"): self.metrics,
             ("POST", "/commitlog/clean"): self.clean_expired_files,
+            ("GET", "/dledger"): self.dledger_status,
+            ("POST", "/dledger/transfer"): self.transfer_leadership,
         }
 
     # --- offsets ------------------------------------------------------------------------------------------
@@ -231,6 +237,25 @@ class AdminProcessor:
         """Run a retention pass now: delete the commit-log files that have expired, whatever the hour (RocketMQ's
         ``deleteExpiredCommitLog``); answers what it deleted."""
         return json_response(await self._clean_now())
+
+    def _dledger_mode(self) -> None:
+        if self._status.dledger is None or self._status.transfer_leadership is None:
+            raise InvalidParameterError(f"broker {self._config.broker_name} ({self._addr}) is not in DLedger mode "
+                                        "(enableDLegerCommitLog=false)")
+
+    async def dledger_status(self, request: Request) -> Response:
+        self._dledger_mode()
+        assert self._status.dledger is not None
+        return json_response(self._status.dledger())
+
+    async def transfer_leadership(self, request: Request) -> Response:
+        """Hand the group's leadership to ``peer`` (this broker must lead); answers once the peer leads."""
+        self._dledger_mode()
+        assert self._status.transfer_leadership is not None
+        peer = request.query.get("peer", "")
+        if not peer:
+            raise InvalidParameterError("POST /dledger/transfer needs ?peer=ID (one of the group's dLegerPeers ids)")
+        return json_response(await self._status.transfer_leadership(peer))
 
     async def ha_status(self, request: Request) -> Response:
         return json_response(self._status.ha())
