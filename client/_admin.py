@@ -1,4 +1,5 @@
-"""``Admin``: topics, subscription groups, cluster and HA status, consumer progress, message queries (mqadmin).
+"""``Admin``: topics, subscription groups, cluster, HA and DLedger status, leadership transfer, consumer progress,
+message queries (mqadmin).
 
 Control-plane calls go to the nameservers (one at a time, failing over) and to brokers' masters; reads that a
 slave can answer (offsets, messages) fall back to a slave when the master does not answer.
@@ -24,6 +25,7 @@ from client.errors import (
     InvalidParameterError,
     QueryNotFoundError,
     RequestTimeoutError,
+    ServiceNotAvailableError,
 )
 from client.protocol import codec
 from client.protocol.codes import MASTER_ID, Perm
@@ -253,15 +255,19 @@ class Admin:
             raise BrokerNotFoundError(f"The broker[{broker_name}] not exist")
         return dict(bd.broker_addrs)
 
-    def _each_member(self, broker_name: str, what: str, method: str, path: str) -> dict[int, dict[str, Any]]:
+    def _each_member(self, broker_name: str, what: str, method: str, path: str, *,
+                     propagate: tuple[type[ClientError], ...] = ()) -> dict[int, dict[str, Any]]:
         """The JSON answer of every member of ``broker_name`` to ``method path``, by broker id; unreachable
-        members show ``{"error", "addr"}``."""
+        members show ``{"error", "addr"}``. Errors of the ``propagate`` classes are raised instead: they say the
+        request itself is wrong for the group, which asking the other members would only repeat."""
         out: dict[int, dict[str, Any]] = {}
         for bid, addr in sorted(self._members(broker_name).items()):
             try:
                 out[bid] = self._broker_call(
                     addr, f"{what} of {broker_name}[{bid}]",
                     lambda a: rq.json_of(self.client.http.request(method, f"http://{a}{path}"), a))
+            except propagate:
+                raise
             except ClientError as e:
                 out[bid] = {"error": str(e), "addr": addr}
         return out
@@ -283,6 +289,99 @@ class Admin:
             BrokerNotFoundError: no broker group of that name is registered.
         """
         return self._each_member(broker_name, "clean expired files", "POST", "/commitlog/clean")
+
+    # --- DLedger ---
+
+    def dledger_status(self, broker_name: str) -> dict[int, dict[str, Any]]:
+        """``GET /dledger`` of every member of the DLedger group ``broker_name``, by the broker id each registered
+        with: 0 for the leader serving as master, ``N + 1`` for follower ``nN`` (SEMANTICS.md 9.8).
+
+        Each answer holds ``group``, ``selfId``, ``peers`` (id -> peer address, every member of the group),
+        ``role`` (LEADER / FOLLOWER / CANDIDATE), ``term``, ``leaderId``, ``ledgerBeginIndex``,
+        ``ledgerEndIndex``, ``committedIndex``, ``elections``, the broker's ``brokerName``, ``brokerId``,
+        ``brokerRole`` and ``addr``, and on the leader ``peerProgress`` (peer id -> ``{"ackedIndex", "lag"}``,
+        lag in entries behind the leader's end). A member in the route that does not answer shows
+        ``{"error", "addr"}``.
+
+        A member that is down has left the nameserver's route, so it is simply missing here. To see it, compare
+        the ``peers`` of any answer with the ``selfId`` of the answers (``splitmq dledger status`` lists such
+        peers as ``down``); the leader's ``peerProgress`` also keeps the down peer, its lag growing with
+        every send.
+
+        Raises:
+            BrokerNotFoundError: no broker group of that name is registered.
+            InvalidParameterError: the group is not in DLedger mode (``enableDLegerCommitLog=false``).
+        """
+        return self._each_member(broker_name, "dledger status", "GET", "/dledger",
+                                 propagate=(InvalidParameterError,))
+
+    def transfer_leadership(self, broker_name: str, peer_id: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Hand the leadership of the DLedger group ``broker_name`` to its member ``peer_id`` (``"n1"``); returns
+        the new leader's ``GET /dledger`` status once the nameserver routes the group's master (id 0) to it,
+        so a send made after this call goes to the new leader.
+
+        The request goes to the group's master in the route, the current leader. It refuses sends meanwhile
+        (producers retry them), waits until the peer holds every entry, then asks it to campaign at once: on
+        loopback the writes pause for well under a second. This is what ``preferredLeaderId`` does by itself
+        when the preferred peer is healthy and caught up. Asking the current leader is a no-op.
+
+        Args:
+            broker_name: the broker group (its ``brokerName``; the DLedger group of the same members).
+            peer_id: the member to lead, as in ``dLegerPeers`` (``n0``, ``n1``, ...).
+            timeout_s: bound on the transfer and on the wait for the route.
+
+        Raises:
+            BrokerNotFoundError: no broker group of that name is registered, or it has no master in the route
+                (an election under way: ask again when ``dledger_status`` shows a leader).
+            InvalidParameterError: ``peer_id`` is not a member of the group, or the group is not in DLedger mode.
+            ServiceNotAvailableError: ``peer_id`` is not registered (down), or the leader could not hand over
+                (the peer did not catch up or refused, or the leadership moved meanwhile); the group keeps a
+                leader either way.
+            RequestTimeoutError: the route did not show ``peer_id`` as the master within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        status = self.dledger_status(broker_name)
+        answered = {st["selfId"]: st for st in status.values() if "error" not in st and "selfId" in st}
+        if not answered:
+            errors = "; ".join(f"[{bid}] {st.get('error')}" for bid, st in sorted(status.items()))
+            raise BrokerNotFoundError(f"no member of broker group {broker_name} answered: {errors}")
+        peers = sorted(next(iter(answered.values())).get("peers") or {})
+        if peer_id not in peers:
+            raise InvalidParameterError(f"{peer_id!r} is not a member of DLedger group {broker_name} "
+                                        f"(peers: {', '.join(peers)})")
+        master = status.get(MASTER_ID)
+        if master is None or "error" in master:
+            raise BrokerNotFoundError(f"broker group {broker_name} has no master (leader) in the route; an election "
+                                      "may be under way: ask again when dledger status shows a leader")
+        if master.get("selfId") == peer_id:
+            return master
+        target = answered.get(peer_id)
+        if target is None:
+            raise ServiceNotAvailableError(f"{peer_id} of broker group {broker_name} is not registered with the "
+                                           "nameserver (down?); a transfer needs it running and caught up")
+        leader_addr, target_addr = str(master["addr"]), str(target["addr"])
+        url = f"http://{leader_addr}/dledger/transfer?peer={rq.q(peer_id)}"
+        self._broker_call(
+            leader_addr, f"leadership transfer of {broker_name} to {peer_id}",
+            lambda a: rq.json_of(self.client.http.post(
+                url, timeout=self.client.config.timeout(max(0.1, deadline - time.monotonic()))), a))
+        self._wait_master(broker_name, target_addr, f"{peer_id} ({target_addr})", deadline, timeout_s)
+        return self._broker_call(target_addr, f"dledger status of {broker_name} {peer_id}",
+                                 lambda a: rq.json_of(self.client.http.get(f"http://{a}/dledger"), a))
+
+    def _wait_master(self, broker_name: str, addr: str, who: str, deadline: float, timeout_s: float) -> None:
+        """Until the nameserver's route gives ``addr`` as the master of ``broker_name``."""
+        delay = 0.01
+        while True:
+            bd = self.cluster_info().broker_addr_table.get(broker_name)
+            if bd is not None and bd.broker_addrs.get(MASTER_ID) == addr:
+                return
+            if time.monotonic() >= deadline:
+                now = dict(bd.broker_addrs) if bd is not None else {}
+                raise RequestTimeoutError(f"the route of {broker_name} does not show {who} as its master within "
+                                          f"timeout_s={timeout_s} (members now: {now})")
+            time.sleep(delay)  # polling the nameserver with a deadline; the route has no push channel
+            delay = min(delay * 2, 0.2)
 
     def broker_runtime(self, addr: str) -> dict[str, Any]:
         """``GET /runtime`` of one broker."""
