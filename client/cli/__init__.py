@@ -7,6 +7,9 @@
     splitmq produce -n HOST:PORT -t Orders hello world
     splitmq consume -n HOST:PORT -t Orders --from-beginning --from-slave --count 2
     splitmq ha status -n HOST:PORT -b broker-a --json
+    splitmq cluster up --root /tmp/mq-raft --mode dledger --peers 3                 # Raft groups, docs/DLEDGER.md
+    splitmq dledger status -n HOST:PORT -b broker-a
+    splitmq dledger transfer -n HOST:PORT -b broker-a --to n1
 
 Every admin command takes ``-n/--namesrv`` (default ``$NAMESRV_ADDR``), ``--timeout S`` (default 10),
 ``--json`` and ``--debug``. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a broker

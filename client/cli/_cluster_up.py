@@ -1,6 +1,7 @@
 """``splitmq cluster up``: a :class:`~client.cluster.LocalCluster` in the foreground until SIGINT or SIGTERM.
 
-Prints ``namesrv=HOST:PORT`` (flushed, its own line) as soon as every broker is registered, then the brokers.
+Prints ``namesrv=HOST:PORT`` (flushed, its own line) as soon as every broker is registered, then the brokers (in
+``--mode dledger`` once each group has elected its leader, with each member's peer id and elected role).
 The first SIGINT/SIGTERM stops every process (brokers first, SIGKILL after the ``--timeout`` grace) and the
 command exits 0 saying so; further signals during the stop are ignored so the stop is not cut short.
 """
@@ -43,8 +44,27 @@ def _install(handler: Callable[[int, types.FrameType | None], Any] | int) -> dic
 
 
 def _print_brokers(cluster: LocalCluster, out: Output) -> None:
+    if cluster.mode == "dledger":
+        _print_dledger_members(cluster, out)
+        return
     out.table(("NAME", "ID", "ROLE", "ADDR", "HA_ADDR", "PID"),
               [(b.name, b.broker_id, b.role, b.addr, b.ha_addr, b.pid) for b in cluster.brokers])
+
+
+def _print_dledger_members(cluster: LocalCluster, out: Output) -> None:
+    """One row per member once each group serves writes: its peer id, the id and role the election gave it."""
+    for name in cluster.group_names:
+        cluster.leader(name, timeout_s=cluster.start_timeout_s)
+    rows = []
+    for b in cluster.brokers:
+        try:
+            rt = b.runtime()
+            broker_id, role = rt.get("brokerId"), rt.get("role")
+        except (OSError, ValueError):
+            broker_id, role = None, "unreachable"
+        peer_addr = ":".join(map(str, b.peer_sock.getsockname())) if b.peer_sock is not None else None
+        rows.append((b.name, f"n{b.broker_id}", broker_id, role, b.addr, peer_addr, b.pid))
+    out.table(("NAME", "PEER", "ID", "ROLE", "ADDR", "PEER_ADDR", "PID"), rows)
 
 
 def _watch(cluster: LocalCluster, out: Output) -> None:
@@ -71,14 +91,14 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
     """Start the cluster, print ``namesrv=`` and the brokers, run until SIGINT/SIGTERM, then stop everything."""
     try:
         cluster = LocalCluster(args.root, broker_groups=args.groups, slaves_per_group=args.slaves, mode=args.mode,
-                               broker_config=dict(args.set), start_timeout_s=args.timeout)
+                               peers_per_group=args.peers, broker_config=dict(args.set), start_timeout_s=args.timeout)
     except ValueError as e:
         args.leaf.error(str(e))
     previous = _install(_raise_stop)
     code = 0
     try:
-        out.info(f"starting {args.groups} broker group(s) x {args.slaves} slave(s), mode {args.mode}, "
-                 f"in {cluster.root_dir}")
+        members = f"{args.peers} DLedger peer(s)" if args.mode == "dledger" else f"{args.slaves} slave(s)"
+        out.info(f"starting {args.groups} broker group(s) x {members}, mode {args.mode}, in {cluster.root_dir}")
         cluster.start()
         out.line(f"namesrv={cluster.namesrv_addr}")
         _print_brokers(cluster, out)

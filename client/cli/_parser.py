@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from client.cli import _admin_cmds, _cluster_up, _msg_cmds
+from client.cli import _admin_cmds, _cluster_up, _dledger_cmds, _msg_cmds
 from client.protocol.codes import Perm
 
 __all__ = ["build_parser"]
@@ -104,8 +104,11 @@ def _add_cluster(sub: Any, common: _Parser) -> None:
     up.add_argument("--root", required=True, metavar="DIR", help="directory for stores, configs and logs")
     up.add_argument("--groups", type=_int_in(1, 26), default=1, metavar="N", help="broker groups (default: 1)")
     up.add_argument("--slaves", type=_int_in(0, 8), default=1, metavar="M", help="slaves per group (default: 1)")
-    up.add_argument("--mode", choices=("async", "sync"), default="async",
-                    help="replication: ASYNC_MASTER or SYNC_MASTER (default: async)")
+    up.add_argument("--mode", choices=("async", "sync", "dledger"), default="async",
+                    help="replication: ASYNC_MASTER or SYNC_MASTER with --slaves slaves, or dledger: each group a "
+                         "Raft group of --peers members that elect their master (default: async)")
+    up.add_argument("--peers", type=_int_in(1, 9), default=3, metavar="P",
+                    help="--mode dledger: members per group, 3 survives one failure, 5 two (default: 3)")
     up.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
                     help="broker .properties key for every broker (repeatable), e.g. --set slaveReadEnable=true")
     _leaf(cs, "list", _admin_cmds.cmd_cluster_list, "list the brokers of each cluster", parents=[common])
@@ -168,6 +171,21 @@ def _add_admin(sub: Any, common: _Parser) -> None:
     p.add_argument("-b", "--broker-name", required=True, metavar="BROKER_NAME", help="broker group name")
 
 
+def _add_dledger(sub: Any, common: _Parser) -> None:
+    dp = sub.add_parser("dledger", help="DLedger groups: status, leadership transfer",
+                        description="Inspect a DLedger (Raft) broker group and move its leadership (docs/DLEDGER.md).")
+    ds = dp.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
+    p = _leaf(ds, "status", _dledger_cmds.cmd_dledger_status,
+              "show each peer's role, term, leader, end and committed index, and lag (exit 1 without a leader)",
+              parents=[common])
+    p.add_argument("-b", "--broker-name", required=True, metavar="BROKER_NAME", help="broker group name")
+    p = _leaf(ds, "transfer", _dledger_cmds.cmd_dledger_transfer,
+              "hand the group's leadership to a peer; returns once the route shows it as the master",
+              parents=[common])
+    p.add_argument("-b", "--broker-name", required=True, metavar="BROKER_NAME", help="broker group name")
+    p.add_argument("--to", required=True, metavar="PEER", help="the peer to lead, as in dLegerPeers (n0, n1, ...)")
+
+
 def _add_messages(sub: Any, common: _Parser) -> None:
     mp = sub.add_parser("msg", help="query messages", description="Find stored messages.")
     ms = mp.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
@@ -222,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(sub, common)
     _add_topic(sub, common)
     _add_admin(sub, common)
+    _add_dledger(sub, common)
     _add_messages(sub, common)
     return parser
 
