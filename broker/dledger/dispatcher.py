@@ -56,15 +56,19 @@ class EntryDispatcher:
         max_batch: entries per APPEND at most.
         max_push_timeout_ms: ``maxPushTimeOutMs``, before the batch after the watermark is pushed again.
         commit_idle_ms: idle time after which a caught-up follower gets a COMMIT.
+        commit_gap_ms: a caught-up follower learns of a newer committed index by a COMMIT at most this often
+            (so it serves reads of what was acknowledged within milliseconds, not at the next idle COMMIT).
     """
 
     def __init__(self, peer_id: str, *, max_in_flight: int = 1000, max_batch: int = 64,
-                 max_push_timeout_ms: int = 1000, commit_idle_ms: int = 1000) -> None:
+                 max_push_timeout_ms: int = 1000, commit_idle_ms: int = 1000, commit_gap_ms: int = 10) -> None:
         self.peer_id = peer_id
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
         self._push_timeout_ms = max_push_timeout_ms
         self._commit_idle_ms = commit_idle_ms
+        self._commit_gap_ms = commit_gap_ms
+        self._commit_told = -1  # the committed index the last push carried
         self.state = PushState.COMPARE
         self.compare_index = -1
         self.truncate_index = -1
@@ -91,14 +95,15 @@ class EntryDispatcher:
         self._waiting = False
 
     # -- what to send ---------------------------------------------------------------------------------------
-    def poll(self, leader_begin: int, leader_end: int, now_ms: int) -> list[Send]:
-        """What to send now, given the leader's log ``[leader_begin, leader_end]`` (-1, -1 when empty)."""
+    def poll(self, leader_begin: int, leader_end: int, now_ms: int, committed_index: int = -1) -> list[Send]:
+        """What to send now, given the leader's log ``[leader_begin, leader_end]`` (-1, -1 when empty) and its
+        committed index."""
         if self.state is PushState.COMPARE:
             if self._waiting:
                 return []
             if leader_end < 0:  # an empty leader has nothing to compare: the follower gets everything from 0
                 self._append_from(-1)
-                return self.poll(leader_begin, leader_end, now_ms)
+                return self.poll(leader_begin, leader_end, now_ms, committed_index)
             if self.compare_index < 0 or self.compare_index > leader_end:
                 self.compare_index = leader_end
             self._waiting = True
@@ -108,9 +113,9 @@ class EntryDispatcher:
                 return []
             self._waiting = True
             return [Send(PushKind.TRUNCATE, self.truncate_index)]
-        return self._poll_append(leader_end, now_ms)
+        return self._poll_append(leader_end, now_ms, committed_index)
 
-    def _poll_append(self, leader_end: int, now_ms: int) -> list[Send]:
+    def _poll_append(self, leader_end: int, now_ms: int, committed_index: int) -> list[Send]:
         out: list[Send] = []
         head = self._in_flight.get(self.watermark + 1)
         if head is not None and now_ms - head[1] > self._push_timeout_ms:
@@ -125,10 +130,18 @@ class EntryDispatcher:
             self.write_index += n
         if out:
             self._last_send_ms = now_ms
-        elif self.write_index > leader_end and now_ms - self._last_send_ms > self._commit_idle_ms:
+            self._commit_told = committed_index
+        elif self.write_index > leader_end and (
+                now_ms - self._last_send_ms > self._commit_idle_ms
+                or (committed_index > self._commit_told and now_ms - self._last_send_ms >= self._commit_gap_ms)):
             self._last_send_ms = now_ms
+            self._commit_told = committed_index
             out.append(Send(PushKind.COMMIT, self.watermark))
         return out
+
+    def owes_commit(self, committed_index: int) -> bool:
+        """The follower has not been told of ``committed_index`` yet (a COMMIT is due within the gap)."""
+        return self.state is PushState.APPEND and committed_index > self._commit_told
 
     def trim(self, first_index: int, last_index: int) -> None:
         """The APPEND planned from ``first_index`` carries entries only up to ``last_index`` (a byte bound): the

@@ -255,6 +255,7 @@ class DLedgerNode:
                 log.warning("dledger %s: leader %s silent for %d ms, campaigning", st.self_id, st.leader_id,
                             now - self.last_leader_heartbeat_ms)
                 st.change_to_candidate(st.term)
+                self._last_verdict = Verdict.WAIT_TO_VOTE_NEXT  # this term's vote went to the silent leader
                 self._next_vote_ms = now + self._rand_ms()
                 self._role_changed()
             elif now - self._last_sweep_ms >= 1000:
@@ -268,6 +269,7 @@ class DLedgerNode:
                 log.warning("dledger %s: no heartbeat quorum for %d ms, stepping down", st.self_id,
                             now - self._last_quorum_heartbeat_ms)
                 st.change_to_candidate(st.term)
+                self._last_verdict = Verdict.WAIT_TO_VOTE_NEXT
                 self._next_vote_ms = now + self._rand_ms()
                 self._role_changed()
             elif now >= self._next_heartbeat_ms:
@@ -291,6 +293,8 @@ class DLedgerNode:
         if self._increase_term_now:
             self._increase_term_now = False
             st.next_term()
+            # A candidate of this new term asked for our vote: give it time to ask again before competing.
+            self._last_verdict = Verdict.WAIT_TO_REVOTE
             self._next_vote_ms = now + self._rand_ms()
             return
         if self._last_verdict is Verdict.WAIT_TO_VOTE_NEXT:
@@ -308,6 +312,8 @@ class DLedgerNode:
         if st.role is not Role.CANDIDATE or st.term != term:
             return  # a heartbeat or a larger term arrived meanwhile
         v = count_votes(st, term, replies, rand_ms=self._rand_ms(), timings=self.config.timings)
+        log.info("dledger %s: vote for term %d: %s (%s)", st.self_id, term, v.verdict.value,
+                 ", ".join("none" if r is None else r.result.value for r in replies))
         self._last_verdict = v.verdict
         if v.verdict is Verdict.PASSED:
             self._become_leader(term)
@@ -317,17 +323,22 @@ class DLedgerNode:
         self._next_vote_ms = self._clock() + v.retry_after_ms
 
     async def _collect_votes(self, term: int, own: VoteResult, body: bytes) -> list[VoteReply | None]:
-        """Ask every peer; stop waiting once a quorum accepted or everyone answered, at most 2000 ms plus a random
-        [0, 1000) (DLedger's bound), so a peer that accepts connections but never answers cannot stall a round."""
+        """Ask every peer (a vote or a pre-vote); stop waiting once the verdict is known -- a quorum accepted, or
+        accepted or asked to revote once their term caught up (REJECT_TERM_NOT_READY), or can no longer -- or at
+        2000 ms plus a random [0, 1000) (DLedger's bound), so a dead peer that never answers (its host gone, its
+        port still accepting) cannot stall a round."""
+        st = self.state
         replies: list[VoteReply | None] = [VoteReply(own, term)]
         accepted = int(own is VoteResult.ACCEPT)
+        not_ready = 0
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self._clients[p].request(MsgType.VOTE, body, self.config.request_timeout_s))
                  for p in self._others]
         deadline = loop.time() + 2.0 + self._rng.random()
         try:
             pending = set(tasks)
-            while pending and not self.state.is_quorum(accepted):
+            while (pending and not st.is_quorum(accepted + not_ready)
+                   and st.is_quorum(accepted + not_ready + len(pending))):
                 done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()),
                                                    return_when=asyncio.FIRST_COMPLETED)
                 if not done:
@@ -340,6 +351,7 @@ class DLedgerNode:
                         continue
                     replies.append(reply)
                     accepted += reply.result is VoteResult.ACCEPT
+                    not_ready += reply.result is VoteResult.REJECT_TERM_NOT_READY
         finally:
             for t in tasks:
                 t.cancel()
@@ -347,9 +359,9 @@ class DLedgerNode:
 
     async def _pre_vote(self, term: int) -> bool:
         st = self.state
-        frames = await self._ask_all(MsgType.VOTE, encode_vote(Vote(term, st.ledger_end_term, st.ledger_end_index,
-                                                                    True)), self.config.request_timeout_s)
-        granted = 1 + sum(1 for f in frames if f is not None and decode_vote_reply(f.body)[0] is VoteResult.ACCEPT)
+        body = encode_vote(Vote(term, st.ledger_end_term, st.ledger_end_index, True))
+        replies = await self._collect_votes(term, VoteResult.ACCEPT, body)
+        granted = sum(1 for r in replies if r is not None and r.result is VoteResult.ACCEPT)
         if not st.is_quorum(granted):
             log.info("dledger %s: pre-vote for term %d got %d of %d; not raising the term", st.self_id, term,
                      granted, st.peer_count)
@@ -577,7 +589,7 @@ class DLedgerNode:
         inflight: set[asyncio.Task[None]] = set()
         try:
             while st.role is Role.LEADER and st.term == term and not self._stopping:
-                for s in disp.poll(store.begin_index, store.end_index, self._clock()):
+                for s in disp.poll(store.begin_index, store.end_index, self._clock(), store.committed_index):
                     if s.kind in (PushKind.COMPARE, PushKind.TRUNCATE):
                         await self._compare_or_truncate(client, disp, s.kind, s.index, term)
                     elif s.kind is PushKind.APPEND:
@@ -593,7 +605,7 @@ class DLedgerNode:
                         t = loop.create_task(self._push(client, disp, term, -1, -1, b""))
                         inflight.add(t)
                         t.add_done_callback(inflight.discard)
-                await self._new_data[peer].wait(0.05)
+                await self._new_data[peer].wait(0.01 if disp.owes_commit(store.committed_index) else 0.05)
         finally:
             for t in inflight:
                 t.cancel()
