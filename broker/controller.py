@@ -114,6 +114,7 @@ class BrokerController:
         self._clock_ms = clock_ms or _wall_clock_ms
         self.role = RoleState(config.broker_role, config.broker_id)
         """The current role and id, read by the processors (DLedger mode: they follow the election)."""
+        self.dledger: DLedgerNode | None = None
         cfg_dir = config.config_dir
         self.topics = TopicConfigManager(
             cfg_dir, auto_create_topic_enable=config.auto_create_topic_enable,
@@ -146,7 +147,6 @@ class BrokerController:
                                      max_record_bytes=config.max_message_size)
         self.ha_service: HAServiceAPI = ha_service
         self.ha_client: HAClientAPI | None = ha_client
-        self.dledger: DLedgerNode | None = None
         self.dledger_roles: RoleHandler | None = None
         self.durability: Durability
         if config.enable_dleger_commit_log:
@@ -251,6 +251,11 @@ class BrokerController:
 
     @property
     def role_name(self) -> str:
+        """The role answers and status pages show. A DLedger master that stopped leading (or is handing over)
+        says SLAVE at once, before its role handler runs, so a client that meets its refusal looks for the new
+        leader."""
+        if self.dledger is not None and not self.role.is_slave and not self.dledger.accepting_appends:
+            return "SLAVE"
         return self.role.name
 
     def now_ms(self) -> int:

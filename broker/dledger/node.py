@@ -195,6 +195,9 @@ class DLedgerNode:
         self.elections = 0
         self._last_role = (self.state.role, self.state.term, self.state.leader_id)
         self._transferee: str | None = None
+        self._matched = (-1, -1)
+        """``(term, index)``: the last index this follower knows agrees with the leader of that term (a COMPARE,
+        TRUNCATE or APPEND proved it); it commits no further (Raft: ``min(leaderCommit, last new entry)``)."""
         self._take_over = False
         self._next_transfer_check_ms = 0
 
@@ -742,20 +745,25 @@ class DLedgerNode:
         if push.kind is PushKind.COMMIT:
             self._commit_to(push.committed_index)
             return self._reply(PushCode.SUCCESS)
+        if self._matched[0] != st.term:
+            self._matched = (st.term, -1)  # a new leader: nothing is known to agree until it compares
         if push.kind in (PushKind.COMPARE, PushKind.TRUNCATE):
             for p in self._handler.clear():
                 self._pending_entries.pop(p.first_index, None)
                 self._answer(p.token, self._reply(PushCode.INCONSISTENT_STATE))
             entry = bytes(push.entries)
             if push.kind is PushKind.COMPARE:
-                return self._reply(PushCode.SUCCESS if store.get(push.first_index) == entry
-                                   else PushCode.INCONSISTENT_STATE)
+                if store.get(push.first_index) != entry:
+                    return self._reply(PushCode.INCONSISTENT_STATE)
+                self._agree(push.first_index)
+                return self._reply(PushCode.SUCCESS)
             try:
                 store.truncate(entry)
             except (EntryRefused, ValueError) as e:
                 log.error("dledger %s: truncate at %d refused: %s", st.self_id, push.first_index, e)
                 return self._reply(PushCode.INCONSISTENT_STATE)
             self._synced()
+            self._agree(push.first_index)
             self._commit_to(push.committed_index)
             return self._reply(PushCode.SUCCESS)
         last = push.first_index + push.n_entries - 1
@@ -784,6 +792,7 @@ class DLedgerNode:
                         store.append_as_follower(data[at : at + h.size])
                     at += h.size
                 self._synced()
+                self._agree(p.last_index)
             except (EntryRefused, OSError) as e:
                 log.warning("dledger %s: append from %d refused: %s", self.state.self_id, p.first_index, e)
                 reply = self._reply(PushCode.INCONSISTENT_STATE)
@@ -798,8 +807,16 @@ class DLedgerNode:
     def _synced(self) -> None:
         self.state.ledger_end_index, self.state.ledger_end_term = self.store.end_index, self.store.end_term
 
+    def _agree(self, index: int) -> None:
+        st = self.state
+        if self._matched[0] == st.term:
+            self._matched = (st.term, max(self._matched[1], index))
+        else:
+            self._matched = (st.term, index)
+
     def _commit_to(self, index: int) -> None:
         st, store = self.state, self.store
+        index = min(index, self._matched[1] if self._matched[0] == st.term else -1)
         if store.update_committed(st.term, min(index, store.end_index), st.term) and self._on_commit is not None:
             self._on_commit(store.committed_index, store.committed_pos)
 
@@ -810,6 +827,11 @@ class DLedgerNode:
             self._pending_entries.pop(p.first_index, None)
             self._answer(p.token, self._reply(PushCode.SUCCESS if code is FollowerCode.SUCCESS
                                               else PushCode.INCONSISTENT_STATE, p.last_index))
+
+    @property
+    def accepting_appends(self) -> bool:
+        """Whether an append now would be taken (the leader, not handing over, not stopping)."""
+        return self.state.role is Role.LEADER and self._transferee is None and not self._stopping
 
     def leads(self, term: int) -> bool:
         """Whether this member is the leader of ``term`` (still)."""

@@ -1,0 +1,166 @@
+"""The broker's store in DLedger mode, three members in one event loop (fast timings): records inside entries,
+queues built from committed entries only, a partitioned leader's unacknowledged sends never reach a consumer,
+and recovery after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from broker.dledger.entry import BODY_OFFSET
+from broker.dledger.member import Role
+from broker.dledger.message_store import DLedgerMessageStore
+from broker.dledger.node import DLedgerNode, NodeConfig
+from broker.store.api import GetMessageStatus, PutMessageStatus
+from client.protocol.codec import decode_records
+from client.protocol.codes import BrokerRole
+from tests.broker.dledger.test_node import FAST, until
+from tests.broker.store.conftest import batch, small_config
+
+HOST = b"\x7f\x00\x00\x01\x00\x00\x27\x10"
+
+
+class Members:
+    """Three members ``n0..n2``, each a :class:`DLedgerMessageStore` with its node attached."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.socks = [socket.socket() for _ in range(3)]
+        for s in self.socks:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 0))
+        self.peers = {f"n{i}": f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(self.socks)}
+        self.stores: dict[str, DLedgerMessageStore] = {}
+        self.nodes: dict[str, DLedgerNode] = {}
+
+    def open(self, peer: str) -> DLedgerMessageStore:
+        store = DLedgerMessageStore(small_config(self.root / peer, broker_role=BrokerRole.SLAVE), self_id=peer,
+                                    index_file_size=32 * 1024)
+        store.load()
+        store.start()
+        return store
+
+    async def start(self) -> None:
+        for peer in self.peers:
+            store = self.stores[peer] = self.open(peer)
+            cfg = NodeConfig(group="g", self_id=peer, peers=self.peers, timings=FAST, max_wait_ack_ms=1000)
+            node = self.nodes[peer] = DLedgerNode(cfg, store.ledger, on_commit=store.committed_moved)
+            store.attach(node)
+            await node.start(sock=self.socks[int(peer[1:])])
+
+    async def leader(self) -> tuple[DLedgerNode, DLedgerMessageStore]:
+        node = await until(lambda: next((n for n in self.nodes.values() if n.state.role is Role.LEADER
+                                         and all(m.state.leader_id == n.state.self_id for m in self.nodes.values()
+                                                 if m is not n and not m.faults.blocked)), None), 10, "a leader")
+        return node, await self.serve(node)
+
+    async def serve(self, node: DLedgerNode) -> DLedgerMessageStore:
+        """What the broker's role handler does for a new leader: once its whole log is committed, it rebuilds the
+        queue offsets from the dispatched queues and takes writes."""
+        store = self.stores[node.state.self_id]
+        await until(lambda: store.ledger.end_index == store.ledger.committed_index, 10, "the leader's log committed")
+        store.set_broker_role(BrokerRole.SYNC_MASTER)
+        return store
+
+    async def stop(self) -> None:
+        for peer, node in self.nodes.items():
+            await node.stop()
+            self.stores[peer].shutdown()
+        for s in self.socks:
+            s.close()
+
+
+def run(root: Path, scenario: Callable[[Members], Awaitable[None]]) -> None:
+    async def main() -> None:
+        m = Members(root)
+        try:
+            await m.start()
+            await asyncio.wait_for(scenario(m), 60)
+        finally:
+            await m.stop()
+    asyncio.run(main())
+
+
+def queue_bodies(store: DLedgerMessageStore, topic: str = "T") -> list[bytes]:
+    store.dispatch_available()
+    r = store.get_message("g", topic, 0, 0, 1000, 1 << 24)
+    if r.status is not GetMessageStatus.FOUND:
+        return []
+    return [m.body for rec in r.records for m in decode_records(rec)]
+
+
+def test_records_sit_in_entries_and_queues_see_only_committed_ones(tmp_path: Path) -> None:
+    async def scenario(m: Members) -> None:
+        _, store = await m.leader()
+        result = store.append_batch("T", 0, batch("T", 3), born_host=HOST)
+        assert result.status is PutMessageStatus.PUT_OK and result.committed is not None
+        assert queue_bodies(store) == []  # appended, not yet committed: not in the queue
+        _, pos = await result.committed
+        assert result.wrote_offset == pos + BODY_OFFSET
+        records = decode_records(store.look_message_by_offset(result.wrote_offset) or b"")
+        assert records[0].commit_log_offset == result.wrote_offset  # PHYSICALOFFSET = entry position + 48
+        assert result.physical_offsets[0] == result.wrote_offset
+        assert len(queue_bodies(store)) == 3
+        for peer, other in m.stores.items():
+            await until(lambda other=other: len(queue_bodies(other)) == 3, 5, f"{peer} to dispatch the batch")
+            assert other.max_physical_offset == store.max_physical_offset
+
+    run(tmp_path, scenario)
+
+
+def test_a_partitioned_leaders_unacknowledged_sends_never_reach_a_consumer(tmp_path: Path) -> None:
+    async def scenario(m: Members) -> None:
+        node, store = await m.leader()
+        ok = store.append_batch("T", 0, batch("T", 1, body=b"shared"), born_host=HOST)
+        await ok.committed  # type: ignore[misc]
+        old = node.state.self_id
+        others = [p for p in m.peers if p != old]
+        node.faults.block(*others)
+        for p in others:
+            m.nodes[p].faults.block(old)
+        lost = [store.append_batch("T", 0, batch("T", 1, body=b"lost%d" % i), born_host=HOST) for i in range(4)]
+        assert all(r.status is PutMessageStatus.PUT_OK for r in lost)
+        new = await until(lambda: next((m.nodes[p] for p in others if m.nodes[p].state.role is Role.LEADER), None),
+                          10, "the majority electing a new leader")
+        new_store = await m.serve(new)
+        kept = new_store.append_batch("T", 0, batch("T", 1, body=b"majority"), born_host=HOST)
+        await kept.committed  # type: ignore[misc]
+        for r in lost:
+            assert r.committed is not None
+            await asyncio.wait([r.committed])
+            assert r.committed.exception() is not None
+        assert queue_bodies(store) == [b"shared"]  # the lonely leader never dispatched its tail
+        node.faults.heal()
+        for p in others:
+            m.nodes[p].faults.heal()
+        await until(lambda: node.state.role is Role.FOLLOWER and queue_bodies(store) == [b"shared", b"majority"],
+                    10, "the old leader following, its tail cut, the majority's message dispatched")
+        assert all(b"lost" not in (node.store.get(i) or b"") for i in range(node.store.end_index + 1))
+
+    run(tmp_path, scenario)
+
+
+def test_a_crashed_member_recovers_its_queues_and_dispatch(tmp_path: Path) -> None:
+    async def scenario(m: Members) -> None:
+        node, store = await m.leader()
+        for i in range(5):
+            r = store.append_batch("T", 0, batch("T", 2, body=b"m%d" % i), born_host=HOST)
+            await r.committed  # type: ignore[misc]
+        follower = next(p for p in m.peers if p != node.state.self_id)
+        fstore = m.stores[follower]
+        await until(lambda: len(queue_bodies(fstore)) == 10, 5, "the follower to dispatch every message")
+        await m.nodes[follower].stop()
+        fstore.crash()
+        again = m.open(follower)  # recovery: the log's end, the queues cut to it, dispatch resumed
+        try:
+            assert len(queue_bodies(again)) == 10
+            assert again.max_physical_offset == store.max_physical_offset
+            assert again.ledger.committed_index >= again.ledger.end_index - 1
+        finally:
+            again.shutdown()
+        m.nodes.pop(follower)
+        m.stores.pop(follower)
+
+    run(tmp_path, scenario)
