@@ -487,6 +487,7 @@ class BrokerController:
             store_writeable=cleaner.writeable,
             retention_files_deleted=cleaner.stats.files_deleted,
             retention_bytes_reclaimed=cleaner.stats.bytes_reclaimed,
+            dledger=self.dledger.status() if self.dledger is not None else None,
         )
 
     async def _clean_now(self) -> dict[str, Any]:

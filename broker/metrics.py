@@ -58,6 +58,8 @@ class BrokerState:
     store_writeable: bool = True
     retention_files_deleted: int = 0
     retention_bytes_reclaimed: int = 0
+    dledger: Mapping[str, Any] | None = None
+    """The DLedger member's ``status()`` (DLedger mode), or None."""
 
 
 class _StateCollector(Collector):
@@ -87,6 +89,8 @@ class _StateCollector(Collector):
         yield lag
         yield from self._retention(st)
         yield from self._ha(st.ha or {})
+        if st.dledger is not None:
+            yield from self._dledger(st.dledger)
 
     def _retention(self, st: BrokerState) -> Iterator[Any]:
         names = ("cluster", "node_type", "node_id")
@@ -130,6 +134,30 @@ class _StateCollector(Collector):
                                     labels=("cluster", "node_type", "node_id"))
         in_sync.add_metric(self._base, sum(1 for sl in slaves if sl.get("inSync")))
         yield from (ack, diff, sent, in_sync)
+
+
+    def _dledger(self, d: Mapping[str, Any]) -> Iterator[Any]:
+        names = ("cluster", "node_type", "node_id")
+        for name, doc, value in (
+            ("splitmq_dledger_term", "The member's current term", d.get("term", 0)),
+            ("splitmq_dledger_is_leader", "1 while the member leads its group", int(d.get("role") == "LEADER")),
+            ("splitmq_dledger_ledger_end_index", "Index of the last entry of the member's log",
+             d.get("ledgerEndIndex", -1)),
+            ("splitmq_dledger_committed_index", "Index of the member's last committed entry",
+             d.get("committedIndex", -1)),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(self._base, value)
+            yield g
+        elections = CounterMetricFamily("splitmq_dledger_elections", "Elections this member campaigned in",
+                                        labels=names)
+        elections.add_metric(self._base, d.get("elections", 0))
+        yield elections
+        lag = GaugeMetricFamily("splitmq_dledger_peer_lag_entries", "Entries a peer lacks (on the leader)",
+                                labels=(*names, "peer"))
+        for peer, progress in sorted(d.get("peerProgress", {}).items()):
+            lag.add_metric((*self._base, peer), progress.get("lag", 0))
+        yield lag
 
 
 class BrokerMetrics:

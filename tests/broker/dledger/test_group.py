@@ -163,6 +163,12 @@ def test_a_group_elects_one_leader_shown_as_the_master_in_the_route(cluster_fact
     r = httpx.post(f"http://{follower.addr}/send", params={"topic": TOPIC, "queueId": 0, "producerGroup": "pg"},
                    content=b"", timeout=5)
     assert r.status_code == 503 and r.json()["code"] == 14 and "SLAVE" in r.json()["remark"]
+    metrics = httpx.get(f"http://{leader.addr}/metrics", timeout=5).text
+    term = status(leader)["term"]
+    assert any(line.startswith("splitmq_dledger_is_leader{") and line.endswith(" 1.0") for line in metrics.splitlines())
+    assert any(line.startswith("splitmq_dledger_term{") and line.endswith(f" {float(term)}")
+               for line in metrics.splitlines())
+    assert sum(line.startswith("splitmq_dledger_peer_lag_entries{") for line in metrics.splitlines()) == 3
 
 
 def test_every_acknowledged_message_survives_leader_kills(cluster_factory) -> None:
