@@ -304,3 +304,45 @@ def test_read_with_a_dead_master_returns_every_message(spark: Any, cluster: Loca
         assert {r.servedBy for r in rows if r.brokerName == "broker-a"} == {1}
     finally:
         master.start()
+
+
+@pytest.mark.integration
+def test_batch_read_of_a_dledger_group_returns_every_message(spark: Any, tmp_path: Path) -> None:
+    """A DLedger group (3 members electing their master) reads like any other, also from its followers."""
+    config = {"slaveReadEnable": "true", "slaveMetadataSyncInterval": "300", "heartBeatTimeIntervalMs": "500",
+              "messageIndexEnable": "false"}
+    with LocalCluster(tmp_path / "dledger", mode="dledger", broker_config=config,
+                      commitlog_file_size_bytes=4 << 20) as c:
+        leader = c.leader("broker-a")
+        topic = "SparkRaft"
+        with Admin(c.namesrv_addr) as admin:
+            admin.create_topic(topic, queue_nums=4)
+        per_queue = {("broker-a", q): 10 + q for q in range(4)}
+        _produce(c.namesrv_addr, topic, per_queue)
+        c.wait_slave_caught_up("broker-a", 20)
+        rows = _reader(spark, c, topic).collect()
+        got = {(r.brokerName, r.queueId, r.queueOffset, bytes(r.body)) for r in rows}
+        assert got == _expected(per_queue) and len(rows) == len(got)
+        follower_ids = {b.broker_id + 1 for b in c.members("broker-a") if b is not leader}
+        client = BrokerClient(c.namesrv_addr)
+        try:  # the members that serve as slaves read the topic too, once they synced it
+            for f in c.members("broker-a"):
+                if f is leader:
+                    continue
+                deadline = time.monotonic() + 20
+                while True:
+                    try:
+                        r = client.pull(f.addr, QueueKey(topic, "broker-a", 0), 0, max_nums=32, max_bytes=1 << 20,
+                                        sub_expression="*", group="spark-test", timeout_s=5.0)
+                        if r.status is PullStatus.FOUND:
+                            break
+                    except Exception:  # TOPIC_NOT_EXIST until the metadata sync ran
+                        pass
+                    assert time.monotonic() < deadline, f"{f} does not serve {topic}"
+                    time.sleep(0.1)  # polling the follower with a deadline
+                assert r.served_by_broker_id in follower_ids
+        finally:
+            client.close()
+        slave_rows = _reader(spark, c, topic, pullFrom="slave").collect()
+        assert {(r.brokerName, r.queueId, r.queueOffset, bytes(r.body)) for r in slave_rows} == got
+        assert {r.servedBy for r in slave_rows} <= follower_ids
