@@ -5,6 +5,7 @@ pre-vote, restart, and bad bytes on the peer port."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ import pytest
 from broker.dledger.election import ElectionTimings
 from broker.dledger.member import Role
 from broker.dledger.node import AppendError, DLedgerNode, NodeConfig
+from broker.dledger.protocol import Hello, MsgType, encode_frame, encode_hello
 from broker.dledger.store import DLedgerStore
 from broker.store.io import FileIO
 
@@ -268,3 +270,36 @@ def test_garbage_on_the_peer_port_closes_that_connection_only(tmp_path: Path) ->
         await lead.append(b"fine")
 
     run(tmp_path, scenario)
+
+
+def test_bad_hellos_and_frames_are_logged_and_closed_and_the_log_is_untouched(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        await lead.append(b"before")
+        target = next(n for n in g.nodes.values() if n is not lead)
+        tid = target.state.self_id
+        end = target.store.end_pos
+        host, _, port = g.peers[tid].rpartition(":")
+        bad = {
+            "wrong group": encode_frame(MsgType.HELLO, 0, encode_hello(Hello("other", "n0", tid))),
+            "unknown peer": encode_frame(MsgType.HELLO, 0, encode_hello(Hello("g", "n9", tid))),
+            "not HELLO": encode_frame(MsgType.PUSH, 1, b"\x00" * 40),
+            "truncated": encode_frame(MsgType.HELLO, 0, encode_hello(Hello("g", "n0", tid)))[:-3],
+            "absurd size": b"\x7f\xff\xff\xff" + encode_frame(MsgType.HELLO, 0)[4:],
+        }
+        for what, data in bad.items():
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(data)
+            if what == "truncated":
+                writer.write_eof()
+            assert await asyncio.wait_for(reader.read(), 5) == b"", what  # closed by the member
+            writer.close()
+            await writer.wait_closed()
+        assert target.store.end_pos == end  # nothing reached the log
+        for needle in ("group 'other'", "unknown peer 'n9'", "not HELLO"):
+            assert any(needle in r.getMessage() for r in caplog.records), needle
+        await lead.append(b"after")
+
+    with caplog.at_level(logging.INFO, logger="broker.dledger"):
+        run(tmp_path, scenario)
