@@ -193,7 +193,8 @@ class BrokerController:
         roles = self.dledger_roles = RoleHandler(
             role=self.role, follower_id=cfg.dledger_broker_id,
             leading=lambda term: self.dledger is not None and self.dledger.leads(term),
-            caught_up=lambda: store.ledger_caught_up, set_store_role=store.set_broker_role,
+            caught_up=lambda: self.dispatch.catch_up() and store.ledger_caught_up,
+            set_store_role=store.set_broker_role,
             become_master=self._became_master, become_slave=self._became_slave)
         node = self.dledger = DLedgerNode(node_config, store.ledger, on_role_change=roles.changed,
                                           on_commit=store.committed_moved)
