@@ -130,8 +130,11 @@ class BrokerController:
         self.clients = ClientTable(clock_ms=self._clock_ms)
         self.last_pulls = LastPulls()
         self.hold = PullHoldService(config.max_parked_pulls)
-        self.metrics = BrokerMetrics(config.broker_cluster_name, f"{config.broker_name}-{config.broker_id}",
-                                     self.role_name, self.metrics_state)
+        # A DLedger member's id and role follow the election: its series are labelled by its peer id instead.
+        node_id, node_type = ((f"{config.broker_name}-{config.dleger_self_id}", "DLEDGER")
+                              if config.enable_dleger_commit_log else
+                              (f"{config.broker_name}-{config.broker_id}", self.role_name))
+        self.metrics = BrokerMetrics(config.broker_cluster_name, node_id, node_type, self.metrics_state)
         self.put_rate = RateMeter(clock_ms=self._clock_ms)
         self.dispatch = DispatchDriver(store)
         self.retention = RetentionDriver(

@@ -169,6 +169,7 @@ def test_a_group_elects_one_leader_shown_as_the_master_in_the_route(cluster_fact
     assert any(line.startswith("splitmq_dledger_term{") and line.endswith(f" {float(term)}")
                for line in metrics.splitlines())
     assert sum(line.startswith("splitmq_dledger_peer_lag_entries{") for line in metrics.splitlines()) == 3
+    assert f'node_id="{GROUP}-n{leader.broker_id}"' in metrics  # stable across elections
 
 
 def test_every_acknowledged_message_survives_leader_kills(cluster_factory) -> None:
