@@ -14,7 +14,11 @@ Pure state first, each module a table of rules with no I/O (the house rule of ``
 * :mod:`broker.dledger.transport` -- the peer connections, with a fault layer for tests;
 * :mod:`broker.dledger.node` -- one member at work: election with pre-vote, replication, quorum, commit.
 
-Still to come (issue 12, items 2-5): dispatching committed entries into the broker's consume queues, the
-broker's role-change handling and ``.properties`` keys, the SDK's write failover, ``LocalCluster(mode=
-"dledger")``, the CLI and the benchmarks.
+The broker side:
+
+* :mod:`broker.dledger.message_store` -- the broker's store on the DLedger log: one entry per send holds its
+  records, consume queues and the index are built from committed entries only;
+* :mod:`broker.dledger.roles` -- the role-change handler: the member's role becomes the broker's (SEMANTICS.md 9.8).
+
+Not built: retention of DLedger logs, and changing a group's members while it runs (docs/DLEDGER.md).
 """

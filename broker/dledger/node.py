@@ -315,6 +315,8 @@ class DLedgerNode:
         term = st.term
         req = VoteRequest(term, st.ledger_end_term, st.ledger_end_index, st.self_id)
         own, _ = handle_vote(st, req, from_self=True)
+        if own is VoteResult.ACCEPT:
+            log.info("dledger %s: voted for %s in term %d", st.self_id, st.self_id, term)
         self.elections += 1
         replies = await self._collect_votes(term, own, encode_vote(Vote(term, req.ledger_end_term,
                                                                          req.ledger_end_index, False)))
@@ -725,6 +727,8 @@ class DLedgerNode:
                                      timings=self.config.timings)
             return encode_vote_reply(result, st.term)
         result, increase = handle_vote(st, req, from_self=False)
+        if result is VoteResult.ACCEPT:
+            log.info("dledger %s: voted for %s in term %d", st.self_id, peer, st.term)
         if increase:
             self._increase_term_now = True
             self._end_round()
