@@ -21,6 +21,7 @@ ENTRIES: dict[str, str] = {
     "client": "benchmarks.client_bench:run",
     "consumer": "benchmarks.consumer_bench:run",
     "disk": "benchmarks.disk_bench:run",
+    "dledger": "benchmarks.dledger_bench:run",
     "fresh": "benchmarks.fresh_bench:run",
     "fuzz": "benchmarks.fuzz_bench:run",
     "ha": "benchmarks.ha_bench:run_rows",
