@@ -311,6 +311,8 @@ class DLedgerNode:
             if self.config.pre_vote and not take_over and not await self._pre_vote(st.term + 1):
                 self._next_vote_ms = self._clock() + self._rand_ms()
                 return
+            if st.role is not Role.CANDIDATE:
+                return  # a leader spoke during the pre-vote: this member follows it now
             st.next_term()
         term = st.term
         req = VoteRequest(term, st.ledger_end_term, st.ledger_end_index, st.self_id)
