@@ -439,7 +439,7 @@ class DLedgerNode:
             OSError: the disk refused the write (nothing was appended).
         """
         def copy(buf: bytearray, at: int, _phys: int) -> None:
-            buf[at:] = body
+            buf[at : at + len(body)] = body
         _, _, fut = self.append_nowait(len(body), copy)
         return await fut
 
@@ -633,16 +633,9 @@ class DLedgerNode:
                 t.cancel()
 
     def _batch(self, first: int, count: int) -> tuple[bytes, int]:
-        parts: list[bytes] = []
-        total, last = 0, first - 1
-        for i in range(first, first + count):
-            e = self.store.get(i)
-            if e is None or (parts and total + len(e) > self.config.max_batch_bytes):
-                break
-            parts.append(e)
-            total += len(e)
-            last = i
-        return b"".join(parts), last
+        """Entries from ``first`` (at most ``count``, ``max_batch_bytes``) as one push body, and the last index in it;
+        a batch stops at the end of a data file."""
+        return self.store.get_range(first, first + count - 1, self.config.max_batch_bytes)
 
     async def _compare_or_truncate(self, client: PeerClient, disp: EntryDispatcher, kind: PushKind, index: int,
                                    term: int) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import cast
 
 from broker.dledger.entry import (
     BLANK_MAGIC,
@@ -275,12 +276,16 @@ class DLedgerStore:
         mf = self.data.ensure(pos)
         iu = self.index.ensure(index * INDEX_UNIT_SIZE)
         mf.write(pos - mf.start, entry)
-        write_index_unit(iu.mm, index * INDEX_UNIT_SIZE - iu.start, pos=pos, size=len(entry), index=index, term=term)
-        self.data.wrote_to(mf, pos + len(entry))
+        self._index_and_end(mf, iu, index, term, pos, len(entry))
+
+    def _index_and_end(self, mf: MappedFile, iu: MappedFile, index: int, term: int, pos: int, size: int) -> None:
+        """The entry at ``pos`` is in ``mf``: write its index unit and move the log's end past it."""
+        write_index_unit(iu.mm, index * INDEX_UNIT_SIZE - iu.start, pos=pos, size=size, index=index, term=term)
+        self.data.wrote_to(mf, pos + size)
         self.index.wrote_to(iu, (index + 1) * INDEX_UNIT_SIZE)
         if self.begin_index < 0:
             self.begin_index = index
-        self.end_index, self.end_term, self.end_pos = index, term, pos + len(entry)
+        self.end_index, self.end_term, self.end_pos = index, term, pos + size
 
     def append_as_leader(self, term: int, body: bytes | memoryview) -> tuple[int, int]:
         """Append ``body`` as the next entry in ``term``; returns ``(index, position)``.
@@ -289,7 +294,7 @@ class DLedgerStore:
             OSError: the disk is full (nothing is written).
         """
         def copy(buf: bytearray, at: int, _phys: int) -> None:
-            buf[at:] = body
+            buf[at : at + len(body)] = body
         return self.append_built(term, len(body), copy)
 
     def append_built(self, term: int, body_length: int,
@@ -304,11 +309,19 @@ class DLedgerStore:
         size = BODY_OFFSET + body_length
         pos = self._place(size)
         index = self.end_index + 1
-        entry = bytearray(size)
+        mf = self.data.ensure(pos)
+        iu = self.index.ensure(index * INDEX_UNIT_SIZE)
+        at = pos - mf.start
+        io = mf.io
+        if io.hooked:
+            io.before_write(mf.path, at, size)
+        # Straight into the map: the bytes past the log's end mean nothing until the end moves over them.
         if body_length:
-            build(entry, BODY_OFFSET, pos + BODY_OFFSET)
-        seal_entry(entry, 0, index=index, term=term, pos=pos, body_length=body_length)
-        self._write(index, term, pos, entry)
+            build(cast(bytearray, mf.mm), at + BODY_OFFSET, pos + BODY_OFFSET)
+        seal_entry(mf.mm, at, index=index, term=term, pos=pos, body_length=body_length)
+        if io.hooked:
+            io.after_write(mf.path, mf.mm, at, size)
+        self._index_and_end(mf, iu, index, term, pos, size)
         return index, pos
 
     def append_as_follower(self, entry: bytes | memoryview) -> int:
@@ -343,6 +356,22 @@ class DLedgerStore:
             return None
         u = read_index_unit(iu.mm, index * INDEX_UNIT_SIZE - iu.start)
         return u.pos, u.size, u.term
+
+    def get_range(self, first: int, last: int, max_bytes: int) -> tuple[bytes, int]:
+        """Entries ``first..last`` back to back (at most ``max_bytes``, at least one entry), copied once when they
+        sit in one file; returns ``(bytes, index of the last entry included)`` (``first - 1`` when absent)."""
+        u = self.unit(first)
+        mf = self.data.file_for(u[0]) if u is not None else None
+        if u is None or mf is None:
+            return b"", first - 1
+        start = u[0]
+        end, upto = start + u[1], first
+        for i in range(first + 1, last + 1):
+            v = self.unit(i)
+            if v is None or v[0] != end or v[0] + v[1] > mf.end or v[0] + v[1] - start > max_bytes:
+                break
+            end, upto = v[0] + v[1], i
+        return bytes(mf.mm[start - mf.start : end - mf.start]), upto
 
     def get(self, index: int) -> bytes | None:
         """Entry ``index`` (header and body), copied; None when absent."""

@@ -53,7 +53,7 @@ def test_a_built_body_sees_its_position_before_the_crc(tmp_path: Path) -> None:
     s.append_as_leader(1, body(0))
 
     def build(buf: bytearray, at: int, phys: int) -> None:
-        buf[at:] = body(1)
+        buf[at : at + len(body(1))] = body(1)
         buf[at : at + 8] = phys.to_bytes(8, "big")
 
     index, pos = s.append_built(1, len(body(1)), build)
