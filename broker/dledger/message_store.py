@@ -263,11 +263,7 @@ class DLedgerMessageStore(FileMessageStore):
         except OSError as exc:
             return self._disk_error(exc)
         fut.add_done_callback(_retrieve)
-        table = self.topic_queue_table
-        for key, count in advances:
-            table[key] = table.get(key, 0) + count
-        self.validator.last_store_ts = store_ts
-        self.cleaner.wrote(total)
+        self._stored(advances, store_ts, total)
         return AppendResult(PutMessageStatus.PUT_OK, "", pos + BODY_OFFSET, total, first_queue_offset, len(items),
                             store_ts, tuple(offsets), committed=fut)
 

@@ -337,9 +337,9 @@ class DLedgerNode:
 
     async def _collect_votes(self, term: int, own: VoteResult, body: bytes) -> list[VoteReply | None]:
         """Ask every peer (a vote or a pre-vote); stop waiting once the verdict is known -- a quorum accepted, or
-        accepted or asked to revote once their term caught up (REJECT_TERM_NOT_READY), or can no longer -- or at
-        2000 ms plus a random [0, 1000) (DLedger's bound), so a dead peer that never answers (its host gone, its
-        port still accepting) cannot stall a round."""
+        accepted or asked to revote once their term caught up (REJECT_TERM_NOT_READY), or can no longer -- or after
+        a heartbeat interval and a random share of the back-off, so a dead peer that never answers (its host gone,
+        its port still accepting) cannot stall a round."""
         st = self.state
         replies: list[VoteReply | None] = [VoteReply(own, term)]
         accepted = int(own is VoteResult.ACCEPT)
@@ -347,7 +347,12 @@ class DLedgerNode:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self._clients[p].request(MsgType.VOTE, body, self.config.request_timeout_s))
                  for p in self._others]
-        deadline = loop.time() + 2.0 + self._rng.random()
+        # DLedger waits 2000 ms plus a random [0, 1000); here one heartbeat interval plus a random share of the vote
+        # back-off (the same 2-2.7 s with the default 2000 ms): a member that does not answer a vote within a
+        # heartbeat interval is as good as dead for this round, and a split vote must not wait seconds for it.
+        tm = self.config.timings
+        deadline = loop.time() + (tm.heartbeat_interval_ms
+                                  + self._rng.random() * (tm.max_vote_interval_ms - tm.min_vote_interval_ms)) / 1000
         over = self._round_over = loop.create_future()
         try:
             pending: set[asyncio.Future[Any]] = set(tasks)

@@ -320,14 +320,18 @@ class FileMessageStore:
             )
         except OSError as exc:
             return self._disk_error(exc)
+        self._stored(advances, store_ts, total)
+        self._after_append()
+        return AppendResult(PutMessageStatus.PUT_OK, "", wrote_offset, total, first_queue_offset, len(items),
+                            store_ts, tuple(offsets))
+
+    def _stored(self, advances: list[tuple[tuple[str, int], int]], store_ts: int, total: int) -> None:
+        """A put is in the log: advance its queues' next offsets, note its store time and size."""
         table = self.topic_queue_table
         for key, count in advances:
             table[key] = table.get(key, 0) + count
         self.validator.last_store_ts = store_ts
         self.cleaner.wrote(total)
-        self._after_append()
-        return AppendResult(PutMessageStatus.PUT_OK, "", wrote_offset, total, first_queue_offset, len(items),
-                            store_ts, tuple(offsets))
 
     def _disk_error(self, exc: OSError) -> AppendResult:
         created = getattr(exc, "creating_file", False)
