@@ -40,6 +40,11 @@ __all__ = ["CommittedDispatcher", "DLedgerMessageStore", "put_status"]
 
 log = logging.getLogger(__name__)
 
+#: DLedger's ``checkPointInterval``: the checkpoint (end and committed index) is rewritten at most this often while
+#: running, and at shutdown. Recovery does not depend on it: the end comes from the entries, and a committed index
+#: behind the consume queues is raised to what they hold.
+CHECKPOINT_INTERVAL_MS = 3000
+
 #: How an append the member refused is answered (SEMANTICS.md 9.8's table, 4.9.3 column).
 _REFUSED = {
     "NOT_LEADER": PutMessageStatus.SERVICE_NOT_AVAILABLE,
@@ -137,6 +142,7 @@ class DLedgerMessageStore(FileMessageStore):
                                     config.destroy_mapped_file_interval_forcibly_ms)
         self.node: DLedgerNode | None = None
         self._checkpointed = (-2, -2)
+        self._checkpointed_at = 0
 
     def attach(self, node: DLedgerNode) -> None:
         """The member that appends for this store (built on :attr:`ledger`)."""
@@ -196,9 +202,10 @@ class DLedgerMessageStore(FileMessageStore):
         ledger = self.ledger
         ledger.index.flush()
         now = (ledger.end_index, ledger.committed_index)
-        if now != self._checkpointed:
+        at = self.config.clock_ms()
+        if now != self._checkpointed and at - self._checkpointed_at >= CHECKPOINT_INTERVAL_MS:
             ledger.write_checkpoint()
-            self._checkpointed = now
+            self._checkpointed, self._checkpointed_at = now, at
         return flushed
 
     def _close_files(self, *, crashed: bool = False) -> None:
