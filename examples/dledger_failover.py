@@ -86,9 +86,9 @@ class SteadyProducer(threading.Thread):
                 result = producer.send(Message(TOPIC, f"seq {seq}".encode()))
                 break
             except ClientError as e:
-                # The SDK is learning to ride through a leader change by itself; until then a send that meets
-                # the election can fail, and we send it again after a short pause. A failed send may still
-                # have been stored: that is the only way a duplicate appears.
+                # The SDK rides through a leader change by itself within send_timeout_s; a send that still fails
+                # (an election longer than that) is sent again here. Sends are at-least-once: a message stored by
+                # the dying leader whose answer was lost is sent again (by the SDK or here), a duplicate.
                 if time.monotonic() > deadline:
                     raise
                 self.retries += 1
@@ -178,11 +178,12 @@ def main() -> int:
         missing = sorted(set(producer.acked) - set(seqs))
         duplicates = len(seqs) - len(set(seqs))
         print(f"read back {len(seqs)} messages: {len(set(producer.acked))} acknowledged, {len(missing)} of them "
-              f"missing {missing[:10]}, {duplicates} duplicate(s) (only from the {producer.retries} retried sends)")
+              f"missing {missing[:10]}, {duplicates} duplicate(s) (a send stored by the dying leader whose answer "
+              f"was lost, sent again: at-least-once)")
     print(f"dledger_failover: the new leader took writes {took:.2f} s after the kill; {len(producer.acked)} of "
           f"{args.messages} messages acknowledged and read back, {len(missing)} missing; {old_peer} rejoined as a "
           f"follower")
-    return 0 if not missing and (duplicates == 0 or producer.retries > 0) else 1
+    return 0 if not missing else 1
 
 
 if __name__ == "__main__":
