@@ -20,5 +20,5 @@ The broker side:
   records, consume queues and the index are built from committed entries only;
 * :mod:`broker.dledger.roles` -- the role-change handler: the member's role becomes the broker's (SEMANTICS.md 9.8).
 
-Not built: retention of DLedger logs, and changing a group's members while it runs (docs/DLEDGER.md).
+Not built: changing a group's members while it runs (docs/DLEDGER.md).
 """

@@ -96,8 +96,9 @@ class CommittedDispatcher(Dispatcher):
             index = self.next_index
             unit = ledger.unit(index)
             if unit is None:
-                if index < ledger.begin_index:
-                    self.next_index = ledger.begin_index
+                if index < ledger.begin_index:  # the log restarted further on (a follower far behind a leader
+                    self.next_index = ledger.begin_index  # whose retention deleted what it missed)
+                    self.cqs.correct_min_offsets(ledger.data.min_offset)
                     continue
                 break
             pos, size, _ = unit

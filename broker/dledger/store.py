@@ -35,7 +35,6 @@ from broker.dledger.entry import (
 from broker.store.commitlog import CommitLog
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile, file_name, list_offset_files
-from broker.store.retention import FileAge
 
 __all__ = ["DLedgerStore", "EntryRefused", "read_properties"]
 
@@ -65,6 +64,8 @@ class _Chain(CommitLog):
 
     def __init__(self, io: FileIO, directory: str, file_size: int) -> None:
         super().__init__(io, directory, file_size)
+        self.on_retired: Callable[[int], None] | None = None
+        """Called with the time after :meth:`retire_head` took files out (the DLedger store moves its begin)."""
 
     def load(self) -> None:
         """Open every file; all count as written and flushed until recovery sets the end (:meth:`set_end`)."""
@@ -130,9 +131,12 @@ class _Chain(CommitLog):
             self.files.clear()
             self.flushed_where = 0
 
-    def file_ages(self, limit: int) -> list[FileAge]:
-        """Retention of the DLedger log is not built: no file is ever offered for deletion."""
-        return []
+    def retire_head(self, count: int, now_ms: int) -> list[MappedFile]:
+        """Retention took the oldest files out (see :meth:`CommitLog.retire_head`); the store hears of it."""
+        gone = super().retire_head(count, now_ms)
+        if gone and self.on_retired is not None:
+            self.on_retired(now_ms)
+        return gone
 
 
 class DLedgerStore:
@@ -154,6 +158,8 @@ class DLedgerStore:
         self.directory = directory
         self.data = _Chain(io, os.path.join(directory, "data"), data_file_size)
         self.index = _Chain(io, os.path.join(directory, "index"), index_file_size)
+        self.index.retired = self.data.retired  # one list of deleted maps, closed by the store's cleaner
+        self.data.on_retired = self._head_retired
         self.begin_index = -1
         self.end_index = -1
         self.end_term = -1
@@ -170,6 +176,7 @@ class DLedgerStore:
         self.data.load()
         self.index.load()
         self._recover()
+        self._begin_at_first_file()
         cp = self._read(os.path.join(self.directory, "checkpoint"))
         committed = int(cp.get("committedIndex", "-1"))
         self.committed_index = min(committed, self.end_index)
@@ -221,6 +228,28 @@ class DLedgerStore:
         self.data.drop_from(pos)
         self.index.drop_from((idx + 1) * INDEX_UNIT_SIZE)
         log.info("%s: recovered entries %d..%d (end position %d)", self.directory, self.begin_index, idx, pos)
+
+    def _begin_at_first_file(self) -> None:
+        """The log begins with the first entry of the first data file (retention deleted the files before it;
+        index files may still hold units for them)."""
+        if self.data.files and self.end_index >= 0:
+            first = self.data.files[0]
+            if check_entry(first.mm, 0, end=first.size, pos=first.start) is None:
+                self.begin_index = max(self.begin_index, read_entry_header(first.mm, 0).entry_index)
+
+    def _head_retired(self, now_ms: int) -> None:
+        """Retention deleted the oldest data files: the log now begins at the first entry left, and the index
+        files holding only units before it go too."""
+        self._begin_at_first_file()
+        below = 0
+        for iu in self.index.files[:-1]:
+            if iu.end > self.begin_index * INDEX_UNIT_SIZE:
+                break
+            below += 1
+        if below:
+            self.index.retire_head(below, now_ms)
+        log.info("%s: retention: the log now begins at entry %d (position %d)", self.directory, self.begin_index,
+                 self.data.min_offset)
 
     def _first_index(self, walked_from: int) -> int:
         """The first index the index files hold a unit for (the log's begin), else where the walk started."""

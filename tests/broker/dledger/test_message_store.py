@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from broker.store.api import GetMessageStatus, PutMessageStatus
 from client.protocol.codec import decode_records
 from client.protocol.codes import BrokerRole
 from tests.broker.dledger.test_node import FAST, until
-from tests.broker.store.conftest import batch, small_config
+from tests.broker.store.conftest import FakeClock, batch, small_config
 
 HOST = b"\x7f\x00\x00\x01\x00\x00\x27\x10"
 
@@ -25,8 +26,9 @@ HOST = b"\x7f\x00\x00\x01\x00\x00\x27\x10"
 class Members:
     """Three members ``n0..n2``, each a :class:`DLedgerMessageStore` with its node attached."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, clock: Callable[[], int] | None = None) -> None:
         self.root = root
+        self.clock = clock
         self.socks = [socket.socket() for _ in range(3)]
         for s in self.socks:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -36,8 +38,9 @@ class Members:
         self.nodes: dict[str, DLedgerNode] = {}
 
     def open(self, peer: str) -> DLedgerMessageStore:
-        store = DLedgerMessageStore(small_config(self.root / peer, broker_role=BrokerRole.SLAVE), self_id=peer,
-                                    index_file_size=32 * 1024)
+        extra = {"clock_ms": self.clock} if self.clock is not None else {}
+        store = DLedgerMessageStore(small_config(self.root / peer, broker_role=BrokerRole.SLAVE, **extra),
+                                    self_id=peer, index_file_size=32 * 1024)
         store.load()
         store.start()
         return store
@@ -72,9 +75,9 @@ class Members:
             s.close()
 
 
-def run(root: Path, scenario: Callable[[Members], Awaitable[None]]) -> None:
+def run(root: Path, scenario: Callable[[Members], Awaitable[None]], clock: Callable[[], int] | None = None) -> None:
     async def main() -> None:
-        m = Members(root)
+        m = Members(root, clock)
         try:
             await m.start()
             await asyncio.wait_for(scenario(m), 60)
@@ -83,12 +86,17 @@ def run(root: Path, scenario: Callable[[Members], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-def queue_bodies(store: DLedgerMessageStore, topic: str = "T") -> list[bytes]:
+def queue_bodies(store: DLedgerMessageStore, topic: str = "T", start: int | None = None) -> list[bytes]:
+    """Every body of queue 0 from ``start`` (default: the queue's min offset)."""
     store.dispatch_available()
-    r = store.get_message("g", topic, 0, 0, 1000, 1 << 24)
-    if r.status is not GetMessageStatus.FOUND:
-        return []
-    return [m.body for rec in r.records for m in decode_records(rec)]
+    offset = store.get_min_offset_in_queue(topic, 0) if start is None else start
+    out: list[bytes] = []
+    while True:
+        r = store.get_message("g", topic, 0, offset, 1000, 1 << 24)
+        if r.status is not GetMessageStatus.FOUND:
+            return out
+        out += [m.body for rec in r.records for m in decode_records(rec)]
+        offset = r.next_begin_offset
 
 
 def test_records_sit_in_entries_and_queues_see_only_committed_ones(tmp_path: Path) -> None:
@@ -164,3 +172,49 @@ def test_a_crashed_member_recovers_its_queues_and_dispatch(tmp_path: Path) -> No
         m.stores.pop(follower)
 
     run(tmp_path, scenario)
+
+
+def test_retention_deletes_the_oldest_entries_and_a_follower_far_behind_restarts_at_the_leaders_begin(
+        tmp_path: Path) -> None:
+    clock = FakeClock(int(time.time() * 1000))
+
+    async def scenario(m: Members) -> None:
+        node, store = await m.leader()
+        laggard = next(p for p in m.peers if p != node.state.self_id)
+        node.faults.block(laggard)
+        m.nodes[laggard].faults.block(node.state.self_id)
+        for p in m.peers:  # the third member must not elect the laggard meanwhile
+            if p not in (laggard, node.state.self_id):
+                m.nodes[p].faults.block(laggard)
+                m.nodes[laggard].faults.block(p)
+        for i in range(150):  # ~2 KiB entries in 64 KiB data files: 5 files
+            r = store.append_batch("T", 0, batch("T", 10, body=b"m%03d" % i + b"x" * 100), born_host=HOST)
+            await r.committed  # type: ignore[misc]
+        assert len(store.ledger.data.files) >= 4
+        before = queue_bodies(store)
+        store.flush_future(store.max_physical_offset)
+        await until(lambda: store.commitlog.flushed_where >= store.max_physical_offset, 5, "the flush")
+        clock.now_ms += 100 * 3_600_000  # every closed file is older than fileReservedTime (72 h)
+        cleaner = store.cleaner
+        n = cleaner.deletable(cleaner.decide(manual=True))
+        assert n >= 2
+        for _ in range(n):
+            assert cleaner.delete_oldest() is not None
+        ledger = store.ledger
+        assert ledger.begin_index > 0 and ledger.get(0) is None and ledger.get(ledger.begin_index) is not None
+        assert store.commitlog.min_offset == ledger.data.files[0].start > 0
+        lo = store.get_min_offset_in_queue("T", 0)
+        assert lo > 0
+        kept = queue_bodies(store)
+        assert kept == before[lo:]  # the newest messages stay, in order, from the queue's new min offset
+        for f in m.nodes.values():
+            f.faults.heal()
+        after = store.append_batch("T", 0, batch("T", 1, body=b"after"), born_host=HOST)
+        await after.committed  # type: ignore[misc]
+        far = m.stores[laggard]
+        await until(lambda: far.ledger.begin_index == ledger.begin_index and queue_bodies(far)[-1:] == [b"after"],
+                    10, "the laggard to restart its log at the leader's begin and catch up")
+        assert far.get_min_offset_in_queue("T", 0) == lo
+        assert queue_bodies(far) == kept + [b"after"]
+
+    run(tmp_path, scenario, clock)
