@@ -215,6 +215,6 @@ def test_retention_deletes_the_oldest_entries_and_a_follower_far_behind_restarts
         await until(lambda: far.ledger.begin_index == ledger.begin_index and queue_bodies(far)[-1:] == [b"after"],
                     10, "the laggard to restart its log at the leader's begin and catch up")
         assert far.get_min_offset_in_queue("T", 0) == lo
-        assert queue_bodies(far) == kept + [b"after"]
+        assert queue_bodies(far) == [*kept, b"after"]
 
     run(tmp_path, scenario, clock)
