@@ -26,7 +26,6 @@ from broker.dledger.entry import BODY_OFFSET
 from broker.dledger.node import AppendError, DLedgerNode
 from broker.dledger.store import DLedgerStore
 from broker.store.api import AppendResult, PutMessageStatus, StoreError
-from broker.store.checkpoint import Checkpoint
 from broker.store.cleaner import StoreCleaner
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueTable
@@ -150,40 +149,22 @@ class DLedgerMessageStore(FileMessageStore):
         self.node = node
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    def load(self) -> None:
-        """Lock the directory, recover the DLedger log, cut the consume queues to it and dispatch what they miss.
-
-        Raises:
-            StoreError: the directory is locked by another store, or a file cannot be opened.
-            RuntimeError: called twice.
-        """
-        if self._state is not _State.CREATED:
-            raise RuntimeError(f"load() called on a store in state {self._state.value}; create a new store")
-        self.io.makedirs(self.root)
-        self._lock_dir()
-        try:
-            self.checkpoint = Checkpoint(self.io, os.path.join(self.root, "checkpoint"))
-            ledger = self.ledger
-            ledger.load()
-            self.cqs.load()
-            if self.index is not None:
-                self.index.load()
-            self.cqs.recover()
-            self.cqs.truncate_dirty(ledger.end_pos)
-            dispatched = self.cqs.max_physic_end()
-            self._commit_dispatched(dispatched)
-            start = min(dispatched, self.index.end_phy) if self.index is not None else dispatched
-            self.entries.start_at(start)
-            while self.dispatcher.dispatch_available(64 << 20):
-                pass
-            self.cqs.correct_min_offsets(self.commitlog.min_offset)
-            self.rebuild_topic_queue_table()
-            self.io.write_small_file(self._abort_path, str(os.getpid()).encode())
-        except BaseException:
-            self._close_files()
-            self._unlock_dir()
-            raise
-        self._state = _State.LOADED
+    def _open_and_recover(self, last_exit_ok: bool) -> None:
+        """The DLedger log opens and recovers its own end (:meth:`DLedgerStore.load`; ``commitlog`` is its data
+        chain); the consume queues are cut to it and dispatch resumes with the first entry they miss."""
+        ledger = self.ledger
+        ledger.load()
+        self.cqs.load()
+        if self.index is not None:
+            self.index.load()
+        self.cqs.recover()
+        self.cqs.truncate_dirty(ledger.end_pos)
+        dispatched = self.cqs.max_physic_end()
+        self._commit_dispatched(dispatched)
+        start = min(dispatched, self.index.end_phy) if self.index is not None else dispatched
+        self.entries.start_at(start)
+        while self.dispatcher.dispatch_available(64 << 20):
+            pass
 
     def _commit_dispatched(self, dispatched: int) -> None:
         """Queues only ever held committed entries: a checkpoint written before their commit is behind them."""

@@ -65,7 +65,7 @@ from broker.dledger.protocol import (
     encode_vote_reply,
 )
 from broker.dledger.quorum import AckCode, QuorumTracker
-from broker.dledger.store import DLedgerStore, EntryRefused
+from broker.dledger.store import DLedgerStore, EntryRefused, copying
 from broker.dledger.transport import FaultLayer, PeerClient, PeerError, PeerServer, serve_peers
 
 __all__ = ["AppendError", "DLedgerNode", "NodeConfig", "Wakeup"]
@@ -443,9 +443,7 @@ class DLedgerNode:
             AppendError: NOT_LEADER, LEADER_PENDING_FULL, WAIT_QUORUM_ACK_TIMEOUT or TERM_CHANGED.
             OSError: the disk refused the write (nothing was appended).
         """
-        def copy(buf: bytearray, at: int, _phys: int) -> None:
-            buf[at : at + len(body)] = body
-        _, _, fut = self.append_nowait(len(body), copy)
+        _, _, fut = self.append_nowait(len(body), copying(body))
         return await fut
 
     def append_nowait(self, body_length: int, build: Callable[[bytearray, int, int], None]
@@ -620,7 +618,8 @@ class DLedgerNode:
                     if s.kind in (PushKind.COMPARE, PushKind.TRUNCATE):
                         await self._compare_or_truncate(client, disp, s.kind, s.index, term)
                     elif s.kind is PushKind.APPEND:
-                        body, last = self._batch(s.index, s.count)
+                        # at most max_batch_bytes, and never past the end of a data file
+                        body, last = store.get_range(s.index, s.index + s.count - 1, cfg.max_batch_bytes)
                         if last < s.index + s.count - 1:
                             disp.trim(s.index, last)
                         t = loop.create_task(self._push(client, disp, term, s.index, last, body))
@@ -636,11 +635,6 @@ class DLedgerNode:
         finally:
             for t in inflight:
                 t.cancel()
-
-    def _batch(self, first: int, count: int) -> tuple[bytes, int]:
-        """Entries from ``first`` (at most ``count``, ``max_batch_bytes``) as one push body, and the last index in it;
-        a batch stops at the end of a data file."""
-        return self.store.get_range(first, first + count - 1, self.config.max_batch_bytes)
 
     async def _compare_or_truncate(self, client: PeerClient, disp: EntryDispatcher, kind: PushKind, index: int,
                                    term: int) -> None:

@@ -36,7 +36,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile, file_name, list_offset_files
 
-__all__ = ["DLedgerStore", "EntryRefused", "read_properties"]
+__all__ = ["DLedgerStore", "EntryRefused", "copying", "read_properties"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,13 @@ def read_properties(text: str) -> dict[str, str]:
             k, _, v = line.partition("=")
             out[k.strip()] = v.strip()
     return out
+
+
+def copying(body: bytes | memoryview) -> Callable[[bytearray, int, int], None]:
+    """A body builder for :meth:`DLedgerStore.append_built` that copies ``body`` as it is."""
+    def copy(buf: bytearray, at: int, _phys: int) -> None:
+        buf[at : at + len(body)] = body
+    return copy
 
 
 class _Chain(CommitLog):
@@ -322,9 +329,7 @@ class DLedgerStore:
         Raises:
             OSError: the disk is full (nothing is written).
         """
-        def copy(buf: bytearray, at: int, _phys: int) -> None:
-            buf[at : at + len(body)] = body
-        return self.append_built(term, len(body), copy)
+        return self.append_built(term, len(body), copying(body))
 
     def append_built(self, term: int, body_length: int,
                      build: Callable[[bytearray, int, int], None]) -> tuple[int, int]:

@@ -115,13 +115,8 @@ class FileMessageStore:
         self._lock_dir()
         try:
             last_exit_ok = not os.path.exists(self._abort_path)
-            cp = self.checkpoint = Checkpoint(self.io, os.path.join(self.root, "checkpoint"))
-            self.commitlog.load()
-            self.cqs.load()
-            if self.index is not None:
-                self.index.load()
-            recovery.recover(self.commitlog, self.cqs, cp, self.dispatcher, self.config,
-                             last_exit_ok=last_exit_ok)
+            self.checkpoint = Checkpoint(self.io, os.path.join(self.root, "checkpoint"))
+            self._open_and_recover(last_exit_ok)
             # Retention may have deleted commit-log files the queues still point into (a crash between the two).
             self.cqs.correct_min_offsets(self.commitlog.min_offset)
             self.rebuild_topic_queue_table()
@@ -131,6 +126,17 @@ class FileMessageStore:
             self._unlock_dir()
             raise
         self._state = _State.LOADED
+
+    def _open_and_recover(self, last_exit_ok: bool) -> None:
+        """Open the commit log, the consume queues and the index, recover them and dispatch what the queues miss
+        (SEMANTICS.md 7.6)."""
+        assert self.checkpoint is not None
+        self.commitlog.load()
+        self.cqs.load()
+        if self.index is not None:
+            self.index.load()
+        recovery.recover(self.commitlog, self.cqs, self.checkpoint, self.dispatcher, self.config,
+                         last_exit_ok=last_exit_ok)
 
     def _lock_dir(self) -> None:
         path = os.path.join(self.root, "lock")

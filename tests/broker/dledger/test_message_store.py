@@ -17,8 +17,9 @@ from broker.dledger.node import DLedgerNode, NodeConfig
 from broker.store.api import GetMessageStatus, PutMessageStatus
 from client.protocol.codec import decode_records
 from client.protocol.codes import BrokerRole
-from tests.broker.dledger.test_node import FAST, until
+from tests.broker.dledger.test_node import FAST
 from tests.broker.store.conftest import FakeClock, batch, small_config
+from tests.waiting import wait_until
 
 HOST = b"\x7f\x00\x00\x01\x00\x00\x27\x10"
 
@@ -54,7 +55,7 @@ class Members:
             await node.start(sock=self.socks[int(peer[1:])])
 
     async def leader(self) -> tuple[DLedgerNode, DLedgerMessageStore]:
-        node = await until(lambda: next((n for n in self.nodes.values() if n.state.role is Role.LEADER
+        node = await wait_until(lambda: next((n for n in self.nodes.values() if n.state.role is Role.LEADER
                                          and all(m.state.leader_id == n.state.self_id for m in self.nodes.values()
                                                  if m is not n and not m.faults.blocked)), None), 10, "a leader")
         return node, await self.serve(node)
@@ -63,7 +64,7 @@ class Members:
         """What the broker's role handler does for a new leader: once its whole log is committed, it rebuilds the
         queue offsets from the dispatched queues and takes writes."""
         store = self.stores[node.state.self_id]
-        await until(lambda: store.ledger.end_index == store.ledger.committed_index, 10, "the leader's log committed")
+        await wait_until(lambda: store.ledger.end_index == store.ledger.committed_index, 10, "the leader's log committed")
         store.set_broker_role(BrokerRole.SYNC_MASTER)
         return store
 
@@ -112,7 +113,7 @@ def test_records_sit_in_entries_and_queues_see_only_committed_ones(tmp_path: Pat
         assert result.physical_offsets[0] == result.wrote_offset
         assert len(queue_bodies(store)) == 3
         for peer, other in m.stores.items():
-            await until(lambda other=other: len(queue_bodies(other)) == 3, 5, f"{peer} to dispatch the batch")
+            await wait_until(lambda other=other: len(queue_bodies(other)) == 3, 5, f"{peer} to dispatch the batch")
             assert other.max_physical_offset == store.max_physical_offset
 
     run(tmp_path, scenario)
@@ -130,7 +131,7 @@ def test_a_partitioned_leaders_unacknowledged_sends_never_reach_a_consumer(tmp_p
             m.nodes[p].faults.block(old)
         lost = [store.append_batch("T", 0, batch("T", 1, body=b"lost%d" % i), born_host=HOST) for i in range(4)]
         assert all(r.status is PutMessageStatus.PUT_OK for r in lost)
-        new = await until(lambda: next((m.nodes[p] for p in others if m.nodes[p].state.role is Role.LEADER), None),
+        new = await wait_until(lambda: next((m.nodes[p] for p in others if m.nodes[p].state.role is Role.LEADER), None),
                           10, "the majority electing a new leader")
         new_store = await m.serve(new)
         kept = new_store.append_batch("T", 0, batch("T", 1, body=b"majority"), born_host=HOST)
@@ -143,7 +144,7 @@ def test_a_partitioned_leaders_unacknowledged_sends_never_reach_a_consumer(tmp_p
         node.faults.heal()
         for p in others:
             m.nodes[p].faults.heal()
-        await until(lambda: node.state.role is Role.FOLLOWER and queue_bodies(store) == [b"shared", b"majority"],
+        await wait_until(lambda: node.state.role is Role.FOLLOWER and queue_bodies(store) == [b"shared", b"majority"],
                     10, "the old leader following, its tail cut, the majority's message dispatched")
         assert all(b"lost" not in (node.store.get(i) or b"") for i in range(node.store.end_index + 1))
 
@@ -158,7 +159,7 @@ def test_a_crashed_member_recovers_its_queues_and_dispatch(tmp_path: Path) -> No
             await r.committed  # type: ignore[misc]
         follower = next(p for p in m.peers if p != node.state.self_id)
         fstore = m.stores[follower]
-        await until(lambda: len(queue_bodies(fstore)) == 10, 5, "the follower to dispatch every message")
+        await wait_until(lambda: len(queue_bodies(fstore)) == 10, 5, "the follower to dispatch every message")
         await m.nodes[follower].stop()
         fstore.crash()
         again = m.open(follower)  # recovery: the log's end, the queues cut to it, dispatch resumed
@@ -193,7 +194,7 @@ def test_retention_deletes_the_oldest_entries_and_a_follower_far_behind_restarts
         assert len(store.ledger.data.files) >= 4
         before = queue_bodies(store)
         store.flush_future(store.max_physical_offset)
-        await until(lambda: store.commitlog.flushed_where >= store.max_physical_offset, 5, "the flush")
+        await wait_until(lambda: store.commitlog.flushed_where >= store.max_physical_offset, 5, "the flush")
         clock.now_ms += 100 * 3_600_000  # every closed file is older than fileReservedTime (72 h)
         cleaner = store.cleaner
         n = cleaner.deletable(cleaner.decide(manual=True))
@@ -212,7 +213,7 @@ def test_retention_deletes_the_oldest_entries_and_a_follower_far_behind_restarts
         after = store.append_batch("T", 0, batch("T", 1, body=b"after"), born_host=HOST)
         await after.committed  # type: ignore[misc]
         far = m.stores[laggard]
-        await until(lambda: far.ledger.begin_index == ledger.begin_index and queue_bodies(far)[-1:] == [b"after"],
+        await wait_until(lambda: far.ledger.begin_index == ledger.begin_index and queue_bodies(far)[-1:] == [b"after"],
                     10, "the laggard to restart its log at the leader's begin and catch up")
         assert far.get_min_offset_in_queue("T", 0) == lo
         assert queue_bodies(far) == [*kept, b"after"]

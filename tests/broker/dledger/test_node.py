@@ -20,21 +20,11 @@ from broker.dledger.node import AppendError, DLedgerNode, NodeConfig
 from broker.dledger.protocol import Hello, MsgType, encode_frame, encode_hello
 from broker.dledger.store import DLedgerStore
 from broker.store.io import FileIO
+from tests.waiting import wait_until
 
 FAST = ElectionTimings(heartbeat_interval_ms=100, max_heartbeat_leak=3, min_vote_interval_ms=50,
                        max_vote_interval_ms=150)
 T = TypeVar("T")
-
-
-async def until(fn: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = fn()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class Group:
@@ -96,7 +86,7 @@ class Group:
         return lead if ok else None
 
     async def wait_leader(self, timeout_s: float = 10.0) -> DLedgerNode:
-        return await until(self.leader, timeout_s, f"one leader among {sorted(self.nodes)}")
+        return await wait_until(self.leader, timeout_s, f"one leader among {sorted(self.nodes)}")
 
 
 def run(root: Path, scenario: Callable[[Group], Awaitable[None]], **cfg: object) -> None:
@@ -126,7 +116,7 @@ def test_three_members_elect_one_leader_and_commit_by_quorum(tmp_path: Path) -> 
         last = results[-1][0]
         assert lead.store.committed_index >= last
         for n in g.nodes.values():  # every follower gets every entry and learns the commit
-            await until(lambda n=n: n.store.committed_index >= last, 5, f"{n.state.self_id} committing {last}")
+            await wait_until(lambda n=n: n.store.committed_index >= last, 5, f"{n.state.self_id} committing {last}")
             assert entries(n, last) == entries(lead, last)
 
     run(tmp_path, scenario)
@@ -149,7 +139,7 @@ def test_the_leader_dies_a_follower_with_every_committed_entry_takes_over(tmp_pa
         assert took < 5, took
         await g.start(old)  # it comes back as a follower and catches up
         back = g.nodes[old]
-        await until(lambda: back.store.committed_index >= index, 5, "the old leader catching up")
+        await wait_until(lambda: back.store.committed_index >= index, 5, "the old leader catching up")
         assert entries(back, index) == entries(new, index)
 
     run(tmp_path, scenario)
@@ -198,7 +188,7 @@ def test_an_old_leaders_unacknowledged_tail_is_cut_when_it_rejoins(tmp_path: Pat
         for p in others:
             g.nodes[p].faults.block(old)
         lonely = [asyncio.ensure_future(lead.append(b"lost%d" % i)) for i in range(5)]
-        new = await until(lambda: next((g.nodes[p] for p in others if g.nodes[p].state.role is Role.LEADER), None),
+        new = await wait_until(lambda: next((g.nodes[p] for p in others if g.nodes[p].state.role is Role.LEADER), None),
                           10, "the majority electing a new leader")
         index, _ = await new.append(b"majority")
         for f in lonely:
@@ -207,7 +197,7 @@ def test_an_old_leaders_unacknowledged_tail_is_cut_when_it_rejoins(tmp_path: Pat
         lead.faults.heal()
         for p in others:
             g.nodes[p].faults.heal()
-        await until(lambda: lead.state.role is Role.FOLLOWER and lead.store.committed_index >= index, 10,
+        await wait_until(lambda: lead.state.role is Role.FOLLOWER and lead.store.committed_index >= index, 10,
                     "the old leader following and catching up")
         assert entries(lead, index) == entries(new, index)
         assert b"lost" not in b"".join(e or b"" for e in entries(lead, lead.store.end_index))
@@ -229,7 +219,7 @@ def test_pre_vote_keeps_an_isolated_follower_from_deposing_the_leader(tmp_path: 
         loner.faults.heal()
         for n in g.nodes.values():
             n.faults.heal()
-        await until(lambda: loner.state.role is Role.FOLLOWER and loner.state.leader_id == lead.state.self_id,
+        await wait_until(lambda: loner.state.role is Role.FOLLOWER and loner.state.leader_id == lead.state.self_id,
                     5, "the healed member following the same leader")
         assert lead.state.role is Role.LEADER and lead.state.term == term
         await lead.append(b"still here")

@@ -198,10 +198,12 @@ def test_a_full_disk_is_an_error_and_writes_nothing(tmp_path: Path) -> None:
     s = store(tmp_path, io=io)
     for i in range(6):
         s.append_as_leader(1, body(i))
+    files = sorted(os.listdir(os.path.join(s.directory, "data")))
     io.enospc_on_allocate = True
     with pytest.raises(OSError):
         s.append_as_leader(1, body(6))  # needs the next data file
     assert s.end_index == 5
+    assert sorted(os.listdir(os.path.join(s.directory, "data"))) == files  # no half-created file left behind
     io.enospc_on_allocate = False
     assert s.append_as_leader(1, body(6))[0] == 6
-    assert os.path.exists(os.path.join(s.directory, "data"))
+    assert (s.get(6) or b"")[BODY_OFFSET:] == body(6)
