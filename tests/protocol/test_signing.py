@@ -87,3 +87,21 @@ def test_the_parser_raises_only_signature_errors(value: bytes) -> None:
 def test_bad_credentials_are_refused_at_construction(ak: str, sk: str) -> None:
     with pytest.raises(ValueError):
         Credentials(ak, sk)
+
+
+def test_the_httpx_auth_signs_what_it_sends() -> None:
+    import httpx
+
+    from client.protocol.signing import SigningAuth
+
+    seen: list[bool] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        target = request.url.raw_path.decode()
+        seen.append(check(request.headers["authorization"], request.method, target, request.content))
+        return httpx.Response(200)
+
+    with httpx.Client(transport=httpx.MockTransport(handler), auth=SigningAuth(CREDS)) as c:
+        c.post("http://h/send", params={"topic": "a b", "queueId": "1"}, content=b"xyz")
+        c.get("http://h/route?topic=T")
+    assert seen == [True, True]
