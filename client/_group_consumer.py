@@ -121,7 +121,11 @@ def acquire_instance(namesrv_addr: str, cfg: GroupConsumerConfig, client_config:
 
 
 class _BoundPullConsumer(PullConsumer):
-    """A PullConsumer on a given client instance (the pull path, offsets and range queries are reused)."""
+    """A PullConsumer on a given client instance (the pull path, offsets and range queries are reused).
+
+    It borrows the engine's reference to the instance and holds none of its own: ``close`` must not release
+    it (a second release closed the instance shared with every other client of the process).
+    """
 
     def __init__(self, group: str, namesrv_addr: str, instance: ClientInstance) -> None:
         super().__init__(group, namesrv_addr)
@@ -131,6 +135,11 @@ class _BoundPullConsumer(PullConsumer):
         self._client = self._bound
         self._client.register_consumer(self.group)
         self._state = ClientState.OPENED
+
+    def close(self) -> None:
+        """Mark closed; the engine releases the instance it acquired."""
+        with self._lock:
+            self._state = ClientState.CLOSED
 
 
 class _Scheduler:

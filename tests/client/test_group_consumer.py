@@ -255,3 +255,27 @@ def test_async_consumer_polls_commits_seeks_and_pauses(cluster: LocalCluster) ->
                 await c.seek(MessageQueue("GcAsync", "broker-a", 9), 0)
 
     asyncio.run(scenario())
+
+
+def test_closing_a_group_or_push_consumer_leaves_other_clients_working(cluster: LocalCluster) -> None:
+    """Clients of one process share a client instance; closing a GroupConsumer (or a PushConsumer, built on it)
+    released that instance twice and closed it under a PullConsumer created before it (found by docs/GUIDE.md:
+    the next pull failed with "transport is closed")."""
+    from client import ConsumeStatus, PullConsumer, PushConsumer
+    from client.protocol.codes import PullStatus
+
+    make_topic(cluster, "SharedInstance", queues=2)
+    ns = cluster.namesrv_addr
+    with PullConsumer("shared-pull", ns) as puller, Producer("shared-prod", ns) as producer:
+        mq = puller.fetch_subscribe_message_queues("SharedInstance")[0]
+        group = GroupConsumer("shared-group", ns, pull_suspend_s=0.5)
+        group.subscribe("SharedInstance")
+        group.start()
+        group.close()
+        push = PushConsumer("shared-push", ns, lambda msgs: ConsumeStatus.CONSUME_SUCCESS, pull_suspend_s=0.5)
+        push.subscribe("SharedInstance")
+        with push:
+            pass
+        sent = producer.send(Message("SharedInstance", b"still here"), mq)
+        r = puller.pull(mq, offset=sent.queue_offset, max_nums=1)
+        assert r.pull_status is PullStatus.FOUND and r.msg_found_list[0].body == b"still here"
