@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig
+from broker.config import KEYS, BrokerConfig
 from broker.properties_file import parse_properties
 from client.cli._parser import build_parser
 
@@ -24,7 +24,9 @@ def test_every_properties_block_is_a_valid_broker_configuration() -> None:
     found = blocks("properties")
     assert len(found) >= 3
     for text in found:
-        config = BrokerConfig.from_properties(parse_properties(text))
+        props = parse_properties(text)
+        assert not set(props) - set(KEYS), f"keys the broker does not know: {sorted(set(props) - set(KEYS))}"
+        config = BrokerConfig.from_properties(props)
         assert config.broker_cluster_name == "prod"
 
 
