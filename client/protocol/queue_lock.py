@@ -18,7 +18,9 @@ from typing import Any
 
 import attrs
 
+from client.errors import MessageIllegalError
 from client.protocol.message import MessageQueue
+from client.protocol.properties import validate_topic
 from client.protocol.requests import INT32_MAX, ArgumentError, checked_name
 
 __all__ = ["MAX_QUEUES_PER_REQUEST", "LockBatchRequest", "decode_queues", "encode_queues", "lock_response"]
@@ -53,7 +55,11 @@ def decode_queues(items: object, field: str) -> list[MessageQueue]:
             raise ArgumentError(f"{field}[{i}] needs a string 'topic' and a 1 to 255 character 'brokerName'")
         if isinstance(qid, bool) or not isinstance(qid, int) or not 0 <= qid <= INT32_MAX:
             raise ArgumentError(f"{field}[{i}].queueId={qid!r:.40} is not an integer in [0, {INT32_MAX}]")
-        out.append(MessageQueue(checked_name("topic", topic), broker, qid))
+        try:
+            validate_topic(topic)
+        except MessageIllegalError as e:
+            raise ArgumentError(f"{field}[{i}].topic: {e.message}") from None
+        out.append(MessageQueue(topic, broker, qid))
     return out
 
 

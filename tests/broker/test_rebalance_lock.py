@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.rebalance_lock import REBALANCE_LOCK_MAX_LIVE_MS, RebalanceLockTable
 from client.protocol.codes import BrokerRole
 from client.protocol.message import MessageQueue
 from client.protocol.queue_lock import LockBatchRequest, lock_response
+from client.protocol.requests import ArgumentError
 from tests.broker.fakes import run_with_broker
 
 Q0, Q1 = ("T", 0), ("T", 1)
@@ -129,6 +132,9 @@ def test_lock_endpoints_on_a_master(tmp_path: Path) -> None:
                  "mqSet": [{"topic": "T", "brokerName": "broker-a", "queueId": 0}] * 10_001}).encode(),
      "MAX_QUEUES_PER_REQUEST"),
     (body("c", 0, broker="broker-b"), "broker-b"),
+    (json.dumps({"consumerGroup": "cg", "clientId": "c",
+                 "mqSet": [{"topic": "T/x", "brokerName": "broker-a", "queueId": 0}]}).encode(), "mqSet[0].topic"),
+    (json.dumps({"consumerGroup": "g/x", "clientId": "c", "mqSet": []}).encode(), "group"),
 ])
 def test_bad_lock_requests_are_refused_clearly(tmp_path: Path, payload: bytes, names: str) -> None:
     async def scenario(ctrl: Any, client: Any) -> None:
@@ -148,3 +154,27 @@ def test_a_slave_refuses_locks(tmp_path: Path) -> None:
         assert len(ctrl.queue_locks) == 0
 
     run_with_broker(tmp_path, scenario, role=BrokerRole.SLAVE)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=12),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                                  max_size=4), max_leaves=12)
+FIELDS = st.fixed_dictionaries({}, optional={"consumerGroup": JSON | st.sampled_from(["cg", ""]),
+                                             "clientId": JSON | st.just("c1"),
+                                             "mqSet": JSON | st.lists(st.dictionaries(
+                                                 st.sampled_from(["topic", "brokerName", "queueId"]),
+                                                 JSON | st.sampled_from(["T", "broker-a", 0, 3]), max_size=3),
+                                                 max_size=3)})
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(FIELDS)
+def test_lock_body_decoder_refuses_clearly(body: dict[str, Any]) -> None:
+    """Any JSON object: a request, or an ArgumentError naming what is wrong -- nothing else escapes."""
+    try:
+        req = LockBatchRequest.from_json(body)
+    except ArgumentError as e:
+        assert e.message
+        return
+    assert LockBatchRequest.from_json(json.loads(req.to_json())) == LockBatchRequest(
+        req.consumer_group, req.client_id, tuple(sorted(req.queues)))
