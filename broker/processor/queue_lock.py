@@ -5,8 +5,8 @@ RebalanceLockTable`. Bodies: :mod:`client.protocol.queue_lock`.
 Locks live on the master only, as in RocketMQ (clients send them to the master of each broker group). A slave
 refuses with SERVICE_NOT_AVAILABLE naming its role, so a client never believes it holds a lock a slave granted.
 Locks are not replicated: after a failover the new master starts with an empty table, and the clients lock
-again at their next renewal (within 20 s); a broker that stops being the master forgets its table, so were it
-to lead again it would not honour locks from before.
+again at their next renewal (within 20 s). A broker that stops being the master (a DLedger leader stepping down)
+forgets its table (the controller clears it), so were it to lead again it would not honour locks from before.
 """
 
 from __future__ import annotations
@@ -43,20 +43,15 @@ class QueueLockProcessor:
         self._addr = addr
         self._role = role
         self._table = table
-        self._was_master = not role.is_slave
 
     def routes(self) -> dict[tuple[str, str], Any]:
         return {("POST", "/queue/lock"): self.lock, ("POST", "/queue/unlock"): self.unlock}
 
     def _request(self, request: Request) -> LockBatchRequest:
         if self._role.is_slave:
-            if self._was_master:
-                self._table.clear()
-                self._was_master = False
             raise ServiceNotAvailableError(
                 f"{broker_where(self._config, self._addr, self._role)} is a SLAVE: queue locks live on the master "
                 f"of {self._config.broker_name}")
-        self._was_master = True
         req = LockBatchRequest.from_json(request.json())
         name = self._config.broker_name
         for q in req.queues:

@@ -178,3 +178,13 @@ def test_lock_body_decoder_refuses_clearly(body: dict[str, Any]) -> None:
         return
     assert LockBatchRequest.from_json(json.loads(req.to_json())) == LockBatchRequest(
         req.consumer_group, req.client_id, tuple(sorted(req.queues)))
+
+
+def test_a_master_that_steps_down_forgets_its_locks(tmp_path: Path) -> None:
+    async def scenario(ctrl: Any, client: Any) -> None:
+        r = await client.post("/queue/lock", content=body("c1", 0, 1))
+        assert len(lock_response(r.json())) == 2 and len(ctrl.queue_locks) == 2
+        await ctrl._became_slave()  # what the DLedger role handler runs when the leader steps down
+        assert len(ctrl.queue_locks) == 0
+
+    run_with_broker(tmp_path, scenario)
