@@ -54,8 +54,10 @@ from broker.metrics import BrokerMetrics, BrokerState, RateMeter
 from broker.processor.admin import AdminProcessor, StatusViews
 from broker.processor.consumer_manager import ConsumerManageProcessor
 from broker.processor.pull import PullProcessor
+from broker.processor.queue_lock import QueueLockProcessor
 from broker.processor.send import SendProcessor
 from broker.processor.sendback import SendBackProcessor
+from broker.rebalance_lock import RebalanceLockTable
 from broker.registration import BrokerIdentity, RegisterResult, Registrar, build_register_body
 from broker.retention_driver import RetentionDriver
 from broker.role import RoleState
@@ -141,6 +143,7 @@ class BrokerController:
         self.clients = ClientTable(clock_ms=self._clock_ms)
         self.last_pulls = LastPulls()
         self.hold = PullHoldService(config.max_parked_pulls)
+        self.queue_locks = RebalanceLockTable(self._clock_ms)
         # A DLedger member's id and role follow the election: its series are labelled by its peer id instead.
         node_id, node_type = ((f"{config.broker_name}-{config.dleger_self_id}", "DLEDGER")
                               if config.enable_dleger_commit_log else
@@ -233,6 +236,7 @@ class BrokerController:
 
     async def _became_slave(self) -> None:
         await self.schedule.stop()
+        self.queue_locks.clear()  # locks live on the master only; the next master starts empty
         self._set_registered_id()
         self.request_registration()
 
@@ -264,8 +268,9 @@ class BrokerController:
                                status=StatusViews(self.runtime_info, self.ha_status, self.metrics_text,
                                                   self.dledger_status if self.dledger else None,
                                                   self._transfer_leadership if self.dledger else None))
+        queue_locks = QueueLockProcessor(cfg, addr=addr, role=self.role, table=self.queue_locks)
         routes = {("POST", "/send"): send.handle, ("GET", "/pull"): pull.handle, **send_back.routes(),
-                  **consumers.routes(), **admin.routes()}
+                  **consumers.routes(), **admin.routes(), **queue_locks.routes()}
         return Router(routes, max_body_bytes=cfg.max_request_body_bytes,
                       max_inflight_body_bytes=max(cfg.max_inflight_request_body_bytes, cfg.max_request_body_bytes),
                       identity=lambda: (self.addr, self.role_name),

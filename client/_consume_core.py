@@ -98,6 +98,9 @@ class GroupConsumerConfig:
     """Pull threads of a sync consumer (queues are pulled round robin by them)."""
     pull_delay_on_error_s: float = attrs.field(default=1.0, validator=_non_negative)
     """``pullTimeDelayMillsWhenException``."""
+    rebalance_lock_interval_s: float = attrs.field(default=20.0, validator=_positive)
+    """Orderly push consumers: how often held queues are locked again on their masters (``rebalanceLockInterval``;
+    keep it well under the broker's 60 s lock expiry and the 30 s a lock is trusted locally)."""
     offset_store_dir: str = "~/.splitmq_offsets"
     """BROADCASTING: where the local offsets file lives."""
     instance_name: str | None = None

@@ -34,6 +34,7 @@ from client._consume_core import GroupConsumerConfig, GroupCore, consume_timesta
 from client._consumer import PullConsumer
 from client._instance import ClientConfig, ClientInstance, ClientState
 from client._offset_store import LocalFileOffsetStore
+from client._orderly import QueueLocker
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset, retry_topic
 from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
 from client.protocol.codes import MASTER_ID, PullStatus
@@ -186,17 +187,25 @@ class SyncEngine:
         client_config: settings of the client instance (when this consumer creates it).
         deliver: called from a pull thread with ``(pq, generation, messages)`` after each pull that found some.
         subscribe_retry_topic: also consume ``%RETRY%<group>`` (push consumers in clustering mode).
+        lock_queues: lock queues on their masters before holding them, renew the locks, unlock on hand-over and
+            close (orderly push consumers in clustering mode; see :mod:`client._orderly`).
+        on_locked: called after each renewal of the locks (consumption of queues locked again resumes).
     """
 
     def __init__(self, config: GroupConsumerConfig, namesrv_addr: str, client_config: ClientConfig | None,
                  deliver: Callable[[ProcessQueue, int, list[MessageExt]], None], *,
-                 subscribe_retry_topic: bool = False) -> None:
+                 subscribe_retry_topic: bool = False, lock_queues: bool = False,
+                 on_locked: Callable[[], None] | None = None) -> None:
         self.config = config
         self.namesrv_addr = namesrv_addr
         self.core = GroupCore(config)
         self._client_config = client_config
         self._deliver = deliver
         self._retry = subscribe_retry_topic and config.message_model is MessageModel.CLUSTERING
+        self._lock_queues = lock_queues and config.message_model is MessageModel.CLUSTERING
+        self._on_locked = on_locked
+        self.locker: QueueLocker | None = None
+        """The queue locks (orderly push consumers in clustering mode), set at start."""
         self.state = ClientState.UNOPENED
         self.client: ClientInstance | None = None
         self.puller: PullConsumer | None = None
@@ -238,6 +247,8 @@ class SyncEngine:
                 raise
             self.client = client
             self.puller = _BoundPullConsumer(self.group, self.namesrv_addr, client).start()
+            if self._lock_queues:
+                self.locker = QueueLocker(self.group, client)
             if self.config.message_model is MessageModel.BROADCASTING:
                 self.local_store = LocalFileOffsetStore(self.config.offset_store_dir,
                                                         self.config.instance_name or "DEFAULT", self.group)
@@ -280,6 +291,9 @@ class SyncEngine:
         if stuck:
             log.debug("%s: %d threads still in a request at close (abandoned): %s", self.group, len(stuck), stuck)
         run_quietly(lambda: self.persist_offsets(all_held=True), f"final commit of {self.group}", log)
+        if self.locker is not None:  # after the commit: the next owner starts after the last message consumed
+            locker = self.locker
+            run_quietly(lambda: locker.unlock(self.core.held()), f"unlock of {self.group}'s queues", log)
         assert self.client is not None and self.puller is not None
         release_group(self.client, self.group)
         self.puller.close()
@@ -332,6 +346,7 @@ class SyncEngine:
         run_quietly(client.send_heartbeat_to_all_brokers, "first heartbeat", log)
         next_rebalance = 0.0
         next_commit = time.monotonic() + cfg.auto_commit_interval_s
+        next_lock = time.monotonic() + cfg.rebalance_lock_interval_s
         while not self._stop.is_set():
             self._wake.clear()
             now = time.monotonic()
@@ -346,11 +361,23 @@ class SyncEngine:
             if cfg.auto_commit and now >= next_commit:
                 run_quietly(self.persist_offsets, f"offset commit of {self.group}", log)
                 next_commit = time.monotonic() + cfg.auto_commit_interval_s
+            if self.locker is not None and now >= next_lock:
+                run_quietly(self._renew_locks, f"lock renewal of {self.group}", log)
+                next_lock = time.monotonic() + cfg.rebalance_lock_interval_s
             due = min(next_rebalance, next_commit if cfg.auto_commit else next_rebalance)
+            if self.locker is not None:
+                due = min(due, next_lock)
             with self._lock:
                 if self._soon_at is not None:
                     due = min(due, self._soon_at)
             self._wake.wait(max(0.01, due - time.monotonic()))
+
+    def _renew_locks(self) -> None:
+        """Lock every held queue again (RocketMQ's ``lockAll``), then let consumption resume where it may."""
+        assert self.locker is not None
+        self.locker.lock(self.core.held())
+        if self._on_locked is not None:
+            self._on_locked()
 
     def rebalance(self) -> None:
         """One rebalance round over every subscribed topic (or the manual assignment)."""
@@ -415,7 +442,11 @@ class SyncEngine:
         held = self.core.held(topic)
         for mq in sorted(held - wanted):
             self._drop(mq)
-        for mq in sorted(wanted - held):
+        new = sorted(wanted - held)
+        if self.locker is not None and new:
+            granted = self.locker.lock(new)  # a queue another instance still holds waits for the next round
+            new = [mq for mq in new if mq in granted]
+        for mq in new:
             if self._stop.is_set():
                 return
             try:
@@ -429,6 +460,21 @@ class SyncEngine:
                 self._sched.add(pq)
 
     def _drop(self, mq: MessageQueue) -> None:
+        locker = self.locker
+        if locker is None:
+            self._hand_over(mq)
+            return
+        # Orderly: wait for the queue's running callback, commit what it consumed, and only then unlock, so the
+        # next owner neither runs alongside it nor consumes its last batch again.
+        with locker.idle(mq) as idle:
+            if not idle:
+                log.info("%s: a callback of %s is still running; handing it over at the next rebalance",
+                         self.group, mq)
+                return
+            self._hand_over(mq)
+        run_quietly(lambda: locker.unlock([mq]), f"unlock of {mq}", log)
+
+    def _hand_over(self, mq: MessageQueue) -> None:
         offset = self.core.drop_queue(mq)
         if offset < 0:
             return

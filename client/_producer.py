@@ -9,6 +9,15 @@ of the previous failed attempt, and isolated brokers when latency fault toleranc
 failures within ``send_timeout_s`` (SEMANTICS.md 4.6), waits within it for a new master when its group's master
 is gone and no other group can take the message (:class:`~client._producer_core.SendAttempts`), and returns a :class:`SendResult` also for codes 10/11/12
 (stored, not fully durable). Concurrent sends to one topic are batched automatically (see ``_producer_core``).
+
+Ordered sends (``sharding_key=`` or ``selector=``/``arg=``, RocketMQ's ``send(msg, selector, arg)``): the queue
+is chosen once, from the topic's writable queues in the route (groups by name, ids ascending: the same list in
+every producer), then the message goes to that queue as an explicit-queue send -- one attempt, never retried on
+another queue, as RocketMQ's orderly send, because a retry elsewhere would put the key's later messages ahead of
+earlier ones in another queue. When the master of the key's queue is down the send fails (the caller decides
+whether to retry it); once the nameserver drops that master from the route (its unregistration, or the broker
+expiry), the writable queue count shrinks and keys re-hash over the queues left, so a key's order holds within
+each stretch of an unchanged route, as with RocketMQ's ``SelectMessageQueueByHash``.
 """
 
 from __future__ import annotations
@@ -27,9 +36,11 @@ from client._ops import send_op
 from client._producer_core import (
     Accumulator,
     MasterVerdict,
+    MessageQueueSelector,
     Pending,
     ProducerConfig,
     SendAttempts,
+    Sharding,
     check_batch,
     encode_one,
     explicit_queue,
@@ -149,6 +160,19 @@ class _ProducerBase:
         fixed = explicit_queue(queue, msg.topic)
         key: Hashable = fixed if fixed is not None else msg.topic
         return key, fixed, Pending(item, uniq, time.monotonic() + self.config.send_timeout_s, waker)
+
+    def _select_op(self, core: _InstanceCore, msg: Message, sharding: Sharding) -> Op[MessageQueue]:
+        """The queue of an ordered send: the selector's pick among the topic's writable queues."""
+        validate_message(msg, self.config.max_message_size)  # the selector sees a valid message only
+        info = yield from core.publish_info_op(msg.topic)
+        return sharding.choose(info, msg)
+
+    def _select_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], sharding: Sharding
+                         ) -> Op[MessageQueue]:
+        """The one queue of an ordered batch (the selector is asked with the batch's first message)."""
+        topic = check_batch(msgs, self.config.max_message_size)
+        info = yield from core.publish_info_op(topic)
+        return sharding.choose(info, msgs[0])
 
     @staticmethod
     def _outcome(me: Pending) -> SendResult:
@@ -300,13 +324,20 @@ class Producer(SyncLifecycle, _ProducerBase):
             client.release()
 
     def send(self, msg: Message, queue: MessageQueue | None = None, *,
-             message_queue: MessageQueue | None = None) -> SendResult:
-        """Send one message to a master; batched with concurrent sends of the same topic.
+             message_queue: MessageQueue | None = None, sharding_key: str | None = None,
+             selector: MessageQueueSelector | None = None, arg: Any = None) -> SendResult:
+        """Send one message to a master; batched with concurrent sends of the same topic (or queue).
 
         Args:
             msg: the message.
             queue: send to this queue only (one attempt, no retry), as RocketMQ's ``send(msg, mq)``.
             message_queue: keyword spelling of ``queue``.
+            sharding_key: an ordered send: every message of the key goes to the queue
+                ``crc32(key) % (writable queues of the topic)`` (:func:`~client._producer_core.select_by_hash`),
+                with one attempt and no retry on another queue, as RocketMQ's ``send(msg, selector, arg)``.
+            selector: an ordered send with your own ``selector(queues, msg, arg) -> MessageQueue`` (RocketMQ's
+                ``MessageQueueSelector``), called with the topic's writable queues; one attempt, no retry.
+            arg: the selector's third argument.
 
         Returns:
             The SendResult (status SEND_OK, or FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE).
@@ -315,10 +346,15 @@ class Producer(SyncLifecycle, _ProducerBase):
             MessageIllegalError: the message is invalid (checked before any I/O).
             SendFailedError: every attempt failed, or the send timeout ran out.
             BrokerError: a broker refused the message with a code that is not retried.
+            InvalidParameterError: a bad sharding key or selector, or one given with a queue.
             ClientClosedError: the producer is closed.
         """
         client = self._ensure_open()
-        key, fixed, me = self._admit(msg, queue or message_queue, threading.Event())
+        queue = queue or message_queue
+        sharding = Sharding.of(queue, sharding_key, selector, arg)
+        if sharding is not None:
+            queue = client.drive(self._select_op(client, msg, sharding))
+        key, fixed, me = self._admit(msg, queue, threading.Event())
         with self._lock:
             self._wait_room(len(me.item), me.deadline)
             batch = self._acc.offer(key, me)
@@ -373,14 +409,21 @@ class Producer(SyncLifecycle, _ProducerBase):
             nb[0].waker.set()
 
     def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
-                   message_queue: MessageQueue | None = None) -> list[SendResult]:
-        """Send messages of one topic as one request to one queue (retried whole on another queue).
+                   message_queue: MessageQueue | None = None, sharding_key: str | None = None,
+                   selector: MessageQueueSelector | None = None, arg: Any = None) -> list[SendResult]:
+        """Send messages of one topic as one request to one queue (retried whole on another queue, unless the
+        queue is explicit or chosen by ``sharding_key`` / ``selector``: see :meth:`send`; the whole batch goes to
+        the key's queue, its messages in order).
 
         Returns:
             One SendResult per message, in order, each with its own queue offset and offset msgId.
         """
         client = self._ensure_open()
-        return self._run(client, self._send_batch_op(client, msgs, queue or message_queue))
+        queue = queue or message_queue
+        sharding = Sharding.of(queue, sharding_key, selector, arg)
+        if sharding is not None:
+            queue = client.drive(self._select_batch_op(client, msgs, sharding))
+        return self._run(client, self._send_batch_op(client, msgs, queue))
 
     def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """One attempt, no result: the broker's answer is read (keep-alive) but not reported."""
@@ -435,11 +478,16 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                 w.set_result(None)
 
     async def send(self, msg: Message, queue: MessageQueue | None = None, *,
-                   message_queue: MessageQueue | None = None) -> SendResult:
+                   message_queue: MessageQueue | None = None, sharding_key: str | None = None,
+                   selector: MessageQueueSelector | None = None, arg: Any = None) -> SendResult:
         """See :meth:`Producer.send`."""
         client = self._ensure_open()
         loop = asyncio.get_running_loop()
-        key, fixed, me = self._admit(msg, queue or message_queue, loop.create_future())
+        queue = queue or message_queue
+        sharding = Sharding.of(queue, sharding_key, selector, arg)
+        if sharding is not None:
+            queue = await client.drive(self._select_op(client, msg, sharding))
+        key, fixed, me = self._admit(msg, queue, loop.create_future())
         if not self._acc.has_room(len(me.item)):  # the common case skips a coroutine call
             await self._wait_room(len(me.item), me.deadline, loop)
         batch = self._acc.offer(key, me)
@@ -501,10 +549,15 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
             self._idle.set()
 
     async def send_batch(self, msgs: Sequence[Message], queue: MessageQueue | None = None, *,
-                         message_queue: MessageQueue | None = None) -> list[SendResult]:
+                         message_queue: MessageQueue | None = None, sharding_key: str | None = None,
+                         selector: MessageQueueSelector | None = None, arg: Any = None) -> list[SendResult]:
         """See :meth:`Producer.send_batch`."""
         client = self._ensure_open()
-        return await self._run(client, self._send_batch_op(client, msgs, queue or message_queue))
+        queue = queue or message_queue
+        sharding = Sharding.of(queue, sharding_key, selector, arg)
+        if sharding is not None:
+            queue = await client.drive(self._select_batch_op(client, msgs, sharding))
+        return await self._run(client, self._send_batch_op(client, msgs, queue))
 
     async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """See :meth:`Producer.send_oneway`."""

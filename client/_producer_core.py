@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import random
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -37,6 +38,7 @@ from client.errors import (
     BrokerError,
     BrokerNotFoundError,
     ClientError,
+    InvalidParameterError,
     MessageIllegalError,
     SendFailedError,
 )
@@ -52,14 +54,18 @@ __all__ = [
     "SAME_MASTER_RETRY_S",
     "Accumulator",
     "MasterVerdict",
+    "MessageQueueSelector",
     "Pending",
     "ProducerConfig",
     "SendAttempts",
+    "Sharding",
     "check_batch",
     "encode_one",
     "is_retriable",
     "lost_master",
+    "select_by_hash",
     "send_failed",
+    "sharding_hash",
     "validate_message",
 ]
 
@@ -295,6 +301,74 @@ def explicit_queue(message_queue: MessageQueue | None, topic: str) -> MessageQue
     if message_queue.topic != topic:
         raise MessageIllegalError(f"message to topic {topic} cannot go to queue {message_queue}")
     return message_queue
+
+
+#: RocketMQ's ``MessageQueueSelector``: ``selector(queues, msg, arg)`` returns the queue of ``msg``, one of
+#: ``queues`` (the topic's writable queues, in the same order in every producer).
+MessageQueueSelector = Callable[[Sequence[MessageQueue], Message, Any], MessageQueue]
+
+
+def sharding_hash(key: str) -> int:
+    """The stable hash of a sharding key: CRC-32 of its UTF-8 bytes (an unsigned 32-bit integer).
+
+    Python's ``hash()`` of a str is salted per process, so two producers would put one key on two queues; CRC-32
+    is the same everywhere. (RocketMQ's Java ``SelectMessageQueueByHash`` uses ``abs(String.hashCode())``; a
+    topic fed by Java and Python producers with the same keys needs a selector that reproduces that.)
+    """
+    return zlib.crc32(key.encode("utf-8"))
+
+
+def select_by_hash(queues: Sequence[MessageQueue], msg: Message, key: Any) -> MessageQueue:
+    """The selector behind ``sharding_key`` (RocketMQ's ``SelectMessageQueueByHash``):
+    ``queues[sharding_hash(key) % len(queues)]``, so a key keeps its queue while the count of writable queues
+    does not change."""
+    return queues[sharding_hash(str(key)) % len(queues)]
+
+
+@attrs.frozen
+class Sharding:
+    """How an ordered send picks its queue: a selector and the argument it is called with."""
+
+    selector: MessageQueueSelector
+    """``selector(queues, msg, arg) -> MessageQueue``."""
+    arg: Any
+    """The selector's third argument (the sharding key for :func:`select_by_hash`)."""
+
+    @classmethod
+    def of(cls, queue: MessageQueue | None, sharding_key: str | None, selector: MessageQueueSelector | None,
+           arg: Any) -> Sharding | None:
+        """The sharding of a send's arguments, or None when the send names neither a key nor a selector.
+
+        Raises:
+            InvalidParameterError: a key that is not a non-empty str, a selector that is not callable, both a key
+                and a selector, or either with an explicit queue.
+        """
+        if sharding_key is None and selector is None:
+            return None
+        if queue is not None:
+            raise InvalidParameterError("send to an explicit queue or by sharding_key / selector, not both")
+        if sharding_key is not None:
+            if selector is not None:
+                raise InvalidParameterError("give a sharding_key or a selector, not both")
+            if not isinstance(sharding_key, str) or not sharding_key:
+                raise InvalidParameterError(f"sharding_key must be a non-empty str, got {sharding_key!r:.60}")
+            return cls(select_by_hash, sharding_key)
+        if not callable(selector):
+            raise InvalidParameterError(f"selector must be callable, got {type(selector).__name__}")
+        return cls(selector, arg)
+
+    def choose(self, info: TopicPublishInfo, msg: Message) -> MessageQueue:
+        """The queue of ``msg`` among the topic's writable queues.
+
+        Raises:
+            InvalidParameterError: the selector returned something that is not one of the queues it was given.
+        """
+        queues = list(info.message_queues)
+        mq = self.selector(queues, msg, self.arg)
+        if mq not in info.message_queues:
+            raise InvalidParameterError(f"the queue selector returned {mq!r:.80}, not one of the {len(queues)} "
+                                        f"writable queues of topic {info.topic} it was given")
+        return mq
 
 
 def is_retriable(err: ClientError) -> bool:

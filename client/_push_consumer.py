@@ -13,14 +13,17 @@ consume side (RocketMQ ``ConsumeMessageConcurrentlyService`` / ``ConsumeMessageO
   ``max_reconsume_times``. When that fails the consumer produces the copy to ``%RETRY%<group>`` itself
   (SEMANTICS.md 8.3); when even that fails the message is consumed again here after 5 s;
 * orderly: one callback at a time per queue, in offset order; a failed batch is retried in place after
-  ``suspend_current_queue_time_s``, and sent to the DLQ after ``max_reconsume_times``. (There is no broker
-  queue lock in SplitMQ: during a hand-over two instances may briefly hold the same queue.)
+  ``suspend_current_queue_time_s``, and sent to the DLQ after ``max_reconsume_times``. In clustering mode a
+  queue is also locked on its master before it is consumed (RocketMQ's orderly protocol, :mod:`client._orderly`):
+  consumed only while the lock is fresh, handed over after its running callback ends and its offset is
+  committed, unlocked on close -- so two instances of a group never consume one queue at once.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import enum
 import logging
 import threading
@@ -160,7 +163,7 @@ class PushConsumer:
         self.max_reconsume_times = DEFAULT_MAX_RECONSUME_TIMES if max_reconsume_times == -1 else max_reconsume_times
         self.suspend_s = suspend_current_queue_time_s
         self._engine = SyncEngine(self.config, namesrv_addr, client_config, self._on_pulled,
-                                  subscribe_retry_topic=True)
+                                  subscribe_retry_topic=True, lock_queues=orderly, on_locked=self._kick_all_orderly)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._busy: set[int] = set()  # orderly: ids of queues with a consume task running or scheduled
         self._inflight = 0
@@ -333,26 +336,38 @@ class PushConsumer:
             self._busy.add(id(pq))
         self._submit(self._consume_orderly, pq)
 
+    def _kick_all_orderly(self) -> None:
+        """After a lock renewal: queues whose consumption stopped for want of a lock may go on."""
+        core = self._engine.core
+        with core.lock:
+            pqs = [pq for pq in core.pqs.values() if pq.msg_count]
+        for pq in pqs:
+            self._kick_orderly(pq)
+
     def _consume_orderly(self, pq: ProcessQueue) -> None:
         core = self._engine.core
+        locker = self._engine.locker
         while not self._engine._stop.is_set():
-            with core.lock:
-                msgs = pq.take(self.batch_max) if core.live(pq) else []
-                if not msgs:
-                    self._busy.discard(id(pq))
-                    return
-            status = self._call(msgs)
-            with core.lock:
-                if not core.live(pq):
-                    self._busy.discard(id(pq))
-                    return
-            if status is ConsumeStatus.RECONSUME_LATER and not self._orderly_give_up(pq, msgs):
+            # The queue's consume lock is held from the take to the commit: a hand-over waits for it.
+            with locker.consume_lock(pq.mq) if locker is not None else contextlib.nullcontext():
                 with core.lock:
-                    pq.return_consuming([attrs.evolve(m, reconsume_times=m.reconsume_times + 1) for m in msgs])
-                self._later(self.suspend_s, self._consume_orderly, pq)
-                return
-            with core.lock:
-                core.offsets.update(pq.mq, pq.commit_consuming())
+                    may = core.live(pq) and (locker is None or locker.holds(pq.mq))
+                    msgs = pq.take(self.batch_max) if may else []
+                    if not msgs:  # nothing left, dropped, or not locked (a renewal kicks it again)
+                        self._busy.discard(id(pq))
+                        return
+                status = self._call(msgs)
+                with core.lock:
+                    if not core.live(pq):
+                        self._busy.discard(id(pq))
+                        return
+                if status is ConsumeStatus.RECONSUME_LATER and not self._orderly_give_up(pq, msgs):
+                    with core.lock:
+                        pq.return_consuming([attrs.evolve(m, reconsume_times=m.reconsume_times + 1) for m in msgs])
+                    self._later(self.suspend_s, self._consume_orderly, pq)
+                    return
+                with core.lock:
+                    core.offsets.update(pq.mq, pq.commit_consuming())
         with core.lock:
             self._busy.discard(id(pq))
 

@@ -129,7 +129,12 @@ class PullProcessor:
     async def _process(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None
                        ) -> bytes:
         if (req.sys_flag & PullSysFlag.COMMIT_OFFSET and req.commit_offset >= 0 and not self._role.is_slave):
-            self._offsets.commit(req.group, req.topic, req.queue_id, req.commit_offset)
+            # The piggy-backed offset repeats the client's last commit. One below the stored offset is stale: a
+            # pull of the queue's previous owner that was on its way while that owner committed and handed the
+            # queue over; storing it would make the next owner consume again what was consumed.
+            stored = self._offsets.query(req.group, req.topic, req.queue_id)
+            if stored is None or req.commit_offset > stored:
+                self._offsets.commit(req.group, req.topic, req.queue_id, req.commit_offset)
         allow_suspend = bool(req.sys_flag & PullSysFlag.SUSPEND)
         body = self._run_once(req, group, tag_filter, allow_suspend)
         if body is not None:

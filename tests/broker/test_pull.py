@@ -144,6 +144,15 @@ def test_commit_offset_flag_on_master(tmp_path: Path) -> None:
         assert ctrl.offsets.query("cg", "T", 0) == 1
         await pull(client, 0, commitOffset=2)  # no flag: not stored
         assert ctrl.offsets.query("cg", "T", 0) == 1
+        await pull(client, 0, sysFlag=int(PullSysFlag.COMMIT_OFFSET), commitOffset=2)
+        assert ctrl.offsets.query("cg", "T", 0) == 2
+        # A stale piggy-back (the previous owner's pull, in flight during its hand-over commit) never moves the
+        # offset back; an explicit commit still may (a seek, an admin reset).
+        await pull(client, 0, sysFlag=int(PullSysFlag.COMMIT_OFFSET), commitOffset=1)
+        assert ctrl.offsets.query("cg", "T", 0) == 2
+        r = await client.post("/offset/consumer", json={"group": "cg", "offsets": [
+            {"topic": "T", "queueId": 0, "offset": 0}]})
+        assert r.status_code == 200 and ctrl.offsets.query("cg", "T", 0) == 0
 
     run_with_broker(tmp_path, scenario)
 
