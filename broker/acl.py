@@ -4,9 +4,9 @@ One row per route the broker serves; ``tests/broker/test_acl_rules.py`` checks t
 without a row, so a new endpoint cannot be left open by mistake (the gate refuses such a route anyway).
 
 RocketMQ's ``PlainAccessValidator`` is the model: a send needs PUB on its topic; a pull, offset commits and
-queries need SUB on the topic and the group they name; heartbeats, unregistration and send-backs need SUB on the
-consumer groups (a ``%RETRY%G`` / ``%DLQ%G`` topic is group G's, see :mod:`client.protocol.acl`); metadata,
-status and operations need ``admin``. ``GET /message`` (by commit-log offset) names no topic before it reads the
+queries need SUB on the topic and the group they name; heartbeats, unregistration, send-backs and queue locks
+need SUB on the consumer groups (a ``%RETRY%G`` / ``%DLQ%G`` topic is group G's, see :mod:`client.protocol.acl`);
+metadata, status and operations need ``admin``. ``GET /message`` (by commit-log offset) names no topic before it reads the
 record, so it needs admin.
 """
 
@@ -64,6 +64,16 @@ def _commit_offsets(principal: Principal, request: Request) -> None:
         principal.need_topic(topic, SUB)
 
 
+def _queue_lock(principal: Principal, request: Request) -> None:
+    """Locking or unlocking queues of orderly consumption: SUB on the group and on each queue's topic (what the
+    same consumer needs to pull them)."""
+    body = request.json()
+    for group in json_strings(body, "consumerGroup"):
+        principal.need_group(group)
+    for topic in set(json_strings(body, "mqSet", "[]", "topic")):
+        principal.need_topic(topic, SUB)
+
+
 _TOPIC_SUB = topic_arg("topic", SUB)
 
 #: ``{(method, path): rule}`` for every broker endpoint.
@@ -79,6 +89,8 @@ BROKER_RULES: Mapping[tuple[str, str], Rule] = {
     ("GET", "/consumer/pulls"): all_of(_TOPIC_SUB, group_arg("group")),
     ("GET", "/offset/consumer"): all_of(_TOPIC_SUB, group_arg("group")),
     ("POST", "/offset/consumer"): _commit_offsets,
+    ("POST", "/queue/lock"): _queue_lock,
+    ("POST", "/queue/unlock"): _queue_lock,
     # queue offsets and message queries
     ("GET", "/offset/min"): _TOPIC_SUB,
     ("GET", "/offset/max"): _TOPIC_SUB,
