@@ -34,7 +34,7 @@ import httpx
 from client import _requests as rq
 from client._consume_core import GroupConsumerConfig
 from client._group_consumer import SyncEngine
-from client._instance import ClientConfig, ClientInstance, ClientState
+from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
 from client._rebalance import MessageModel, ProcessQueue, retry_topic
 from client.errors import BrokerNotFoundError, ClientError, InvalidParameterError
 from client.protocol import codec
@@ -48,6 +48,7 @@ from client.protocol.properties import (
     TAGS,
     UNIQ_KEY,
 )
+from client.protocol.signing import Credentials
 
 __all__ = ["ConsumeStatus", "InvalidConsumeStatusError", "PushConsumer", "check_consume_status",
            "retry_message_properties"]
@@ -133,6 +134,7 @@ class PushConsumer:
         max_reconsume_times: retries before the DLQ (-1 = 16).
         suspend_current_queue_time_s: orderly: pause before consuming a failed batch again.
         client_config: settings of the client instance (when this consumer creates it).
+        credentials: the account that signs every request (``client.Credentials``); None: unsigned.
         **kwargs: :class:`GroupConsumerConfig` fields.
 
     Raises:
@@ -142,7 +144,8 @@ class PushConsumer:
     def __init__(self, group: str, namesrv_addr: str, listener: Callable[[list[MessageExt]], ConsumeStatus], *,
                  orderly: bool = False, consume_thread_nums: int = 20, consume_message_batch_max_size: int = 1,
                  max_reconsume_times: int = -1, suspend_current_queue_time_s: float = 1.0,
-                 client_config: ClientConfig | None = None, **kwargs: Any) -> None:
+                 client_config: ClientConfig | None = None, credentials: Credentials | None = None,
+                 **kwargs: Any) -> None:
         if not callable(listener):
             raise InvalidParameterError(f"listener must be callable, got {type(listener).__name__}")
         if not 1 <= consume_thread_nums <= 1000:
@@ -159,7 +162,8 @@ class PushConsumer:
         self.batch_max = consume_message_batch_max_size
         self.max_reconsume_times = DEFAULT_MAX_RECONSUME_TIMES if max_reconsume_times == -1 else max_reconsume_times
         self.suspend_s = suspend_current_queue_time_s
-        self._engine = SyncEngine(self.config, namesrv_addr, client_config, self._on_pulled,
+        self._engine = SyncEngine(self.config, namesrv_addr, with_credentials(client_config, credentials),
+                                  self._on_pulled,
                                   subscribe_retry_topic=True)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._busy: set[int] = set()  # orderly: ids of queues with a consume task running or scheduled
