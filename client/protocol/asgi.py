@@ -37,7 +37,7 @@ class TooManyBodyBytes(Exception):
 class Request:
     """One HTTP request: method, path, query and a body read up to a bound."""
 
-    __slots__ = ("body", "client", "method", "path", "query")
+    __slots__ = ("_json", "body", "client", "method", "path", "principal", "query")
 
     def __init__(self, method: str, path: str, query: dict[str, str], body: bytes, client: tuple[str, int]) -> None:
         self.method = method
@@ -45,6 +45,10 @@ class Request:
         self.query = query
         self.body = body
         self.client = client
+        self.principal: str | None = None
+        """The access key of the account that signed the request (set by the ACL hook; None without ACL or for a
+        white-listed unsigned peer)."""
+        self._json: dict[str, Any] | None = None
 
     def arg(self, name: str, default: str | None = None) -> str:
         """A required (or defaulted) query argument; raises ArgumentError naming it."""
@@ -55,7 +59,10 @@ class Request:
         return query_int(self.query, name, default, lo=lo, hi=hi)
 
     def json(self) -> dict[str, Any]:
-        """The body as a JSON object; raises ArgumentError when it is not one."""
+        """The body as a JSON object (parsed once: the ACL hook and the handler share it); raises ArgumentError
+        when it is not one."""
+        if self._json is not None:
+            return self._json
         try:
             obj = json.loads(self.body)
         except ValueError as e:
@@ -64,6 +71,7 @@ class Request:
             raise ArgumentError("request body is not valid JSON: nested too deeply") from None
         if not isinstance(obj, dict):
             raise ArgumentError("request body must be a JSON object")
+        self._json = obj
         return obj
 
 
@@ -99,6 +107,9 @@ class Router:
         identity: returns ``(addr, role)`` put into every error answer.
         observe: called with ``(path, status, seconds)`` after every routed request (RPC latency metrics);
             unknown paths are reported as ``"other"`` so the label set stays bounded.
+        authorize: the ACL hook (:class:`client.protocol.acl_gate.AclGate`): called with the request and its
+            ``Authorization`` header (None when absent) after the body is read and before the handler; it refuses
+            by raising a ClientError (NO_PERMISSION). None (ACL off) costs nothing per request.
     """
 
     def __init__(
@@ -109,8 +120,10 @@ class Router:
         max_inflight_body_bytes: int | None = None,
         identity: Callable[[], tuple[str | None, str | None]] = lambda: (None, None),
         observe: Callable[[str, int, float], None] | None = None,
+        authorize: Callable[[Request, bytes | None], None] | None = None,
     ) -> None:
         self._routes = dict(routes)
+        self._authorize = authorize
         self._observe = observe
         self._paths: dict[str, set[str]] = {}
         for method, path in self._routes:
@@ -120,6 +133,11 @@ class Router:
         self._inflight = 0
         self._busy_logged = -1e9
         self._identity = identity
+
+    @property
+    def route_keys(self) -> frozenset[tuple[str, str]]:
+        """Every ``(method, path)`` served (the ACL's rule table must cover each)."""
+        return frozenset(self._routes)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -186,6 +204,8 @@ class Router:
         query = parse_query(scope.get("query_string", b""))
         request = Request(method, path, query, body, scope.get("client") or ("", 0))
         try:
+            if self._authorize is not None:
+                self._authorize(request, _header(scope, b"authorization"))
             return await handler(request)
         except ClientError as e:
             code = e.code if e.code >= 0 else int(ResponseCode.SYSTEM_ERROR)
@@ -221,6 +241,14 @@ class Router:
         if len(chunks) == 1:
             return chunks[0]
         return b"".join(chunks)
+
+
+def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case, as ASGI servers give header names)."""
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return bytes(value)
+    return None
 
 
 def parse_query(qs: bytes) -> dict[str, str]:
