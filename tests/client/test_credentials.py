@@ -168,3 +168,37 @@ def test_a_refused_producer_fails_at_once_with_one_request() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_router_marks_refusals_of_its_acl_hook_only() -> None:
+    """A refusal of the ``authorize`` hook is marked (AccessDeniedError at the client); a handler's own
+    NO_PERMISSION (a topic's perm) is not."""
+    from client.protocol.asgi import Request, Response, Router
+
+    async def handler(request: Request) -> Response:
+        raise NoPermissionError("the topic[T] sending message is forbidden")
+
+    def authorize(request: Request, header: bytes | None) -> None:
+        if header is None:
+            raise NoPermissionError("request not signed / signature refused")
+
+    async def call(headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+        router = Router({("POST", "/send"): handler}, max_body_bytes=1024, authorize=authorize)
+        sent: list[dict[str, object]] = []
+
+        async def receive() -> dict[str, object]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/send", "query_string": b"", "headers": headers}
+        await router(scope, receive, send)
+        status, body = sent[0]["status"], sent[1]["body"]
+        assert isinstance(status, int) and isinstance(body, bytes)
+        return status, body
+
+    status, body = asyncio.run(call([]))
+    assert status == 403 and type(decode_error(status, body)) is AccessDeniedError
+    status, body = asyncio.run(call([(b"authorization", b"anything")]))
+    assert status == 403 and type(decode_error(status, body)) is NoPermissionError
