@@ -32,6 +32,7 @@ from broker.dledger.message_store import DLedgerMessageStore
 from broker.http_protocol import CoalescingHttpToolsProtocol
 from broker.store.api import StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
+from client.protocol.acl import AclFileError
 from client.protocol.codec import pack_host
 from client.protocol.http_guard import HttpLimits, with_limits
 
@@ -171,7 +172,13 @@ async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int
               flush=True)
         sock.close()
         return EXIT_STORE
-    ctrl = BrokerController(config, store, addr=addr, store_host=store_host)
+    try:
+        ctrl = BrokerController(config, store, addr=addr, store_host=store_host)
+    except AclFileError as e:
+        print(f"broker {config.broker_name}: bad configuration: {e}", file=sys.stderr, flush=True)
+        store.shutdown()
+        sock.close()
+        return EXIT_CONFIG
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

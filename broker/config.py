@@ -176,6 +176,21 @@ class BrokerConfig:
     dleger_pre_vote: bool = True
     """``dLegerPreVote`` (SplitMQ): ask before raising the term, so a member cut off and healed cannot depose a
     healthy leader (Raft thesis 9.6; DLedger has no pre-vote)."""
+    acl_enable: bool = False
+    """``aclEnable``: every HTTP request must be signed by an account of ``aclFile`` and hold the permission its
+    endpoint needs (docs/SECURITY.md)."""
+    acl_file: str = ""
+    """``aclFile``: the accounts file (TOML), re-read when it changes."""
+    access_key: str = ""
+    """``accessKey``: the broker's own account, signing its registrations and its slave metadata sync."""
+    secret_key: str = attrs.field(default="", repr=False)
+    """``secretKey``: that account's secret (never logged)."""
+    acl_timestamp_tolerance_ms: int = 30_000
+    """``aclTimestampToleranceMs``: how far a signed request's timestamp may be from the broker's clock."""
+    acl_nonce_cache_max: int = 1_000_000
+    """``aclNonceCacheMax``: signatures the replay guard remembers at most (past it: SYSTEM_BUSY)."""
+    acl_metrics_token: str = attrs.field(default="", repr=False)
+    """``aclMetricsToken``: ``Authorization: Bearer <token>`` opens ``GET /metrics`` to a scraper ('' = admin only)."""
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> BrokerConfig:
@@ -277,6 +292,10 @@ class BrokerConfig:
         Raises:
             ConfigError: one of them refuses a value (its message names the field).
         """
+        if self.acl_enable and not self.acl_file:
+            raise ConfigError("aclEnable=true needs aclFile (the accounts file)")
+        if bool(self.access_key) != bool(self.secret_key):
+            raise ConfigError("accessKey and secretKey go together: set both or neither")
         try:
             self.to_store_config(b"\x7f\x00\x00\x01\x00\x00\x00\x00")
             self.to_ha_config()
@@ -513,6 +532,13 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "maxPushTimeOutMs": ("max_push_time_out_ms", _P),
     "mappedFileSizeForEntryIndex": ("mapped_file_size_for_entry_index", _entry_index_size),
     "dLegerPreVote": ("dleger_pre_vote", _bool),
+    "aclEnable": ("acl_enable", _bool),
+    "aclFile": ("acl_file", _str),
+    "accessKey": ("access_key", _str),
+    "secretKey": ("secret_key", _str),
+    "aclTimestampToleranceMs": ("acl_timestamp_tolerance_ms", _P),
+    "aclNonceCacheMax": ("acl_nonce_cache_max", _P),
+    "aclMetricsToken": ("acl_metrics_token", _str),
 }
 
 
@@ -608,6 +634,13 @@ KEY_DOCS: dict[str, str] = {
     "maxPushTimeOutMs": "DLedger mode: milliseconds after which the leader pushes entries a follower has not acknowledged again.",
     "mappedFileSizeForEntryIndex": "DLedger mode: size in bytes of each entry-index file (a multiple of 32).",
     "dLegerPreVote": "SplitMQ, DLedger mode: a member asks the others before it raises the term, so one that was cut off and comes back cannot depose a healthy leader (DLedger has no pre-vote).",
+    "aclEnable": "ACL: every HTTP request must be signed by an account of `aclFile` and hold its endpoint's permission; refusals are NO_PERMISSION (HTTP 403). See docs/SECURITY.md.",
+    "aclFile": "ACL: path of the accounts file (TOML, RocketMQ plain_acl field names), re-read within ~1 s of a change; a broken file keeps the last good one.",
+    "accessKey": "ACL: the broker's own account; it signs registrations with the nameservers and a slave's metadata sync (an admin account).",
+    "secretKey": "ACL: the secret key of `accessKey` (never logged).",
+    "aclTimestampToleranceMs": "ACL: milliseconds a signed request's timestamp may differ from the broker's clock; older or later is refused.",
+    "aclNonceCacheMax": "ACL: signed requests the replay guard remembers at most within the window; past it new requests get SYSTEM_BUSY.",
+    "aclMetricsToken": "ACL: a token that opens `GET /metrics` as `Authorization: Bearer <token>` (scrapers cannot sign); empty: admin only.",
 }
 
 @attrs.frozen

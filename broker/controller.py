@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 import threading
@@ -30,6 +31,7 @@ from typing import Any
 import attrs
 import httpx
 
+from broker.acl import build_gate
 from broker.clients import ClientTable, LastPulls
 from broker.config import BrokerConfig
 from broker.dispatch_driver import DispatchDriver
@@ -62,8 +64,10 @@ from broker.slave_sync import SlaveSynchronizer
 from broker.store.api import AppendResult, MessageStore
 from broker.store.config import parse_delay_levels
 from client.errors import InvalidParameterError, ServiceNotAvailableError
+from client.protocol.acl_gate import AclFileWatcher, AclGate
 from client.protocol.asgi import Router
 from client.protocol.route import TopicConfig
+from client.protocol.signing import Credentials, SigningAuth
 
 __all__ = ["BrokerController"]
 
@@ -78,6 +82,13 @@ STOP_NETWORK_TIMEOUT_S = 5.0
 
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only "localhost" is known to be loopback
+        return host == "localhost"
 
 
 class BrokerController:
@@ -163,7 +174,16 @@ class BrokerController:
         self.master_addr: str | None = None
         """A slave's master client address, from the last registration answer (None pauses metadata sync)."""
         self._own_http = http_client is None
-        self.http = http_client or httpx.AsyncClient(timeout=config.register_broker_timeout_ms / 1000.0)
+        # The broker's own account signs its calls to the nameservers and to its master (a refused signature
+        # there is a 403 in the registration or sync log, never a silent unsigned call).
+        auth = SigningAuth(Credentials(config.access_key, config.secret_key)) if config.access_key else None
+        self.http = http_client or httpx.AsyncClient(timeout=config.register_broker_timeout_ms / 1000.0, auth=auth)
+        self.acl_gate: AclGate | None = None
+        """The ACL hook of the router (None when ``aclEnable=false``: no check runs per request)."""
+        if config.acl_enable:
+            self.acl_gate = build_gate(acl_file=config.acl_file, tolerance_ms=config.acl_timestamp_tolerance_ms,
+                                       nonce_cache_max=config.acl_nonce_cache_max,
+                                       metrics_token=config.acl_metrics_token, clock_ms=self._clock_ms)
         self.registrar: Registrar | None = None
         self.slave_sync: SlaveSynchronizer | None = None
         self.schedule = ScheduleMessageService(
@@ -249,7 +269,7 @@ class BrokerController:
         return Router(routes, max_body_bytes=cfg.max_request_body_bytes,
                       max_inflight_body_bytes=max(cfg.max_inflight_request_body_bytes, cfg.max_request_body_bytes),
                       identity=lambda: (self.addr, self.role_name),
-                      observe=metrics.observe_request)
+                      observe=metrics.observe_request, authorize=self.acl_gate)
 
     # --- identity ---------------------------------------------------------------------------------------
 
@@ -298,6 +318,12 @@ class BrokerController:
         cfg = self.config
         store = self.store
         dledger = self.dledger
+        if self.acl_gate is not None:
+            self._spawn(AclFileWatcher(cfg.acl_file, self.acl_gate.update).run(), "acl-watch")
+        elif not _is_loopback(cfg.bind_host):
+            log.warning("SECURITY: broker %s listens on %s with aclEnable=false: anyone who can reach this "
+                        "address can read, write and administer it. Set aclEnable=true and aclFile (see "
+                        "docs/SECURITY.md) or bind to loopback.", cfg.broker_name, cfg.bind_host)
         if dledger is None:
             store.add_append_listener(lambda _end: self.ha_service.notify_new_data())
         store.add_append_listener(self.dispatch.wake)

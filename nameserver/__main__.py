@@ -11,15 +11,20 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import socket
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
+from client.protocol.acl import AclFileError
+from client.protocol.acl_gate import DEFAULT_NONCE_CACHE_MAX, DEFAULT_TIMESTAMP_TOLERANCE_MS, load_acl_file
 from nameserver.server import NamesrvConfig, serve
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
+#: Environment variable holding the metrics bearer token (an argument would show in ``ps``).
+METRICS_TOKEN_ENV = "SPLITMQ_ACL_METRICS_TOKEN"
 LISTEN_BACKLOG = 1024
 
 
@@ -76,6 +81,21 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="drop a broker not heard from for this long (default 120000)")
     p.add_argument("--scan-interval-ms", type=_positive_int, default=NamesrvConfig().scan_interval_ms,
                    help="scanNotActiveBrokerInterval (default 10000)")
+    p.add_argument("--acl-enable", action="store_true",
+                   help="require every request to be signed by an account of --acl-file; registration needs an "
+                        "admin account, and a broker group belongs to the account that registered it first "
+                        "(docs/SECURITY.md)")
+    p.add_argument("--acl-file", default="", metavar="PATH",
+                   help="the accounts file (TOML, RocketMQ plain_acl field names), re-read when it changes")
+    p.add_argument("--acl-protect-routes", action="store_true",
+                   help="with --acl-enable: route, cluster and topic queries need an account too (/route?topic=T "
+                        "needs PUB or SUB on T); without it they stay open. The Bearer token in "
+                        f"${METRICS_TOKEN_ENV} opens GET /metrics to a scraper")
+    p.add_argument("--acl-timestamp-tolerance-ms", type=_positive_int, default=DEFAULT_TIMESTAMP_TOLERANCE_MS,
+                   help=f"refuse signed requests whose timestamp is further than this from the clock (default "
+                        f"{DEFAULT_TIMESTAMP_TOLERANCE_MS})")
+    p.add_argument("--acl-nonce-cache-max", type=_positive_int, default=DEFAULT_NONCE_CACHE_MAX,
+                   help=f"signed requests the replay guard remembers at most (default {DEFAULT_NONCE_CACHE_MAX})")
     p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
     p.add_argument("--log-format", default="text", choices=["text", "json"])
@@ -147,8 +167,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         host, port = parse_listen(args.listen)
     except ValueError as e:
         parser.error(str(e))
+    if args.acl_enable and not args.acl_file:
+        parser.error("--acl-enable needs --acl-file")
+    if args.acl_enable:
+        try:
+            load_acl_file(args.acl_file)  # a bad file is a start error here, not a traceback later
+        except AclFileError as e:
+            parser.error(str(e))
     _configure_logging(args.log_level, args.log_format)
-    config = NamesrvConfig(broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms)
+    config = NamesrvConfig(broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms,
+                           acl_enable=args.acl_enable, acl_file=args.acl_file,
+                           acl_protect_routes=args.acl_protect_routes,
+                           acl_timestamp_tolerance_ms=args.acl_timestamp_tolerance_ms,
+                           acl_nonce_cache_max=args.acl_nonce_cache_max,
+                           acl_metrics_token=os.environ.get(METRICS_TOKEN_ENV, ""))
     try:
         sock = _bind(host, port)
     except OSError as e:

@@ -315,6 +315,14 @@ class RouteInfo:
         """Every topic with queue data, sorted."""
         return sorted(self._topics)
 
+    def has_group(self, broker_name: str) -> bool:
+        """Whether any broker of ``broker_name`` is registered (an emptied group is removed at once)."""
+        return broker_name in self._groups
+
+    def group_count(self) -> int:
+        """Broker groups registered."""
+        return len(self._groups)
+
     def live_broker_count(self) -> int:
         """How many broker addresses are registered and not expired."""
         return len(self._live)

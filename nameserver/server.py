@@ -18,6 +18,7 @@ leaves the table consistent without a lock.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 import time
@@ -28,7 +29,19 @@ import attrs
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from client.errors import TopicNotExistError
+from client.errors import NoPermissionError, TopicNotExistError
+from client.protocol.acl_gate import (
+    ADMIN,
+    DEFAULT_NONCE_CACHE_MAX,
+    DEFAULT_TIMESTAMP_TOLERANCE_MS,
+    OPEN,
+    SIGNED,
+    AclFileWatcher,
+    AclGate,
+    Principal,
+    Rule,
+    load_acl_file,
+)
 from client.protocol.asgi import ArgumentError, Request, Response, Router, json_response
 from client.protocol.http_guard import HttpLimits, LimitedHttpToolsProtocol, with_limits
 from client.protocol.route import DataVersion, TopicConfig
@@ -36,7 +49,9 @@ from nameserver.routeinfo import RouteInfo
 
 __all__ = [
     "METRICS_CONTENT_TYPE",
+    "NAMESRV_RULES",
     "NamesrvConfig",
+    "build_gate",
     "create_app",
     "format_addr",
     "run_expiry_scan",
@@ -80,6 +95,23 @@ class NamesrvConfig:
     """Largest request body accepted (HTTP 413 above)."""
     http_limits: HttpLimits = attrs.field(factory=HttpLimits)
     """Header and body read deadlines, the keep-alive timeout and the cap on open connections."""
+    acl_enable: bool = False
+    """``--acl-enable``: requests must be signed by an account of ``acl_file`` (docs/SECURITY.md)."""
+    acl_file: str = ""
+    """``--acl-file``: the accounts file (TOML), re-read when it changes."""
+    acl_protect_routes: bool = False
+    """``--acl-protect-routes``: route, cluster and topic-list queries need a signed account too (``/route?topic=T``
+    needs PUB or SUB on T); off, they stay open as in RocketMQ."""
+    acl_timestamp_tolerance_ms: int = attrs.field(default=DEFAULT_TIMESTAMP_TOLERANCE_MS, validator=_positive)
+    """``--acl-timestamp-tolerance-ms``: how far a signed request's timestamp may be from this clock."""
+    acl_nonce_cache_max: int = attrs.field(default=DEFAULT_NONCE_CACHE_MAX, validator=_positive)
+    """``--acl-nonce-cache-max``: signed requests the replay guard remembers at most."""
+    acl_metrics_token: str = attrs.field(default="", repr=False)
+    """``$SPLITMQ_ACL_METRICS_TOKEN``: a ``Bearer`` token that opens ``GET /metrics`` to a scraper."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.acl_enable and not self.acl_file:
+            raise ValueError("--acl-enable needs --acl-file (the accounts file)")
 
 
 # ---------------------------------------------------------------------- request parsing
@@ -158,12 +190,82 @@ def _data_version(obj: Mapping[str, Any]) -> DataVersion:
 # ---------------------------------------------------------------------- the app
 
 
+def _route_query(principal: Principal, request: Request) -> None:
+    topic = request.query.get("topic")
+    if topic:
+        principal.need_topic_access(topic)
+
+
+def namesrv_rules(*, protect_routes: bool) -> dict[tuple[str, str], Rule]:
+    """What each nameserver endpoint needs: changing the table needs admin (and, for a broker group, to be its
+    owner: see ``_Owners``); queries are open unless ``protect_routes``."""
+    return {
+        ("POST", "/broker/register"): ADMIN,
+        ("POST", "/broker/unregister"): ADMIN,
+        ("POST", "/broker/wipe-write-perm"): ADMIN,
+        ("POST", "/broker/add-write-perm"): ADMIN,
+        ("GET", "/route"): _route_query if protect_routes else OPEN,
+        ("GET", "/cluster"): SIGNED if protect_routes else OPEN,
+        ("GET", "/topics"): SIGNED if protect_routes else OPEN,
+        ("GET", "/metrics"): ADMIN,  # or the metrics bearer token, checked by the gate
+    }
+
+
+#: The rules with the default (open) queries; the table test checks they cover every route.
+NAMESRV_RULES = namesrv_rules(protect_routes=False)
+
+
+def build_gate(config: NamesrvConfig, clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
+               ) -> AclGate | None:
+    """The nameserver's ACL gate (None when ACL is off).
+
+    Raises:
+        AclFileError: the accounts file does not load.
+    """
+    if not config.acl_enable:
+        return None
+    accounts = load_acl_file(config.acl_file)
+    log.info("ACL on: %d account(s) from %s; route queries %s", len(accounts.accounts), config.acl_file,
+             "need an account" if config.acl_protect_routes else "open")
+    return AclGate(accounts, namesrv_rules(protect_routes=config.acl_protect_routes),
+                   tolerance_ms=config.acl_timestamp_tolerance_ms, nonce_cache_max=config.acl_nonce_cache_max,
+                   clock_ms=clock_ms, metrics_token=config.acl_metrics_token or None)
+
+
+class _Owners:
+    """Which account registered each broker group (brokerName), so another account cannot take it over.
+
+    The first account to register a name owns it while any broker of that name is registered; once the last
+    one unregisters or expires, the name is free again. Entries of freed names are dropped lazily, so the table
+    stays about as large as the route table.
+    """
+
+    def __init__(self, route_info: RouteInfo) -> None:
+        self._ri = route_info
+        self._owner: dict[str, str] = {}
+
+    def check(self, broker_name: str, access_key: str | None, *, claim: bool) -> None:
+        """Raises NoPermissionError when another account owns the live group ``broker_name``."""
+        if access_key is None:  # ACL off
+            return
+        owner = self._owner.get(broker_name)
+        live = self._ri.has_group(broker_name)
+        if owner is not None and owner != access_key and live:
+            raise NoPermissionError(f"account {access_key} may not register or unregister broker group "
+                                    f"{broker_name}: another account owns it while its brokers are live")
+        if claim and (owner is None or not live):
+            self._owner[broker_name] = access_key
+            if len(self._owner) > 2 * self._ri.group_count() + 64:
+                self._owner = {n: a for n, a in self._owner.items() if self._ri.has_group(n) or n == broker_name}
+
+
 class _Handlers:
     """The endpoint handlers, closed over one table and one clock."""
 
     def __init__(self, route_info: RouteInfo, clock_ms: Callable[[], int]) -> None:
         self._ri = route_info
         self._clock_ms = clock_ms
+        self._owners = _Owners(route_info)
 
     async def register(self, req: Request) -> Response:
         body = req.json()
@@ -172,14 +274,19 @@ class _Handlers:
         name = _str_field(body, "brokerName")
         broker_id = _int_field(body, "brokerId", hi=2**31 - 1)
         ha_addr = _str_field(body, "haServerAddr", allow_empty=True)
-        result = self._ri.register_broker(cluster, addr, name, broker_id, ha_addr, _topic_configs(body),
-                                          _data_version(body), self._clock_ms())
+        topic_configs, data_version = _topic_configs(body), _data_version(body)
+        self._owners.check(name, req.principal, claim=True)
+        result = self._ri.register_broker(cluster, addr, name, broker_id, ha_addr, topic_configs, data_version,
+                                          self._clock_ms())
         return json_response(result.to_json())
 
     async def unregister(self, req: Request) -> Response:
         body = req.json()
-        self._ri.unregister_broker(_str_field(body, "clusterName"), _str_field(body, "brokerAddr"),
-                                   _str_field(body, "brokerName"), _int_field(body, "brokerId", hi=2**31 - 1))
+        cluster, addr, name = _str_field(body, "clusterName"), _str_field(body, "brokerAddr"), _str_field(body,
+                                                                                                         "brokerName")
+        broker_id = _int_field(body, "brokerId", hi=2**31 - 1)
+        self._owners.check(name, req.principal, claim=False)
+        self._ri.unregister_broker(cluster, addr, name, broker_id)
         return json_response({})
 
     async def route(self, req: Request) -> Response:
@@ -239,6 +346,7 @@ def create_app(
     registry: CollectorRegistry | None = None,
     addr: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    acl: AclGate | None = None,
 ) -> Callable[..., Any]:
     """The nameserver ASGI app over ``route_info``.
 
@@ -249,6 +357,7 @@ def create_app(
             so several apps can live in one process).
         addr: this nameserver's ``host:port``, put into error answers.
         max_body_bytes: larger request bodies are refused with HTTP 413.
+        acl: the ACL gate (:func:`build_gate`); None: every request is let in.
 
     Returns:
         An ASGI application callable.
@@ -275,7 +384,7 @@ def create_app(
         ("POST", "/broker/add-write-perm"): h.add_write_perm,
         ("GET", "/metrics"): metrics,
     }
-    router = Router(routes, max_body_bytes=max_body_bytes, identity=lambda: (addr, None))
+    router = Router(routes, max_body_bytes=max_body_bytes, identity=lambda: (addr, None), authorize=acl)
     return _MetricsApp(router, frozenset(path for _, path in routes), requests)
 
 
@@ -329,7 +438,14 @@ async def serve(
     config = config or NamesrvConfig()
     route_info = route_info if route_info is not None else RouteInfo()
     listen = format_addr(sock.getsockname())
-    app = create_app(route_info, clock_ms=clock_ms, addr=listen, max_body_bytes=config.max_body_bytes)
+    acl = build_gate(config, clock_ms)
+    app = create_app(route_info, clock_ms=clock_ms, addr=listen, max_body_bytes=config.max_body_bytes, acl=acl)
+    if acl is None and not _is_loopback(sock.getsockname()[0]):
+        log.warning("SECURITY: nameserver listens on %s without --acl-enable: anyone who can reach it can "
+                    "register a broker under any name and redirect clients to it. Use --acl-enable --acl-file "
+                    "(docs/SECURITY.md) or listen on loopback.", listen)
+    watch = (asyncio.create_task(AclFileWatcher(config.acl_file, acl.update).run()) if acl is not None
+             else None)
     server = uvicorn.Server(uvicorn.Config(
         app, loop="uvloop", http=with_limits(LimitedHttpToolsProtocol, config.http_limits), lifespan="off",
         timeout_keep_alive=config.http_limits.keep_alive_timeout_s, access_log=False, log_level="warning",
@@ -348,10 +464,19 @@ async def serve(
         await serving
     finally:
         scanner.cancel()
+        if watch is not None:
+            watch.cancel()
         if not serving.done():
             server.should_exit = True
             await asyncio.wait({serving}, timeout=SHUTDOWN_TIMEOUT_S * 2)
         await asyncio.gather(scanner, return_exceptions=True)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 async def _wait_started(server: uvicorn.Server, serving: asyncio.Task[None]) -> None:

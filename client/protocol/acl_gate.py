@@ -38,6 +38,7 @@ from client.protocol.acl import (
     Refusal,
     ReplayGuard,
     group_allowed,
+    group_of_topic,
     parse_acl,
     topic_allowed,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "ADMIN",
     "DEFAULT_NONCE_CACHE_MAX",
     "DEFAULT_TIMESTAMP_TOLERANCE_MS",
+    "OPEN",
     "SIGNED",
     "AclFileWatcher",
     "AclGate",
@@ -93,7 +95,19 @@ class Principal:
     def need_topic(self, topic: str, action: Action) -> None:
         """Raises NoPermissionError unless the principal may do ``action`` on ``topic``."""
         if self.account is not None and not topic_allowed(self.account, topic, action):
+            group = group_of_topic(topic)
+            if group is not None:
+                raise NoPermissionError(f"{self._who()} has no SUB permission on group {group} (topic {topic} is "
+                                        "that group's)")
             raise NoPermissionError(f"{self._who()} has no {action.name} permission on topic {topic}")
+
+    def need_topic_access(self, topic: str) -> None:
+        """Raises NoPermissionError unless the principal holds PUB or SUB on ``topic`` (a producer or a consumer
+        of it, e.g. to read its route)."""
+        account = self.account
+        if (account is not None and not topic_allowed(account, topic, Action.PUB)
+                and not topic_allowed(account, topic, Action.SUB)):
+            raise NoPermissionError(f"{self._who()} has neither PUB nor SUB permission on topic {topic}")
 
     def need_group(self, group: str, action: Action = Action.SUB) -> None:
         """Raises NoPermissionError unless the principal may act as ``group``."""
@@ -103,6 +117,10 @@ class Principal:
 
 #: A route's rule: raises NoPermissionError (or ArgumentError for a request it cannot read) to refuse.
 Rule = Callable[[Principal, Request], None]
+
+
+def OPEN(principal: Principal, request: Request) -> None:
+    """Anyone may, signed or not (the gate does not authenticate these routes at all)."""
 
 
 def SIGNED(principal: Principal, request: Request) -> None:
@@ -197,6 +215,8 @@ class AclGate:
         if rule is None:  # fail closed: a route added without a rule is nobody's
             self._refused(request, None, "route has no ACL rule")
             raise NoPermissionError(f"{request.method} {request.path} has no ACL rule; refused")
+        if rule is OPEN:
+            return
         host = request.client[0] if request.client else ""
         if header is not None and header[:7].lower() == _BEARER and request.path in self._metrics_paths:
             if self._token is not None and hmac.compare_digest(header[7:].strip(), self._token):

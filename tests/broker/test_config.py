@@ -135,9 +135,9 @@ def test_trailing_space_is_trimmed_not_silently_false() -> None:
 
 
 def test_unknown_keys_reported_sorted() -> None:
-    loaded = config_from_properties({"transientStorePoolEnable": "true", "deleteWhen": "04", "aclEnable": "false",
+    loaded = config_from_properties({"transientStorePoolEnable": "true", "deleteWhen": "04", "traceTopicEnable": "false",
                                      "brokerName": "b"}, env={})
-    assert loaded.unknown_keys == ("aclEnable", "transientStorePoolEnable")
+    assert loaded.unknown_keys == ("traceTopicEnable", "transientStorePoolEnable")
 
 
 def test_retention_keys_reach_the_store() -> None:
