@@ -8,8 +8,10 @@ the client; the same plus the account lookup, the replay guard and the permissio
 * ``pull``       -- ``PullConsumer.pull`` of 32 per request from one thread over every queue of a pre-filled
   topic, every message decoded, msgs/s.
 
-The rounds interleave (off, on, off, on...) so that a noisy neighbour on a shared machine weighs on both sides
-alike; each figure is the median of its rounds, and the row's ratio is ACL on / ACL off (target >= 0.95).
+The rounds interleave (off, on, on, off, ...) so that a noisy neighbour on a shared machine weighs on both sides
+alike; each figure is the median of its rounds, and the row's ratio is ACL on / ACL off (target >= 0.95). The CPU
+the work cost, client (``time.process_time``) plus broker (psutil), summed over the rounds, is reported per message
+too: on a busy machine it moves much less than the wall-clock rates do.
 ``python -m benchmarks acl [--quick]``.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 import attrs
 
 from benchmarks import Row
+from benchmarks.client_bench import CpuMeter
 from client import Admin, Credentials, Message, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 
@@ -49,17 +52,20 @@ class Profile:
 
 
 FULL = Profile(rounds=7, batches=400, pull_messages=32_768)
-QUICK = Profile(rounds=3, batches=60, pull_messages=4_096)
+QUICK = Profile(rounds=5, batches=40, pull_messages=4_096)
 
 
 @attrs.frozen
 class AclFigures:
-    """Per-round msgs/s of each side (``off`` = ACL off, ``on`` = ACL on)."""
+    """Per-round msgs/s of each side (``off`` = ACL off, ``on`` = ACL on), and the CPU µs per message (client plus
+    broker) over all rounds of each."""
 
     send_off: tuple[float, ...]
     send_on: tuple[float, ...]
     pull_off: tuple[float, ...]
     pull_on: tuple[float, ...]
+    cpu_us: dict[str, float] = attrs.field(factory=dict)
+    """``send_off``, ``send_on``, ``pull_off``, ``pull_on`` -> client + broker CPU µs per message."""
 
     @property
     def send_ratio(self) -> float:
@@ -73,8 +79,12 @@ class AclFigures:
 class _Side:
     """One cluster, its producer and its pull topic, the clients of the account (None: ACL off)."""
 
-    def __init__(self, namesrv_addr: str, credentials: Credentials | None, pull_messages: int) -> None:
+    def __init__(self, namesrv_addr: str, credentials: Credentials | None, pull_messages: int,
+                 broker_pid: int | None) -> None:
         self.ns = namesrv_addr
+        self.meter = CpuMeter(broker_pid)
+        self.cpu_s: dict[str, float] = {"send": 0.0, "pull": 0.0}
+        self.messages: dict[str, int] = {"send": 0, "pull": 0}
         self.credentials = credentials
         suffix = uuid.uuid4().hex[:8]
         self.send_topic, self.pull_topic = f"AclBenchSend_{suffix}", f"AclBenchPull_{suffix}"
@@ -90,18 +100,24 @@ class _Side:
                 self.producer.send_batch(msgs, mq)
         self.producer.send_batch(self.batch)  # warm: route cached, connection open, commit-log file created
 
+    def _bill(self, what: str, messages: int, client0: float, broker0: float) -> None:
+        self.cpu_s[what] += time.process_time() - client0 + self.meter.broker_cpu_s() - broker0
+        self.messages[what] += messages
+
     def send(self, batches: int) -> float:
-        t0 = time.perf_counter()
+        c0, b0, t0 = time.process_time(), self.meter.broker_cpu_s(), time.perf_counter()
         for _ in range(batches):
             self.producer.send_batch(self.batch)
-        return batches * BATCH / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        self._bill("send", batches * BATCH, c0, b0)
+        return batches * BATCH / wall
 
     def pull(self) -> float:
         with PullConsumer(f"acl_bench_{uuid.uuid4().hex[:6]}", self.ns, credentials=self.credentials) as c:
             mqs = sorted(c.fetch_subscribe_message_queues(self.pull_topic))
             want = sum(c.max_offset(mq) for mq in mqs)
             got = 0
-            t0 = time.perf_counter()
+            c0, b0, t0 = time.process_time(), self.meter.broker_cpu_s(), time.perf_counter()
             for mq in mqs:
                 offset = 0
                 while True:
@@ -111,6 +127,7 @@ class _Side:
                     got += len(r.msg_found_list)
                     offset = r.next_begin_offset
             wall = time.perf_counter() - t0
+            self._bill("pull", got, c0, b0)
         if got != want:
             raise RuntimeError(f"pulled {got} messages of {self.pull_topic}, expected {want}")
         return got / wall
@@ -127,9 +144,12 @@ def measure(root: Path, profile: Profile) -> AclFigures:
     """
     with LocalCluster(root / "off", broker_groups=1, slaves_per_group=0) as off_cluster, \
             LocalCluster(root / "on", broker_groups=1, slaves_per_group=0, acl=True) as on_cluster:
-        off = _Side(off_cluster.namesrv_addr, None, profile.pull_messages)
-        on = _Side(on_cluster.namesrv_addr, on_cluster.admin_credentials, profile.pull_messages)
+        off = _Side(off_cluster.namesrv_addr, None, profile.pull_messages, off_cluster.broker("broker-a", 0).pid)
+        on = _Side(on_cluster.namesrv_addr, on_cluster.admin_credentials, profile.pull_messages,
+                   on_cluster.broker("broker-a", 0).pid)
         try:
+            for side in (off, on):  # a fresh commit-log file is pre-faulted in the background: not billed to a round
+                side.meter.settle()
             figures: dict[str, list[float]] = {"send_off": [], "send_on": [], "pull_off": [], "pull_on": []}
             for i in range(profile.rounds):
                 # Alternate which side goes first, so neither always runs right after the other's burst.
@@ -142,7 +162,9 @@ def measure(root: Path, profile: Profile) -> AclFigures:
         finally:
             off.close()
             on.close()
-    return AclFigures(**{k: tuple(v) for k, v in figures.items()})
+    cpu = {f"{what}_{name}": side.cpu_s[what] / max(1, side.messages[what]) * 1e6
+           for name, side in (("off", off), ("on", on)) for what in ("send", "pull")}
+    return AclFigures(**{k: tuple(v) for k, v in figures.items()}, cpu_us=cpu)
 
 
 def run(quick: bool) -> list[Row]:
@@ -163,4 +185,8 @@ def run(quick: bool) -> list[Row]:
             "x"),
         Row("pull, ACL on / off per round: min", min(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
         Row("pull, ACL on / off per round: max", max(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
+        Row("send_batch: client + broker CPU per msg, ACL on", f.cpu_us["send_on"], "us", "same, ACL off",
+            f.cpu_us["send_off"], "<= 1.05x"),
+        Row("pull: client + broker CPU per msg, ACL on", f.cpu_us["pull_on"], "us", "same, ACL off",
+            f.cpu_us["pull_off"], "<= 1.05x"),
     ]
