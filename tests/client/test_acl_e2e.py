@@ -135,3 +135,32 @@ def test_cli_signs_with_its_account_options(cluster: LocalCluster, admin: Creden
     assert unsigned.returncode == 1 and "code=16" in unsigned.stderr, unsigned.stderr
     for res in (signed, via_env, unsigned):
         assert admin.secret_key not in res.stdout + res.stderr
+
+
+def test_spark_connector_signs_on_driver_and_executors(cluster: LocalCluster, admin: Credentials) -> None:
+    """The connector's driver work (planning) and executor work (the write and read tasks) run here without
+    Spark: with ``accessKey``/``secretKey`` they read and write; without, planning fails with the ACL's error."""
+    pa = pytest.importorskip("pyarrow")
+    pytest.importorskip("pyspark")
+    from client.errors import ClientError
+    from spark_connector.options import parse_sink_options, parse_source_options
+    from spark_connector.sink import RocketMQBatchWriter
+    from spark_connector.source import RocketMQBatchReader
+
+    name = f"AclSpark_{uuid.uuid4().hex[:6]}"
+    with Admin(cluster.namesrv_addr, credentials=admin) as adm:
+        adm.create_topic(name, queue_nums=2)
+    account = {"nameserver": cluster.namesrv_addr, "topic": name, "accessKey": admin.access_key,
+               "secretKey": admin.secret_key}
+    batch = pa.record_batch({"body": pa.array([f"row {i}".encode() for i in range(10)], pa.binary())})
+    commit = RocketMQBatchWriter(parse_sink_options(account)).write(iter([batch]))
+    assert commit.rows == 10
+    reader = RocketMQBatchReader(parse_source_options(account, streaming=False))
+    bodies = [b for part in reader.partitions() for got in reader.read(part)
+              for b in got.column(got.schema.get_field_index("body")).to_pylist()]
+    assert sorted(bodies) == sorted(f"row {i}".encode() for i in range(10))
+    anonymous = RocketMQBatchReader(parse_source_options({"nameserver": cluster.namesrv_addr, "topic": name},
+                                                         streaming=False))
+    with pytest.raises(ClientError, match="code=16") as info:
+        anonymous.partitions()
+    assert admin.secret_key not in str(info.value)
