@@ -164,3 +164,31 @@ def test_spark_connector_signs_on_driver_and_executors(cluster: LocalCluster, ad
     with pytest.raises(ClientError, match="code=16") as info:
         anonymous.partitions()
     assert admin.secret_key not in str(info.value)
+
+
+def test_cli_cluster_up_acl_prints_the_admin_key_but_not_its_secret(tmp_path: Path) -> None:
+    import signal
+    import tomllib
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SPLITMQ_")}
+    with subprocess.Popen([sys.executable, "-m", "client.cli", "cluster", "up", "--root", str(tmp_path / "c"),
+                           "--slaves", "0", "--acl"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=REPO, env=base) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            namesrv = proc.stdout.readline().strip().removeprefix("namesrv=")
+            acl_line = proc.stdout.readline()
+            assert acl_line.startswith("acl: admin access key "), acl_line
+            access_key = acl_line.split()[4].rstrip(";")
+            accounts = tomllib.loads((tmp_path / "c" / "acl" / "plain_acl.toml").read_text())["accounts"]
+            secret = next(a["secretKey"] for a in accounts if a["accessKey"] == access_key)
+            signed = _cli("--access-key", access_key, "topic", "create", "-n", namesrv, "-t", "AclUp", "-r", "1",
+                          "-w", "1", env={**base, "SPLITMQ_SECRET_KEY": secret})
+            assert signed.returncode == 0, signed.stderr
+            unsigned = _cli("topic", "create", "-n", namesrv, "-t", "AclUpNo", env=base)
+            assert unsigned.returncode == 1 and "code=16" in unsigned.stderr, unsigned.stderr
+        finally:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert secret not in acl_line + out + err
