@@ -18,7 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from client import Admin, Credentials, Message, Producer, PullConsumer, PullStatus, SendStatus
+from client import (
+    Admin,
+    AsyncProducer,
+    Credentials,
+    GroupConsumer,
+    Message,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    SendStatus,
+)
 from client.cluster import LocalCluster
 from client.errors import AccessDeniedError
 from client.protocol.message import MessageQueue
@@ -70,6 +80,26 @@ def test_admin_account_produces_and_consumes(cluster: LocalCluster, admin: Crede
         r = c.pull(mq, 0, max_nums=32)
         assert r.pull_status is PullStatus.FOUND
         assert b"signed hello" in [m.body for m in r.msg_found_list]
+
+
+def test_group_consumer_and_async_producer_sign_their_background_work(cluster: LocalCluster, admin: Credentials,
+                                                                      topic: str) -> None:
+    """Heartbeats, the rebalance's consumer-id and offset queries, pulls and commits all pass the ACL."""
+    import asyncio
+
+    body = f"async {uuid.uuid4().hex}".encode()
+
+    async def produce() -> None:
+        async with AsyncProducer("acl_apg", cluster.namesrv_addr, credentials=admin) as p:
+            assert (await p.send(Message(topic, body))).send_status is SendStatus.SEND_OK
+
+    asyncio.run(produce())
+    with GroupConsumer("acl_gc", cluster.namesrv_addr, credentials=admin, consume_from_where="FIRST_OFFSET") as c:
+        c.subscribe(topic)
+        seen: list[bytes] = []
+        poll_until(lambda: body in (seen.extend(m.body for m in c.poll(timeout_s=0.5)) or seen), 20.0,
+                   "the group consumer to deliver the message")
+        c.commit()
 
 
 def _refused(call: object) -> AccessDeniedError:
