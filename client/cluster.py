@@ -58,9 +58,9 @@ def _http_json(addr: str, path: str, timeout_s: float = 2.0, credentials: Creden
         return json.loads(resp.read())
 
 
-#: issue 14: the broker key ``haAuthSecret`` (HA and DLedger port handshake) comes with the haauth branch; until
-#: broker/config.py knows it, writing it would only earn every broker an "unknown key" warning. The lead sets
-#: this to True when merging that branch.
+#: LEAD: set to True when wt/haauth is merged. Issue 14's broker key ``haAuthSecret`` (the HA and DLedger port
+#: handshake) comes with that branch; until broker/config.py knows it, writing it would only earn every broker an
+#: "unknown key" warning (and no handshake).
 WRITE_HA_AUTH_SECRET = False
 
 
