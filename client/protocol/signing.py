@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import time
 from collections.abc import Generator, Mapping
 from urllib.parse import quote, unquote
@@ -103,15 +104,27 @@ class SignedAuth:
     signature: str
 
 
+#: Printable ASCII without space, ``,`` and ``=`` (the header's separators).
+_KEY_TEXT = re.compile(r"[\x21-\x2b\x2d-\x3c\x3e-\x7e]+").fullmatch
+_HEX64 = re.compile(r"[0-9a-f]{64}").fullmatch
+#: What ``quote(v, safe='')`` leaves as it is: most names and values, which then skip ``quote`` (the servers verify
+#: every signed request, and ``quote`` was the largest part of that cost).
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch
+
+
 def _is_key_text(value: str) -> bool:
-    return value.isascii() and value.isprintable() and not any(c in value for c in " ,=")
+    return _KEY_TEXT(value) is not None
+
+
+def _quoted(value: str) -> str:
+    return value if _UNRESERVED(value) is not None else quote(value, safe="")
 
 
 def canonical_query(query: Mapping[str, str]) -> str:
     """The query as it enters the string to sign: pairs sorted by name, each percent-encoded, joined by ``&``."""
     if not query:
         return ""
-    return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in sorted(query.items()))
+    return "&".join(f"{_quoted(k)}={_quoted(v)}" for k, v in sorted(query.items()))
 
 
 def _query_of(target: str) -> tuple[str, dict[str, str]]:
@@ -197,7 +210,7 @@ def parse_authorization(value: bytes | str) -> SignedAuth:
         raise SignatureError("timestamp malformed")
     if not nonce or len(nonce) > _MAX_NONCE_CHARS or not _is_key_text(nonce):
         raise SignatureError("nonce malformed")
-    if len(sig) != 64 or not all(c in "0123456789abcdef" for c in sig):
+    if _HEX64(sig) is None:
         raise SignatureError("signature malformed")
     return SignedAuth(ak, int(ts), nonce, sig)
 

@@ -103,8 +103,8 @@ class Servers:
             proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
         return proc, stderr_path
 
-    def nameserver(self) -> ServerProcess:
-        proc, err = self._spawn(["-m", "nameserver", "--listen", "127.0.0.1:0"], "nameserver")
+    def nameserver(self, extra_args: tuple[str, ...] = ()) -> ServerProcess:
+        proc, err = self._spawn(["-m", "nameserver", "--listen", "127.0.0.1:0", *extra_args], "nameserver")
         sp = ServerProcess(proc, "", err)
         self.started.append(sp)
         sp.ready_line = read_first_line(proc, err)
