@@ -38,20 +38,11 @@ includeProperties          false                add the ``properties map<string,
 group / commitOffsetsToBroker  -- / false       streaming: report each committed end offset to the masters
                                                 as the group's consumer offset (best effort, one batch late)
 maxBatchRows / maxBatchBytes   4096 / 8388608   size caps of the Arrow batches a task yields
-accessKey / secretKey      --                   the ACL account that signs every request, on the driver and
-                                                the executors (docs/SECURITY.md); both or neither
 client.*                   --                   passed through to the client
 =========================  ===================  ===========================================================
 
 Sink options: ``nameserver``, ``topic`` (beats a ``topic`` column), ``producerGroup``, ``sendTimeoutMs`` (3000),
-``retries`` (2), ``sendConcurrency`` (4 requests in flight per task), ``accessKey`` / ``secretKey``. Delivery is
-at-least-once.
-
-The secret key is never logged: error messages name the option, not its value, the connector's reprs show
-``<redacted>``, and Spark's default ``spark.redaction.regex`` (``secret``) hides it in ``explain()`` and the UI.
-It travels to the executors inside the pickled read/write plan, as every Spark connector's credentials do; an
-account with only the permissions the job needs (SUB on the topic and the group for a read, PUB for a write)
-limits what a leaked plan can do.
+``retries`` (2), ``sendConcurrency`` (4 requests in flight per task). Delivery is at-least-once.
 
 **Tuning brokers for analytical reads.** A broker caps every pull answer at ``maxTransferCountOnMessageInMemory``
 messages and ``maxTransferBytesOnMessageInMemory`` bytes (RocketMQ defaults: 32 and 256 KiB; the ``...InDisk``
