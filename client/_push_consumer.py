@@ -148,6 +148,7 @@ class PushConsumer:
                  **kwargs: Any) -> None:
         if not callable(listener):
             raise InvalidParameterError(f"listener must be callable, got {type(listener).__name__}")
+        client_config = with_credentials(client_config, credentials)
         if not 1 <= consume_thread_nums <= 1000:
             raise InvalidParameterError(f"consume_thread_nums must be in [1, 1000], got {consume_thread_nums}")
         if not 1 <= consume_message_batch_max_size <= 1024:
@@ -162,8 +163,7 @@ class PushConsumer:
         self.batch_max = consume_message_batch_max_size
         self.max_reconsume_times = DEFAULT_MAX_RECONSUME_TIMES if max_reconsume_times == -1 else max_reconsume_times
         self.suspend_s = suspend_current_queue_time_s
-        self._engine = SyncEngine(self.config, namesrv_addr, with_credentials(client_config, credentials),
-                                  self._on_pulled,
+        self._engine = SyncEngine(self.config, namesrv_addr, client_config, self._on_pulled,
                                   subscribe_retry_topic=True)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._busy: set[int] = set()  # orderly: ids of queues with a consume task running or scheduled
