@@ -52,7 +52,7 @@ class Profile:
 
 
 FULL = Profile(rounds=7, batches=400, pull_messages=32_768)
-QUICK = Profile(rounds=5, batches=40, pull_messages=4_096)
+QUICK = Profile(rounds=7, batches=40, pull_messages=8_192)
 
 
 @attrs.frozen
