@@ -17,6 +17,7 @@ __all__ = ["ENTRIES", "Row", "format_table", "load_entry", "run_entries"]
 
 #: name -> "module:function". Add a line here to add an entry.
 ENTRIES: dict[str, str] = {
+    "acl": "benchmarks.acl_bench:run",
     "chaos": "benchmarks.chaos:run_rows",
     "client": "benchmarks.client_bench:run",
     "consumer": "benchmarks.consumer_bench:run",

@@ -34,6 +34,7 @@ from client._requests import PullResult, SendResult
 from client._routing import FindBrokerResult
 from client.protocol.codes import PullStatus, SendStatus
 from client.protocol.message import Message, MessageExt, MessageQueue
+from client.protocol.signing import Credentials
 
 __all__ = [
     "Admin",
@@ -49,6 +50,7 @@ __all__ = [
     "ClusterInfo",
     "ConsumeFromWhere",
     "ConsumeStatus",
+    "Credentials",
     "FindBrokerResult",
     "GroupConsumer",
     "GroupConsumerConfig",

@@ -17,7 +17,7 @@ import attrs
 import httpx
 
 from client import _requests as rq
-from client._instance import ClientConfig, ClientInstance, ClientState
+from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
 from client.errors import (
     BrokerNotFoundError,
     ClientClosedError,
@@ -32,6 +32,7 @@ from client.protocol.codes import MASTER_ID, Perm
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.properties import validate_group, validate_topic
 from client.protocol.route import BrokerData, TopicConfig, TopicRouteData
+from client.protocol.signing import Credentials
 
 __all__ = ["Admin", "ClusterInfo", "QueueProgress"]
 
@@ -92,10 +93,13 @@ class Admin:
     Args:
         namesrv_addr: nameservers, ``;``-separated.
         client_config: settings of the shared client instance (used when this admin creates it).
+        credentials: the account that signs every request (an ``admin`` one for topic and group administration).
     """
 
-    def __init__(self, namesrv_addr: str, *, client_config: ClientConfig | None = None) -> None:
-        self._client: ClientInstance | None = ClientInstance.acquire(namesrv_addr, client_config)
+    def __init__(self, namesrv_addr: str, *, client_config: ClientConfig | None = None,
+                 credentials: Credentials | None = None) -> None:
+        self._client: ClientInstance | None = ClientInstance.acquire(
+            namesrv_addr, with_credentials(client_config, credentials))
         self._state = ClientState.OPENED
 
     @property

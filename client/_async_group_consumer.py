@@ -20,11 +20,12 @@ import httpx
 from client._consume_core import GroupConsumerConfig, GroupCore, consume_timestamp_ms
 from client._consumer import AsyncPullConsumer
 from client._group_consumer import consumer_ids_url, id_query_addrs, parse_consumer_ids
-from client._instance import AsyncClientInstance, ClientConfig, ClientState
+from client._instance import AsyncClientInstance, ClientConfig, ClientState, with_credentials
 from client._offset_store import LocalFileOffsetStore
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset
 from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
 from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.signing import Credentials
 
 __all__ = ["AsyncGroupConsumer"]
 
@@ -39,13 +40,13 @@ class AsyncGroupConsumer:
     """
 
     def __init__(self, group: str, namesrv_addr: str, *, client_config: ClientConfig | None = None,
-                 **kwargs: Any) -> None:
+                 credentials: Credentials | None = None, **kwargs: Any) -> None:
         self.config = GroupConsumerConfig(group, **kwargs)
         if self.config.instance_name is not None:
             raise InvalidParameterError("AsyncGroupConsumer does not take instance_name")
         self.namesrv_addr = namesrv_addr
         self.core = GroupCore(self.config)
-        self._client_config = attrs.evolve(client_config or ClientConfig(),
+        self._client_config = attrs.evolve(with_credentials(client_config, credentials) or ClientConfig(),
                                            heartbeat_broker_interval_s=self.config.heartbeat_interval_s)
         self._state = ClientState.UNOPENED
         self._puller: AsyncPullConsumer | None = None

@@ -26,7 +26,14 @@ from typing import Any
 import attrs
 
 from client import _requests as rq
-from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState, _InstanceCore
+from client._instance import (
+    AsyncClientInstance,
+    ClientConfig,
+    ClientInstance,
+    ClientState,
+    _InstanceCore,
+    with_credentials,
+)
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
 from client._ops import member_call_op, pull_op
 from client._rebalance import TagFilter
@@ -37,6 +44,7 @@ from client.protocol.codes import MASTER_ID
 from client.protocol.message import MessageQueue
 from client.protocol.properties import validate_group, validate_topic
 from client.protocol.requests import PullRequestHeader
+from client.protocol.signing import Credentials
 
 __all__ = ["AsyncPullConsumer", "ConsumerConfig", "PullConsumer"]
 
@@ -175,14 +183,16 @@ class PullConsumer(SyncLifecycle, _ConsumerBase):
         connect_broker_by_user: pin every pull to ``default_broker_id``.
         default_broker_id: the pinned member.
         client_config: settings of the shared client instance (used when this consumer creates it).
+        credentials: the account that signs every request (``client.Credentials``); None: unsigned.
         **kwargs: more :class:`ConsumerConfig` fields (``pull_timeout_s``).
     """
 
     def __init__(self, group: str, namesrv_addr: str, *, connect_broker_by_user: bool = False,
                  default_broker_id: int = MASTER_ID, client_config: ClientConfig | None = None,
-                 **kwargs: Any) -> None:
+                 credentials: Credentials | None = None, **kwargs: Any) -> None:
         super().__init__(group, namesrv_addr, connect_broker_by_user=connect_broker_by_user,
-                         default_broker_id=default_broker_id, client_config=client_config, **kwargs)
+                         default_broker_id=default_broker_id,
+                         client_config=with_credentials(client_config, credentials), **kwargs)
         self._lock = threading.Lock()
         self._client: ClientInstance | None = None
 
@@ -261,9 +271,10 @@ class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
 
     def __init__(self, group: str, namesrv_addr: str, *, connect_broker_by_user: bool = False,
                  default_broker_id: int = MASTER_ID, client_config: ClientConfig | None = None,
-                 **kwargs: Any) -> None:
+                 credentials: Credentials | None = None, **kwargs: Any) -> None:
         super().__init__(group, namesrv_addr, connect_broker_by_user=connect_broker_by_user,
-                         default_broker_id=default_broker_id, client_config=client_config, **kwargs)
+                         default_broker_id=default_broker_id,
+                         client_config=with_credentials(client_config, credentials), **kwargs)
         self._client: AsyncClientInstance | None = None
 
     def _attach(self, client: AsyncClientInstance) -> None:

@@ -32,20 +32,21 @@ import httpx
 from client import _requests as rq
 from client._consume_core import GroupConsumerConfig, GroupCore, consume_timestamp_ms, run_quietly
 from client._consumer import PullConsumer
-from client._instance import ClientConfig, ClientInstance, ClientState
+from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
 from client._offset_store import LocalFileOffsetStore
 from client._orderly import QueueLocker
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset, retry_topic
 from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
 from client.protocol.codes import MASTER_ID, PullStatus
 from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.signing import Credentials
 
 __all__ = ["GroupConsumer", "SyncEngine", "consumer_ids_url", "parse_consumer_ids"]
 
 log = logging.getLogger(__name__)
 
 _NAMED_LOCK = threading.Lock()
-_NAMED: dict[tuple[str, str], ClientInstance] = {}
+_NAMED: dict[tuple[str, str, Credentials | None], ClientInstance] = {}
 _GROUPS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _GROUPS_LOCK = threading.Lock()
 _FLOW_CONTROL_DELAY_S = 0.05  # RocketMQ PULL_TIME_DELAY_MILLS_WHEN_FLOW_CONTROL
@@ -110,7 +111,7 @@ def acquire_instance(namesrv_addr: str, cfg: GroupConsumerConfig, client_config:
     ccfg = attrs.evolve(client_config or ClientConfig(), heartbeat_broker_interval_s=cfg.heartbeat_interval_s)
     if cfg.instance_name is None:
         return ClientInstance.acquire(namesrv_addr, ccfg)
-    key = (namesrv_addr, cfg.instance_name)
+    key = (namesrv_addr, cfg.instance_name, ccfg.credentials)
     with _NAMED_LOCK, ClientInstance._registry_lock:
         inst = _NAMED.get(key)
         if inst is None or inst.state is not ClientState.OPENED:
@@ -598,16 +599,18 @@ class GroupConsumer:
         group: consumer group.
         namesrv_addr: nameservers, ``;``-separated.
         client_config: settings of the client instance (when this consumer creates it).
+        credentials: the account that signs every request (``client.Credentials``); None: unsigned.
         **kwargs: :class:`GroupConsumerConfig` fields (``message_model``, ``consume_from_where``,
             ``allocate_strategy``, ``heartbeat_interval_s``, ``rebalance_interval_s``, ``auto_commit``,
             ``pull_threshold_for_queue``, ``instance_name``...).
     """
 
     def __init__(self, group: str, namesrv_addr: str, *, client_config: ClientConfig | None = None,
-                 **kwargs: Any) -> None:
+                 credentials: Credentials | None = None, **kwargs: Any) -> None:
         self.config = GroupConsumerConfig(group, **kwargs)
         self._avail = threading.Condition()
-        self._engine = SyncEngine(self.config, namesrv_addr, client_config, self._on_pulled)
+        self._engine = SyncEngine(self.config, namesrv_addr, with_credentials(client_config, credentials),
+                                  self._on_pulled)
         self._next_auto_commit = 0.0
 
     @property

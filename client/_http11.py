@@ -156,9 +156,13 @@ def timeouts_of(request: httpx.Request) -> Timeouts:
     return t.get("connect"), t.get("read"), t.get("write"), t.get("pool")
 
 
-def raw_head(method: str, host: str, port: int, target: str, body_len: int) -> bytes:
-    """The request head of the transports' ``exchange``: what the servers read, nothing more."""
+def raw_head(method: str, host: str, port: int, target: str, body_len: int, authorization: str | None = None
+             ) -> bytes:
+    """The request head of the transports' ``exchange``: what the servers read, nothing more (the
+    ``Authorization`` line only on a signed request, so unsigned ones pay nothing for the ACL)."""
     length = f"Content-Length: {body_len}\r\n" if body_len or method == "POST" else ""
+    if authorization is not None:
+        length += f"Authorization: {authorization}\r\n"
     return f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\n{length}\r\n".encode("latin-1")
 
 

@@ -46,11 +46,12 @@ from client._routing import (
     TopicPublishInfo,
 )
 from client._transport import AsyncTransport, SyncTransport
-from client.errors import ClientClosedError, ClientError, RouteNotFoundError
+from client.errors import AccessDeniedError, ClientClosedError, ClientError, RouteNotFoundError
 from client.protocol.message import MessageQueue
 from client.protocol.route import TopicRouteData
+from client.protocol.signing import Credentials, SigningAuth, fresh_authorization
 
-__all__ = ["AsyncClientInstance", "ClientConfig", "ClientInstance", "ClientState"]
+__all__ = ["AsyncClientInstance", "ClientConfig", "ClientInstance", "ClientState", "with_credentials"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,10 @@ class ClientConfig:
     """Open connections to one server at most."""
     close_timeout_s: float = attrs.field(default=1.0, validator=_positive)
     """Bound on waiting for the background refresh to stop at close."""
+    credentials: Credentials | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Credentials)))
+    """The account every request is signed with (docs/SECURITY.md); None sends unsigned requests. Unlike the
+    other fields it is part of the shared instance's key: two accounts in one process never share an instance."""
 
     @property
     def effective_heartbeat_timeout_ms(self) -> int:
@@ -114,6 +119,27 @@ class _NoCookies(http.cookiejar.CookieJar):
 
     def add_cookie_header(self, request: Any) -> None:
         return None
+
+
+def with_credentials(client_config: ClientConfig | None, credentials: Credentials | None) -> ClientConfig | None:
+    """``client_config`` carrying ``credentials`` (the ``credentials=`` keyword of every client class).
+
+    Raises:
+        ValueError: ``client_config`` already names another account.
+    """
+    if credentials is None:
+        return client_config
+    if not isinstance(credentials, Credentials):
+        raise TypeError(f"credentials must be a client.Credentials, got {type(credentials).__name__}")
+    cfg = client_config or ClientConfig()
+    if cfg.credentials is not None and cfg.credentials != credentials:
+        raise ValueError(f"credentials={credentials} conflicts with client_config.credentials={cfg.credentials}")
+    return attrs.evolve(cfg, credentials=credentials)
+
+
+def _instance_key(namesrv_addr: str, config: ClientConfig | None) -> tuple[str, Credentials | None]:
+    """Shared instances are per nameserver list and account (an instance signs every request it makes)."""
+    return _registry_key(namesrv_addr), config.credentials if config is not None else None
 
 
 def _registry_key(namesrv_addr: str) -> str:
@@ -226,6 +252,8 @@ class _InstanceCore:
                 self.last_nameserver_error = rq.map_transport_error(e, addr, f"nameserver {addr} route of {topic}")
                 log.info("%s; trying the next nameserver", self.last_nameserver_error)
                 continue
+            except AccessDeniedError:
+                raise  # the ACL: every nameserver would refuse this account the same way
             except ClientError as e:
                 self.last_nameserver_error = e
                 continue
@@ -330,7 +358,7 @@ class _InstanceCore:
 class ClientInstance(_InstanceCore):
     """The sync process-wide client (``producer.client`` / ``consumer.client``). Get one with :meth:`acquire`."""
 
-    _registry: ClassVar[dict[str, ClientInstance]] = {}
+    _registry: ClassVar[dict[tuple[str, Credentials | None], ClientInstance]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, namesrv_addr: str, config: ClientConfig | None = None, *,
@@ -338,7 +366,8 @@ class ClientInstance(_InstanceCore):
         super().__init__(namesrv_addr, config or ClientConfig(), **kwargs)
         cfg = self.config
         transport = transport or SyncTransport(max_connections_per_host=cfg.max_connections_per_host)
-        self.http = httpx.Client(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies())
+        auth = SigningAuth(cfg.credentials) if cfg.credentials is not None else None
+        self.http = httpx.Client(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies(), auth=auth)
         self._raw = transport if isinstance(transport, SyncTransport) else None
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -347,15 +376,17 @@ class ClientInstance(_InstanceCore):
     @classmethod
     def acquire(cls, namesrv_addr: str, config: ClientConfig | None = None, *,
                 transport: httpx.BaseTransport | None = None) -> ClientInstance:
-        """The shared instance for ``namesrv_addr`` (created on first use), with one more reference.
+        """The shared instance for ``namesrv_addr`` and ``config.credentials`` (created on first use), with one
+        more reference.
 
-        ``config`` and ``transport`` (tests inject ``httpx.MockTransport``) apply only when this call creates it.
+        ``config``'s other fields and ``transport`` (tests inject ``httpx.MockTransport``) apply only when this
+        call creates it.
         """
-        key = _registry_key(namesrv_addr)
+        key = _instance_key(namesrv_addr, config)
         with cls._registry_lock:
             inst = cls._registry.get(key)
             if inst is None or inst.state is not ClientState.OPENED:
-                inst = cls(key, config, transport=transport)
+                inst = cls(key[0], config, transport=transport)
                 inst._start()
                 cls._registry[key] = inst
             inst.refcount += 1
@@ -367,8 +398,9 @@ class ClientInstance(_InstanceCore):
             self.refcount -= 1
             if self.refcount > 0:
                 return
-            if self._registry.get(self.namesrv_addr) is self:
-                del self._registry[self.namesrv_addr]
+            key = (self.namesrv_addr, self.config.credentials)
+            if self._registry.get(key) is self:
+                del self._registry[key]
         self.close()
 
     def _start(self) -> None:
@@ -434,7 +466,7 @@ class ClientInstance(_InstanceCore):
                  ) -> rq.Answer:
         """One request to ``addr`` (``host:port``): a data-path one (``timeout`` given) through the SDK transport
         without httpx's models when this instance uses it, else through ``http`` (control-plane timeouts when
-        ``timeout`` is None; tests inject other transports).
+        ``timeout`` is None; tests inject other transports). Signed with ``config.credentials`` when set.
 
         Raises:
             httpx.HTTPError: the request failed (callers map it with :func:`client._requests.map_transport_error`).
@@ -442,7 +474,11 @@ class ClientInstance(_InstanceCore):
         raw = self._raw
         if raw is not None and timeout is not None:
             host, port = rq.split_addr(addr)
-            return raw.exchange(method, host, port, target, body, timeout=timeout)
+            creds = self.config.credentials
+            if creds is None:
+                return raw.exchange(method, host, port, target, body, timeout=timeout)
+            return raw.exchange(method, host, port, target, body, timeout=timeout,
+                                authorization=fresh_authorization(creds, method, target, body))
         if timeout is None:
             return self.http.request(method, f"http://{addr}{target}", content=body)
         return self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
@@ -477,14 +513,15 @@ class ClientInstance(_InstanceCore):
 class AsyncClientInstance(_InstanceCore):
     """The asyncio twin of :class:`ClientInstance`: one per nameserver list and event loop."""
 
-    _registry: ClassVar[dict[tuple[str, int], AsyncClientInstance]] = {}
+    _registry: ClassVar[dict[tuple[str, Credentials | None, int], AsyncClientInstance]] = {}
 
     def __init__(self, namesrv_addr: str, config: ClientConfig | None = None, *,
                  transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
         super().__init__(namesrv_addr, config or ClientConfig(), **kwargs)
         cfg = self.config
         transport = transport or AsyncTransport(max_connections_per_host=cfg.max_connections_per_host)
-        self.http = httpx.AsyncClient(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies())
+        auth = SigningAuth(cfg.credentials) if cfg.credentials is not None else None
+        self.http = httpx.AsyncClient(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies(), auth=auth)
         self._raw = transport if isinstance(transport, AsyncTransport) else None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -493,9 +530,10 @@ class AsyncClientInstance(_InstanceCore):
     @classmethod
     def acquire(cls, namesrv_addr: str, config: ClientConfig | None = None, *,
                 transport: httpx.AsyncBaseTransport | None = None) -> AsyncClientInstance:
-        """The shared instance for ``namesrv_addr`` on the running loop, with one more reference."""
+        """The shared instance for ``namesrv_addr`` and ``config.credentials`` on the running loop, with one more
+        reference."""
         loop = asyncio.get_running_loop()
-        key = (_registry_key(namesrv_addr), id(loop))
+        key = (*_instance_key(namesrv_addr, config), id(loop))
         inst = cls._registry.get(key)
         if inst is None or inst.state is not ClientState.OPENED:
             inst = cls(key[0], config, transport=transport)
@@ -510,7 +548,7 @@ class AsyncClientInstance(_InstanceCore):
         self.refcount -= 1
         if self.refcount > 0:
             return
-        key = (self.namesrv_addr, self._loop_key)
+        key = (self.namesrv_addr, self.config.credentials, self._loop_key)
         if self._registry.get(key) is self:
             del self._registry[key]
         await self.aclose()
@@ -573,7 +611,11 @@ class AsyncClientInstance(_InstanceCore):
         raw = self._raw
         if raw is not None and timeout is not None:
             host, port = rq.split_addr(addr)
-            return await raw.exchange(method, host, port, target, body, timeout=timeout)
+            creds = self.config.credentials
+            if creds is None:
+                return await raw.exchange(method, host, port, target, body, timeout=timeout)
+            return await raw.exchange(method, host, port, target, body, timeout=timeout,
+                                      authorization=fresh_authorization(creds, method, target, body))
         if timeout is None:
             return await self.http.request(method, f"http://{addr}{target}", content=body)
         return await self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)

@@ -30,7 +30,14 @@ from collections.abc import Generator, Hashable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from client import _requests as rq
-from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState, _InstanceCore
+from client._instance import (
+    AsyncClientInstance,
+    ClientConfig,
+    ClientInstance,
+    ClientState,
+    _InstanceCore,
+    with_credentials,
+)
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
 from client._ops import send_op
 from client._producer_core import (
@@ -51,6 +58,7 @@ from client._routing import DEFAULT_TOPIC, LatencyFaultTolerance, QueueSelector,
 from client.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
 from client.protocol import codec
 from client.protocol.message import Message, MessageQueue
+from client.protocol.signing import Credentials
 
 __all__ = ["AsyncProducer", "Producer"]
 
@@ -284,6 +292,7 @@ class Producer(SyncLifecycle, _ProducerBase):
         retry_times_when_send_failed: extra attempts after a failed one.
         latency_fault_enable: isolate slow/failing brokers (off by default, as RocketMQ).
         client_config: settings of the shared client instance (used when this producer creates it).
+        credentials: the account that signs every request (``client.Credentials``); None: unsigned.
         start_index: first round-robin index (random when None; tests pin it).
         **kwargs: more :class:`~client._producer_core.ProducerConfig` fields (``batch_max_messages``...).
     """
@@ -293,8 +302,10 @@ class Producer(SyncLifecycle, _ProducerBase):
 
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout_s: float = 3.0,
                  retry_times_when_send_failed: int = 2, latency_fault_enable: bool = False,
-                 client_config: ClientConfig | None = None, start_index: int | None = None, **kwargs: Any) -> None:
-        super().__init__(group, namesrv_addr, client_config=client_config, start_index=start_index,
+                 client_config: ClientConfig | None = None, start_index: int | None = None,
+                 credentials: Credentials | None = None, **kwargs: Any) -> None:
+        super().__init__(group, namesrv_addr, client_config=with_credentials(client_config, credentials),
+                         start_index=start_index,
                          send_timeout_s=send_timeout_s, retry_times_when_send_failed=retry_times_when_send_failed,
                          latency_fault_enable=latency_fault_enable, **kwargs)
         self._lock = threading.Lock()
@@ -439,8 +450,10 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
 
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout_s: float = 3.0,
                  retry_times_when_send_failed: int = 2, latency_fault_enable: bool = False,
-                 client_config: ClientConfig | None = None, start_index: int | None = None, **kwargs: Any) -> None:
-        super().__init__(group, namesrv_addr, client_config=client_config, start_index=start_index,
+                 client_config: ClientConfig | None = None, start_index: int | None = None,
+                 credentials: Credentials | None = None, **kwargs: Any) -> None:
+        super().__init__(group, namesrv_addr, client_config=with_credentials(client_config, credentials),
+                         start_index=start_index,
                          send_timeout_s=send_timeout_s, retry_times_when_send_failed=retry_times_when_send_failed,
                          latency_fault_enable=latency_fault_enable, **kwargs)
         self._client: AsyncClientInstance | None = None

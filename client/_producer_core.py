@@ -34,6 +34,7 @@ import attrs
 
 from client._routing import FaultToleranceConfig, LatencyFaultTolerance, QueueSelector, TopicPublishInfo
 from client.errors import (
+    AccessDeniedError,
     BrokerConnectError,
     BrokerError,
     BrokerNotFoundError,
@@ -377,6 +378,8 @@ def is_retriable(err: ClientError) -> bool:
     Broker answers are retried for :data:`RETRY_RESPONSE_CODES` only; other errors (a connection refused, a
     timeout) by their ``retriable`` flag.
     """
+    if isinstance(err, AccessDeniedError):  # the ACL: every broker would say the same
+        return False
     if isinstance(err, BrokerError):
         return err.code in RETRY_RESPONSE_CODES
     return err.retriable

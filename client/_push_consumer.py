@@ -37,7 +37,7 @@ import httpx
 from client import _requests as rq
 from client._consume_core import GroupConsumerConfig
 from client._group_consumer import SyncEngine
-from client._instance import ClientConfig, ClientInstance, ClientState
+from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
 from client._rebalance import MessageModel, ProcessQueue, retry_topic
 from client.errors import BrokerNotFoundError, ClientError, InvalidParameterError
 from client.protocol import codec
@@ -51,6 +51,7 @@ from client.protocol.properties import (
     TAGS,
     UNIQ_KEY,
 )
+from client.protocol.signing import Credentials
 
 __all__ = ["ConsumeStatus", "InvalidConsumeStatusError", "PushConsumer", "check_consume_status",
            "retry_message_properties"]
@@ -136,6 +137,7 @@ class PushConsumer:
         max_reconsume_times: retries before the DLQ (-1 = 16).
         suspend_current_queue_time_s: orderly: pause before consuming a failed batch again.
         client_config: settings of the client instance (when this consumer creates it).
+        credentials: the account that signs every request (``client.Credentials``); None: unsigned.
         **kwargs: :class:`GroupConsumerConfig` fields.
 
     Raises:
@@ -145,9 +147,11 @@ class PushConsumer:
     def __init__(self, group: str, namesrv_addr: str, listener: Callable[[list[MessageExt]], ConsumeStatus], *,
                  orderly: bool = False, consume_thread_nums: int = 20, consume_message_batch_max_size: int = 1,
                  max_reconsume_times: int = -1, suspend_current_queue_time_s: float = 1.0,
-                 client_config: ClientConfig | None = None, **kwargs: Any) -> None:
+                 client_config: ClientConfig | None = None, credentials: Credentials | None = None,
+                 **kwargs: Any) -> None:
         if not callable(listener):
             raise InvalidParameterError(f"listener must be callable, got {type(listener).__name__}")
+        client_config = with_credentials(client_config, credentials)
         if not 1 <= consume_thread_nums <= 1000:
             raise InvalidParameterError(f"consume_thread_nums must be in [1, 1000], got {consume_thread_nums}")
         if not 1 <= consume_message_batch_max_size <= 1024:

@@ -174,7 +174,7 @@ class SyncTransport(httpx.BaseTransport):
         return self._exchange(origin, head, body, timeouts_of(request), request.method == "HEAD").response(request)
 
     def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
-                 timeout: float | None) -> RawResponse:
+                 timeout: float | None, authorization: str | None = None) -> RawResponse:
         """One request without httpx's models: the data path's way in (about 100 µs of CPU cheaper per request).
 
         Args:
@@ -184,12 +184,13 @@ class SyncTransport(httpx.BaseTransport):
             target: path and query string, already percent-encoded.
             body: request body (sent with a Content-Length).
             timeout: seconds for each of connect, pool wait, write and read (None: no bound).
+            authorization: the ``Authorization`` header value of a signed request (None: no header).
 
         Raises:
             httpx.HTTPError: the same transport errors :meth:`handle_request` raises.
         """
         check_target(target)
-        head = raw_head(method, host, port, target, len(body))
+        head = raw_head(method, host, port, target, len(body), authorization)
         return self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False).raw()
 
     def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
@@ -382,10 +383,10 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 ).response(request)
 
     async def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
-                       timeout: float | None) -> RawResponse:
+                       timeout: float | None, authorization: str | None = None) -> RawResponse:
         """See :meth:`SyncTransport.exchange`."""
         check_target(target)
-        head = raw_head(method, host, port, target, len(body))
+        head = raw_head(method, host, port, target, len(body), authorization)
         return (await self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False)).raw()
 
     async def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,

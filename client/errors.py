@@ -14,6 +14,7 @@
     └── BrokerError                  a server answered with a non-success RocketMQ code
         ├── BrokerSystemError (1), SystemBusyError (2), RequestCodeNotSupportedError (3)
         ├── MessageIllegalError (13), ServiceNotAvailableError (14), NoPermissionError (16)
+        │   └── AccessDeniedError (16)   the ACL refused the request (never retried)
         ├── TopicNotExistError (17), QueryNotFoundError (22), SubscriptionGroupNotExistError (26)
         └── InvalidParameterError (29)
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AccessDeniedError",
     "BrokerConnectError",
     "BrokerError",
     "BrokerNotFoundError",
@@ -136,7 +138,7 @@ class BrokerError(ClientError):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.code >= 0:
+        if cls.code >= 0 and "code" in cls.__dict__:  # a subclass that keeps its parent's code is chosen apart
             BrokerError._registry[cls.code] = cls
 
     def __init__(
@@ -187,8 +189,22 @@ class ServiceNotAvailableError(BrokerError):
 
 
 class NoPermissionError(BrokerError):
+    """The broker or the topic refuses the operation (its ``perm``); a send tries another broker group."""
+
     code = 16
     retriable = True
+
+
+class AccessDeniedError(NoPermissionError):
+    """The ACL refused the request (docs/SECURITY.md): it was unsigned, its account or signature did not verify,
+    or the account lacks the permission the message names (``PUB`` on a topic, ``SUB`` on a group, ``admin``).
+
+    Never retried: another attempt, broker or nameserver would refuse it the same way; fix the ``credentials=``
+    or the accounts file. The servers mark these answers (``"acl": true`` in the error body) so that the SDK
+    tells them from a topic's or a broker's ``perm``, which a send does retry elsewhere.
+    """
+
+    retriable = False
 
 
 class TopicNotExistError(BrokerError):

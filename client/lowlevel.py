@@ -42,7 +42,13 @@ from types import TracebackType
 import httpx
 
 from client import _requests as rq
-from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, _InstanceCore
+from client._instance import (
+    AsyncClientInstance,
+    ClientConfig,
+    ClientInstance,
+    _InstanceCore,
+    with_credentials,
+)
 from client._ops import pull_op, send_op
 from client._producer_core import (
     RETRY_RESPONSE_CODES,
@@ -76,6 +82,7 @@ from client.protocol.codes import PullStatus
 from client.protocol.message import MessageQueue
 from client.protocol.requests import PullRequestHeader, SendRequestHeader
 from client.protocol.route import TopicRouteData
+from client.protocol.signing import Credentials
 
 __all__ = [
     "DEFAULT_TOPIC",
@@ -251,13 +258,15 @@ class BrokerClient(_LowLevelCore):
         fault_tolerance: the isolation tables when ``latency_fault_enable``.
         rng: random source of the nameserver and queue round-robin starts.
         clock_ms: monotonic clock of member isolation and route age (injected by tests).
+        credentials: the account that signs every request (``client.Credentials``); None: unsigned.
     """
 
     def __init__(self, namesrv_addr: str, *, config: ClientConfig | None = None,
                  transport: httpx.BaseTransport | None = None, latency_fault_enable: bool = False,
                  fault_tolerance: FaultToleranceConfig | None = None, rng: random.Random | None = None,
-                 clock_ms: Callable[[], int] | None = None) -> None:
-        self._inst = ClientInstance(namesrv_addr, config, transport=transport, rng=rng, clock_ms=clock_ms)
+                 clock_ms: Callable[[], int] | None = None, credentials: Credentials | None = None) -> None:
+        self._inst = ClientInstance(namesrv_addr, with_credentials(config, credentials), transport=transport,
+                                    rng=rng, clock_ms=clock_ms)
         super().__init__(self._inst, latency_fault_enable=latency_fault_enable, fault_tolerance=fault_tolerance,
                          rng=rng)
 
@@ -419,8 +428,9 @@ class AsyncBrokerClient(_LowLevelCore):
     def __init__(self, namesrv_addr: str, *, config: ClientConfig | None = None,
                  transport: httpx.AsyncBaseTransport | None = None, latency_fault_enable: bool = False,
                  fault_tolerance: FaultToleranceConfig | None = None, rng: random.Random | None = None,
-                 clock_ms: Callable[[], int] | None = None) -> None:
-        self._inst = AsyncClientInstance(namesrv_addr, config, transport=transport, rng=rng, clock_ms=clock_ms)
+                 clock_ms: Callable[[], int] | None = None, credentials: Credentials | None = None) -> None:
+        self._inst = AsyncClientInstance(namesrv_addr, with_credentials(config, credentials), transport=transport,
+                                         rng=rng, clock_ms=clock_ms)
         super().__init__(self._inst, latency_fault_enable=latency_fault_enable, fault_tolerance=fault_tolerance,
                          rng=rng)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from client import Credentials
 from spark_connector.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets_json
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ __all__ = [
     "SourceOptions",
     "parse_sink_options",
     "parse_source_options",
+    "redacted",
 ]
 
 PULL_FROM_CHOICES = ("auto", "master", "slave")
@@ -44,15 +46,24 @@ _SOURCE_KEYS = {
         "failOnDataLoss", "pullFrom", "slaveFallback", "pullBatchSize", "pullMaxBytes", "pullConcurrency",
         "pullTimeoutMs", "pullRetries",
         "retryBackoffMs", "includeProperties", "group", "commitOffsetsToBroker", "maxBatchRows",
-        "maxBatchBytes", "path",
+        "maxBatchBytes", "path", "accessKey", "secretKey",
     )
 }
 _SINK_KEYS = {
     k.lower(): k
     for k in ("nameserver", "namesrvAddr", "topic", "producerGroup", "sendTimeoutMs", "retries", "sendConcurrency",
-              "path")
+              "path", "accessKey", "secretKey")
 }
 _CLIENT_PREFIX = "client."
+
+
+#: Options whose values are never shown (lower-cased; Spark's own ``spark.redaction.regex`` hides them too).
+_SECRET_OPTIONS = frozenset({"secretkey"})
+
+
+def redacted(options: Mapping[str, Any]) -> dict[str, str]:
+    """``options`` for display: the secret key's value replaced (for reprs, logs and plan strings)."""
+    return {str(k): "<redacted>" if str(k).lower() in _SECRET_OPTIONS else str(v) for k, v in options.items()}
 
 
 class OptionError(ValueError):
@@ -115,6 +126,8 @@ class SourceOptions:
     """Byte cap (message bodies and properties) of each Arrow batch that ``read()`` yields."""
     client: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
     """``client.*`` options with the prefix removed, passed through to the SDK."""
+    credentials: Credentials | None = None
+    """``accessKey``/``secretKey``: the account every request is signed with (its repr hides the secret)."""
 
 
 @attrs.frozen
@@ -135,6 +148,8 @@ class SinkOptions:
     """Send requests one write task keeps in flight."""
     client: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
     """``client.*`` options with the prefix removed."""
+    credentials: Credentials | None = None
+    """``accessKey``/``secretKey``: the account every request is signed with (its repr hides the secret)."""
 
 
 class _Reader:
@@ -204,6 +219,22 @@ def _nameserver(r: _Reader) -> str:
     if not addrs:
         raise OptionError("option nameserver is empty")
     return ";".join(addrs)
+
+
+def _credentials(r: _Reader) -> Credentials | None:
+    """``accessKey`` and ``secretKey``: both or neither. No error names the secret's value (nor the access key's:
+    a user may have swapped them)."""
+    access_key, secret_key = r.get_str("accessKey"), r.get_str("secretKey")
+    if access_key is None and secret_key is None:
+        return None
+    if access_key is None or secret_key is None:
+        missing = "accessKey" if access_key is None else "secretKey"
+        raise OptionError(f"option {missing} is required with option "
+                          f"{'secretKey' if missing == 'accessKey' else 'accessKey'}")
+    try:
+        return Credentials(access_key, secret_key)
+    except ValueError as e:
+        raise OptionError(f"option accessKey/secretKey: {e}") from None
 
 
 def _topic(r: _Reader, *, required: bool) -> str | None:
@@ -332,6 +363,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
         max_batch_rows=r.get_int("maxBatchRows", 4096, minimum=1) or 4096,
         max_batch_bytes=r.get_int("maxBatchBytes", 8 * 1024 * 1024, minimum=1024) or 8 * 1024 * 1024,
         client=r.client,
+        credentials=_credentials(r),
     )
 
 
@@ -364,4 +396,5 @@ def parse_sink_options(options: Mapping[str, Any], *, app_name: str = "app") -> 
         retries=r.get_int("retries", 2, minimum=0) or 0,
         send_concurrency=_concurrency(r, "sendConcurrency", DEFAULT_SEND_CONCURRENCY),
         client=r.client,
+        credentials=_credentials(r),
     )

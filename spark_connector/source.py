@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 from client.errors import ClientError
 from spark_connector.arrow import spark_schema
 from spark_connector.offsets import OffsetMap, offsets_from_json, offsets_to_json, rate_limit
-from spark_connector.options import OptionError, SourceOptions, parse_source_options
+from spark_connector.options import OptionError, SourceOptions, parse_source_options, redacted
 from spark_connector.planning import QueueRange, plan_ranges
 from spark_connector.reader import DataLossError, RangeReader
 from spark_connector.resolve import fetch_offsets, queue_keys, resolve_end, resolve_start, route_snapshot
@@ -68,7 +68,7 @@ def _read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[
     rng = getattr(partition, "value", None)
     if not isinstance(rng, QueueRange):  # Spark turns an empty plan into one InputPartition(None)
         return
-    client = pooled_client(opts.nameserver, opts.client)
+    client = pooled_client(opts.nameserver, opts.client, opts.credentials)
     yield from RangeReader(client, opts, rng).batches()
 
 
@@ -80,7 +80,7 @@ class RocketMQBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.options
-        client = pooled_client(opts.nameserver, opts.client)
+        client = pooled_client(opts.nameserver, opts.client, opts.credentials)
         route = client.route(opts.topic, refresh=True)
         keys = queue_keys(route, opts.topic)
         highs = fetch_offsets(client, route, keys, "max")
@@ -106,7 +106,7 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: OffsetMap | None = None
 
     def _client(self) -> Any:
-        return pooled_client(self.options.nameserver, self.options.client)
+        return pooled_client(self.options.nameserver, self.options.client, self.options.credentials)
 
     def initialOffset(self) -> dict:
         opts = self.options
@@ -213,6 +213,9 @@ class RocketMQDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "rocketmq"
+
+    def __repr__(self) -> str:
+        return f"RocketMQDataSource({redacted(self.options)})"
 
     def schema(self) -> StructType:
         opts = parse_source_options(self.options, streaming=None)

@@ -12,9 +12,11 @@
     splitmq dledger transfer -n HOST:PORT -b broker-a --to n1
 
 Every admin command takes ``-n/--namesrv`` (default ``$NAMESRV_ADDR``), ``--timeout S`` (default 10),
-``--json`` and ``--debug``. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a broker
-refused), 2 usage error, 130 interrupted. Errors are one line on stderr; ``--debug`` adds the traceback.
-Only :mod:`client` is imported, never the servers.
+``--json`` and ``--debug``; with the ACL on, the global ``--access-key``/``--secret-key`` (or
+``SPLITMQ_ACCESS_KEY``/``SPLITMQ_SECRET_KEY``, which keep the secret off the process list) sign every request,
+and the secret is never printed. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a
+broker refused), 2 usage error, 130 interrupted. Errors are one line on stderr; ``--debug`` adds the
+traceback. Only :mod:`client` is imported, never the servers.
 """
 
 from __future__ import annotations

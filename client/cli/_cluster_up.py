@@ -4,6 +4,8 @@ Prints ``namesrv=HOST:PORT`` (flushed, its own line) as soon as every broker is 
 ``--mode dledger`` once each group has elected its leader, with each member's peer id and elected role).
 The first SIGINT/SIGTERM stops every process (brokers first, SIGKILL after the ``--timeout`` grace) and the
 command exits 0 saying so; further signals during the stop are ignored so the stop is not cut short.
+With ``--acl`` every server enforces the ACL; the admin access key and the accounts file's path are printed (the
+secret key only lives in that file).
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
     """Start the cluster, print ``namesrv=`` and the brokers, run until SIGINT/SIGTERM, then stop everything."""
     try:
         cluster = LocalCluster(args.root, broker_groups=args.groups, slaves_per_group=args.slaves, mode=args.mode,
-                               peers_per_group=args.peers, broker_config=dict(args.set), start_timeout_s=args.timeout)
+                               peers_per_group=args.peers, broker_config=dict(args.set), start_timeout_s=args.timeout,
+                               acl=args.acl)
     except ValueError as e:
         args.leaf.error(str(e))
     previous = _install(_raise_stop)
@@ -101,6 +104,9 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
         out.info(f"starting {args.groups} broker group(s) x {members}, mode {args.mode}, in {cluster.root_dir}")
         cluster.start()
         out.line(f"namesrv={cluster.namesrv_addr}")
+        if cluster.admin_credentials is not None:  # the secret stays in the file, never on the terminal
+            out.line(f"acl: admin access key {cluster.admin_credentials.access_key}; its secret key is in "
+                     f"{cluster.acl_file} (accounts file, mode 0600)")
         _print_brokers(cluster, out)
         out.info(f"logs in {cluster.root_dir / 'logs'}; press Ctrl-C to stop")
         _watch(cluster, out)

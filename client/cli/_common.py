@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 from client._admin import Admin
 from client._instance import ClientConfig
+from client.protocol.signing import Credentials
 
-__all__ = ["client_config", "namesrv_of", "open_admin", "split_keys"]
+__all__ = ["client_config", "credentials_of", "namesrv_of", "open_admin", "split_keys"]
 
 #: Bound on opening one connection (a dead host fails fast even with a long ``--timeout``).
 CONNECT_TIMEOUT_MAX_S = 3.0
@@ -23,11 +25,32 @@ def namesrv_of(args: argparse.Namespace) -> str:
     return ns
 
 
+def credentials_of(args: argparse.Namespace) -> Credentials | None:
+    """The account of ``--access-key``/``--secret-key`` (or ``SPLITMQ_ACCESS_KEY``/``SPLITMQ_SECRET_KEY``), None
+    when neither is given; a usage error (exit 2) when only one is, or the access key is malformed. No message
+    here ever holds the secret key."""
+    access_key = getattr(args, "access_key", None) or None
+    secret_key = getattr(args, "secret_key", None) or None
+    if access_key is None and secret_key is None:
+        return None
+    if access_key is None or secret_key is None:
+        _usage_error(args, "--access-key and --secret-key go together (or SPLITMQ_ACCESS_KEY and SPLITMQ_SECRET_KEY)")
+    try:
+        return Credentials(access_key, secret_key)
+    except ValueError as e:
+        _usage_error(args, str(e))
+
+
+def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:
+    args.leaf.error(message)
+    raise SystemExit(2)  # leaf.error exits; this line is for the type checker
+
+
 def client_config(args: argparse.Namespace) -> ClientConfig:
-    """Client settings bounded by the command's ``--timeout``."""
+    """Client settings bounded by the command's ``--timeout``, signed with its account when one is given."""
     timeout_s: float = args.timeout
     return ClientConfig(request_timeout_s=timeout_s, connect_timeout_s=min(timeout_s, CONNECT_TIMEOUT_MAX_S),
-                        close_timeout_s=1.0)
+                        close_timeout_s=1.0, credentials=credentials_of(args))
 
 
 @contextmanager

@@ -95,6 +95,16 @@ def _topic_options(p: argparse.ArgumentParser) -> None:
     where.add_argument("-b", "--broker-name", metavar="BROKER_NAME", help="create on this broker group's master")
 
 
+def _add_account(parser: _Parser) -> None:
+    """Global options: the account every request of the command is signed with (docs/SECURITY.md)."""
+    g = parser.add_argument_group("account (ACL)")
+    g.add_argument("--access-key", metavar="AK", default=os.environ.get("SPLITMQ_ACCESS_KEY"),
+                   help="access key that signs every request (default: $SPLITMQ_ACCESS_KEY)")
+    g.add_argument("--secret-key", metavar="SK", default=os.environ.get("SPLITMQ_SECRET_KEY"),
+                   help="its secret key (default: $SPLITMQ_SECRET_KEY; prefer the variable: a command line is "
+                        "visible to other users of the machine)")
+
+
 def _add_cluster(sub: Any, common: _Parser) -> None:
     cl = sub.add_parser("cluster", help="start a local cluster, list brokers",
                         description="Start a local cluster in the foreground, or list the brokers a nameserver knows.")
@@ -111,6 +121,9 @@ def _add_cluster(sub: Any, common: _Parser) -> None:
                     help="--mode dledger: members per group, 3 survives one failure, 5 two (default: 3)")
     up.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
                     help="broker .properties key for every broker (repeatable), e.g. --set slaveReadEnable=true")
+    up.add_argument("--acl", action="store_true",
+                    help="turn the ACL on: write an accounts file with an admin account and a cluster secret, "
+                         "start every server with it, print the file's path and the admin access key")
     _leaf(cs, "list", _admin_cmds.cmd_cluster_list, "list the brokers of each cluster", parents=[common])
 
 
@@ -235,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "produce and consume messages.",
         epilog="Every subcommand has its own --help. Exit codes: 0 ok, 1 operational error, 2 usage error.",
     )
+    _add_account(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     common = _common()
     _add_cluster(sub, common)

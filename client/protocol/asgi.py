@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from client.errors import ClientError
+from client.errors import AccessDeniedError, ClientError, NoPermissionError
 from client.protocol.codes import ResponseCode
 from client.protocol.requests import ArgumentError, query_arg, query_int
 from client.protocol.wire import CONTENT_BINARY, CONTENT_JSON, encode_error, http_status_for_code
@@ -88,8 +88,10 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(json.dumps(obj, separators=(",", ":")).encode(), status, CONTENT_JSON)
 
 
-def error_response(code: int, remark: str, *, broker: str | None = None, role: str | None = None) -> Response:
-    return Response(encode_error(code, remark, broker=broker, role=role), http_status_for_code(code), CONTENT_JSON)
+def error_response(code: int, remark: str, *, broker: str | None = None, role: str | None = None,
+                   acl: bool = False) -> Response:
+    return Response(encode_error(code, remark, broker=broker, role=role, acl=acl), http_status_for_code(code),
+                    CONTENT_JSON)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -205,12 +207,15 @@ class Router:
         request = Request(method, path, query, body, scope.get("client") or ("", 0))
         try:
             if self._authorize is not None:
-                self._authorize(request, _header(scope, b"authorization"))
+                try:
+                    self._authorize(request, _header(scope, b"authorization"))
+                except NoPermissionError as e:  # marked, so the SDK tells it from a topic's perm and won't retry
+                    raise AccessDeniedError(e.message) from None
             return await handler(request)
         except ClientError as e:
             code = e.code if e.code >= 0 else int(ResponseCode.SYSTEM_ERROR)
             broker, role = self._identity()
-            return error_response(code, e.message, broker=broker, role=role)
+            return error_response(code, e.message, broker=broker, role=role, acl=isinstance(e, AccessDeniedError))
         except Exception as e:  # a bug must not kill the connection; the client gets SYSTEM_ERROR and a log line
             log.exception("%s %s failed", method, path)
             broker, role = self._identity()

@@ -32,7 +32,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from client.errors import BrokerError, ProtocolViolationError
+from client.errors import AccessDeniedError, BrokerError, ProtocolViolationError
 from client.protocol.codes import ResponseCode
 
 __all__ = [
@@ -142,8 +142,12 @@ def http_status_for_code(code: int) -> int:
     return _HTTP_STATUS.get(code, 400)  # type: ignore[call-overload]
 
 
-def encode_error(code: int, remark: str, *, broker: str | None = None, role: str | None = None) -> bytes:
+def encode_error(code: int, remark: str, *, broker: str | None = None, role: str | None = None,
+                 acl: bool = False) -> bytes:
+    """A JSON error answer; ``acl`` marks an ACL refusal (the SDK raises AccessDeniedError and does not retry)."""
     body: dict[str, Any] = {"code": int(code), "remark": remark}
+    if acl:
+        body["acl"] = True
     if broker:
         body["broker"] = broker
     if role:
@@ -157,6 +161,8 @@ def decode_error(status: int, data: bytes, *, addr: str | None = None) -> Broker
         body = json.loads(data)
         code = int(body["code"])
         remark = str(body.get("remark", ""))
+        if code == ResponseCode.NO_PERMISSION and body.get("acl") is True:
+            return AccessDeniedError(remark, broker_addr=body.get("broker") or addr, broker_role=body.get("role"))
         return BrokerError.for_code(
             code, remark, broker_addr=body.get("broker") or addr, broker_role=body.get("role")
         )

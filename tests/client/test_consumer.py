@@ -125,8 +125,8 @@ def test_public_names_are_pinned() -> None:
     assert client.__all__ == [
         "Admin", "AllocateMessageQueueAveragely", "AllocateMessageQueueAveragelyByCircle", "AsyncClientInstance",
         "AsyncGroupConsumer", "AsyncProducer", "AsyncPullConsumer", "ClientConfig", "ClientInstance",
-        "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "FindBrokerResult", "GroupConsumer",
-        "GroupConsumerConfig", "Message", "MessageExt", "MessageModel", "MessageQueue", "Producer",
+        "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "Credentials", "FindBrokerResult",
+        "GroupConsumer", "GroupConsumerConfig", "Message", "MessageExt", "MessageModel", "MessageQueue", "Producer",
         "PullConsumer", "PullResult", "PullStatus", "PushConsumer", "QueueProgress", "SendResult", "SendStatus",
         "errors",
     ]

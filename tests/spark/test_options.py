@@ -6,8 +6,10 @@ import logging
 
 import pytest
 
+from client import Credentials
 from spark_connector.offsets import EARLIEST, LATEST, QueueKey
-from spark_connector.options import OptionError, parse_sink_options, parse_source_options
+from spark_connector.options import OptionError, parse_sink_options, parse_source_options, redacted
+from spark_connector.transport import close_pool, pooled_client
 
 BASE = {"nameserver": "127.0.0.1:9876", "topic": "TopicA"}
 
@@ -100,3 +102,52 @@ def test_sink_options() -> None:
         parse_sink_options({"topic": "T"})
     with pytest.raises(OptionError, match="producerGroup"):
         parse_sink_options({"nameserver": "h:1", "producerGroup": "a b"})
+
+
+SECRET = "s3cr3t-never-shown"
+
+
+def test_access_and_secret_key_become_credentials_for_source_and_sink() -> None:
+    o = parse_source_options({**BASE, "accesskey": "reader", "secretkey": SECRET}, streaming=False)
+    s = parse_sink_options({"nameserver": "h:1", "accessKey": "writer", "secretKey": SECRET})
+    assert o.credentials == Credentials("reader", SECRET)
+    assert s.credentials == Credentials("writer", SECRET)
+    assert parse_source_options(BASE, streaming=False).credentials is None
+    for shown in (repr(o), str(o), repr(s)):  # the options objects are what a plan or a log line would print
+        assert SECRET not in shown
+    assert "reader" in repr(o) and "writer" in repr(s)
+
+
+@pytest.mark.parametrize("given, missing", [
+    ({"accessKey": "a"}, "secretKey"),
+    ({"secretKey": SECRET}, "accessKey"),
+    ({"accessKey": "a", "secretKey": ""}, "secretKey"),
+    ({"accessKey": "a b", "secretKey": SECRET}, "accessKey"),
+])
+def test_a_half_or_bad_account_is_an_option_error_without_the_secret(given: dict[str, str], missing: str) -> None:
+    with pytest.raises(OptionError, match=missing) as e:
+        parse_source_options({**BASE, **given}, streaming=False)
+    assert SECRET not in str(e.value)
+    with pytest.raises(OptionError, match=missing):
+        parse_sink_options({"nameserver": "h:1", **given})
+
+
+def test_the_data_source_repr_and_redacted_hide_the_secret() -> None:
+    shown = redacted({"nameserver": "h:1", "SecretKey": SECRET, "accessKey": "a"})
+    assert shown == {"nameserver": "h:1", "SecretKey": "<redacted>", "accessKey": "a"}
+    pytest.importorskip("pyspark")
+    from spark_connector.source import RocketMQDataSource
+
+    ds = RocketMQDataSource({"nameserver": "h:1", "topic": "T", "secretkey": SECRET})
+    assert SECRET not in repr(ds) and "<redacted>" in repr(ds)
+
+
+def test_pooled_clients_are_per_account() -> None:
+    a, b = Credentials("a", SECRET), Credentials("b", SECRET)
+    try:
+        ca, cb = pooled_client("127.0.0.1:1", None, a), pooled_client("127.0.0.1:1", None, b)
+        cn = pooled_client("127.0.0.1:1")
+        assert len({id(ca), id(cb), id(cn)}) == 3
+        assert pooled_client("127.0.0.1:1", None, Credentials("a", SECRET)) is ca
+    finally:
+        close_pool()

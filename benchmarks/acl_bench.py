@@ -1,0 +1,192 @@
+"""What the ACL costs on the data path (issue 14): the same work against a cluster with ACL off and one with ACL on.
+
+Two one-group clusters (no slave) run side by side: ``LocalCluster(acl=False)`` and ``LocalCluster(acl=True)``,
+whose clients sign every request as the admin account (HMAC-SHA256 over the request and a SHA-256 of its body on
+the client; the same plus the account lookup, the replay guard and the permission rule on the broker). Figures:
+
+* ``send_batch`` -- ``Producer.send_batch`` of 64 messages of 1 KiB from one thread, msgs/s;
+* ``pull``       -- ``PullConsumer.pull`` of 32 per request from one thread over every queue of a pre-filled
+  topic, every message decoded, msgs/s.
+
+The rounds interleave (off, on, on, off, ...) so that a noisy neighbour on a shared machine weighs on both sides
+alike; each figure is the median of its rounds, and the row's ratio is ACL on / ACL off (target >= 0.95). The CPU
+the work cost, client (``time.process_time``) plus broker (psutil), summed over the rounds, is reported per message
+too: on a busy machine it moves much less than the wall-clock rates do.
+``python -m benchmarks acl [--quick]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from benchmarks import Row
+from benchmarks.client_bench import CpuMeter
+from client import Admin, Credentials, Message, Producer, PullConsumer, PullStatus
+from client.cluster import LocalCluster
+
+__all__ = ["AclFigures", "Profile", "measure", "run"]
+
+BODY = b"x" * 1024
+BATCH = 64
+PULL_NUMS = 32
+QUEUES = 4
+
+
+@attrs.frozen
+class Profile:
+    """How much work each round does."""
+
+    rounds: int
+    """Rounds per side (each round: one send_batch run and one pull run)."""
+    batches: int
+    """``send_batch`` calls of 64 per send run."""
+    pull_messages: int
+    """Messages in the pull topic, all of them read by each pull run."""
+
+
+FULL = Profile(rounds=7, batches=400, pull_messages=32_768)
+QUICK = Profile(rounds=7, batches=40, pull_messages=8_192)
+
+
+@attrs.frozen
+class AclFigures:
+    """Per-round msgs/s of each side (``off`` = ACL off, ``on`` = ACL on), and the CPU µs per message (client plus
+    broker) over all rounds of each."""
+
+    send_off: tuple[float, ...]
+    send_on: tuple[float, ...]
+    pull_off: tuple[float, ...]
+    pull_on: tuple[float, ...]
+    cpu_us: dict[str, float] = attrs.field(factory=dict)
+    """``send_off``, ``send_on``, ``pull_off``, ``pull_on`` -> client + broker CPU µs per message."""
+
+    @property
+    def send_ratio(self) -> float:
+        return statistics.median(self.send_on) / statistics.median(self.send_off)
+
+    @property
+    def pull_ratio(self) -> float:
+        return statistics.median(self.pull_on) / statistics.median(self.pull_off)
+
+
+class _Side:
+    """One cluster, its producer and its pull topic, the clients of the account (None: ACL off)."""
+
+    def __init__(self, namesrv_addr: str, credentials: Credentials | None, pull_messages: int,
+                 broker_pid: int | None) -> None:
+        self.ns = namesrv_addr
+        self.meter = CpuMeter(broker_pid)
+        self.cpu_s: dict[str, float] = {"send": 0.0, "pull": 0.0}
+        self.messages: dict[str, int] = {"send": 0, "pull": 0}
+        self.credentials = credentials
+        suffix = uuid.uuid4().hex[:8]
+        self.send_topic, self.pull_topic = f"AclBenchSend_{suffix}", f"AclBenchPull_{suffix}"
+        with Admin(namesrv_addr, credentials=credentials) as admin:
+            admin.create_topic(self.send_topic, queue_nums=QUEUES)
+            admin.create_topic(self.pull_topic, queue_nums=QUEUES)
+        self.producer = Producer("acl_bench", namesrv_addr, credentials=credentials).start()
+        self.batch = [Message(self.send_topic, BODY) for _ in range(BATCH)]
+        per_queue = pull_messages // QUEUES
+        for mq in self.producer.client.try_to_find_topic_publish_info(self.pull_topic).message_queues:
+            msgs = [Message(self.pull_topic, BODY) for _ in range(min(256, per_queue))]
+            for _ in range(per_queue // len(msgs)):
+                self.producer.send_batch(msgs, mq)
+        self.producer.send_batch(self.batch)  # warm: route cached, connection open, commit-log file created
+
+    def _bill(self, what: str, messages: int, client0: float, broker0: float) -> None:
+        self.cpu_s[what] += time.process_time() - client0 + self.meter.broker_cpu_s() - broker0
+        self.messages[what] += messages
+
+    def send(self, batches: int) -> float:
+        c0, b0, t0 = time.process_time(), self.meter.broker_cpu_s(), time.perf_counter()
+        for _ in range(batches):
+            self.producer.send_batch(self.batch)
+        wall = time.perf_counter() - t0
+        self._bill("send", batches * BATCH, c0, b0)
+        return batches * BATCH / wall
+
+    def pull(self) -> float:
+        with PullConsumer(f"acl_bench_{uuid.uuid4().hex[:6]}", self.ns, credentials=self.credentials) as c:
+            mqs = sorted(c.fetch_subscribe_message_queues(self.pull_topic))
+            want = sum(c.max_offset(mq) for mq in mqs)
+            got = 0
+            c0, b0, t0 = time.process_time(), self.meter.broker_cpu_s(), time.perf_counter()
+            for mq in mqs:
+                offset = 0
+                while True:
+                    r = c.pull(mq, offset, max_nums=PULL_NUMS)
+                    if r.pull_status is not PullStatus.FOUND:
+                        break
+                    got += len(r.msg_found_list)
+                    offset = r.next_begin_offset
+            wall = time.perf_counter() - t0
+            self._bill("pull", got, c0, b0)
+        if got != want:
+            raise RuntimeError(f"pulled {got} messages of {self.pull_topic}, expected {want}")
+        return got / wall
+
+    def close(self) -> None:
+        self.producer.close()
+
+
+def measure(root: Path, profile: Profile) -> AclFigures:
+    """Start both clusters under ``root``, run ``profile``'s interleaved rounds, stop them.
+
+    Raises:
+        RuntimeError: a pull run read another number of messages than the topic holds.
+    """
+    with LocalCluster(root / "off", broker_groups=1, slaves_per_group=0) as off_cluster, \
+            LocalCluster(root / "on", broker_groups=1, slaves_per_group=0, acl=True) as on_cluster:
+        off = _Side(off_cluster.namesrv_addr, None, profile.pull_messages, off_cluster.broker("broker-a", 0).pid)
+        on = _Side(on_cluster.namesrv_addr, on_cluster.admin_credentials, profile.pull_messages,
+                   on_cluster.broker("broker-a", 0).pid)
+        try:
+            for side in (off, on):  # a fresh commit-log file is pre-faulted in the background: not billed to a round
+                side.meter.settle()
+            figures: dict[str, list[float]] = {"send_off": [], "send_on": [], "pull_off": [], "pull_on": []}
+            for i in range(profile.rounds):
+                # Alternate which side goes first, so neither always runs right after the other's burst.
+                order: list[tuple[str, _Side]] = [("off", off), ("on", on)] if i % 2 == 0 else [("on", on),
+                                                                                              ("off", off)]
+                for name, side in order:
+                    figures[f"send_{name}"].append(side.send(profile.batches))
+                for name, side in order:
+                    figures[f"pull_{name}"].append(side.pull())
+        finally:
+            off.close()
+            on.close()
+    cpu = {f"{what}_{name}": side.cpu_s[what] / max(1, side.messages[what]) * 1e6
+           for name, side in (("off", off), ("on", on)) for what in ("send", "pull")}
+    return AclFigures(**{k: tuple(v) for k, v in figures.items()}, cpu_us=cpu)
+
+
+def run(quick: bool) -> list[Row]:
+    """Runner entry (``python -m benchmarks acl``)."""
+    profile = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory() as d:
+        f = measure(Path(d), profile)
+    med: Callable[[tuple[float, ...]], float] = statistics.median
+    rounds = f"median of {profile.rounds} interleaved rounds"
+    return [
+        Row(f"send_batch 64 x 1 KiB, ACL on ({rounds})", med(f.send_on), "msgs/s", "same, ACL off",
+            med(f.send_off), ">= 0.95x"),
+        Row(f"pull 32/request, decoded, ACL on ({rounds})", med(f.pull_on), "msgs/s", "same, ACL off",
+            med(f.pull_off), ">= 0.95x"),
+        Row("send_batch, ACL on / off per round: min", min(a / b for a, b in zip(f.send_on, f.send_off, strict=True)),
+            "x"),
+        Row("send_batch, ACL on / off per round: max", max(a / b for a, b in zip(f.send_on, f.send_off, strict=True)),
+            "x"),
+        Row("pull, ACL on / off per round: min", min(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
+        Row("pull, ACL on / off per round: max", max(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
+        Row("send_batch: client + broker CPU per msg, ACL on", f.cpu_us["send_on"], "us", "same, ACL off",
+            f.cpu_us["send_off"], "<= 1.05x"),
+        Row("pull: client + broker CPU per msg, ACL on", f.cpu_us["pull_on"], "us", "same, ACL off",
+            f.cpu_us["pull_off"], "<= 1.05x"),
+    ]
