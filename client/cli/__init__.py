@@ -12,7 +12,9 @@
     splitmq dledger transfer -n HOST:PORT -b broker-a --to n1
 
 Every admin command takes ``-n/--namesrv`` (default ``$NAMESRV_ADDR``), ``--timeout S`` (default 10),
-``--json`` and ``--debug``. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a broker
+``--json`` and ``--debug``; each first checks that a nameserver answers within ``--timeout`` ("nameserver
+HOST:PORT did not answer within N s" otherwise). ``splitmq completion bash|zsh`` prints a completion script,
+``splitmq --version`` the version. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a broker
 refused), 2 usage error, 130 interrupted. Errors are one line on stderr; ``--debug`` adds the traceback.
 Only :mod:`client` is imported, never the servers.
 """
@@ -26,6 +28,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from client.cli._common import check_namesrv
 from client.cli._output import Output
 from client.cli._parser import build_parser
 from client.errors import ClientError
@@ -36,6 +39,8 @@ __all__ = ["build_parser", "main"]
 def _run(args: argparse.Namespace, out: Output) -> int:
     debug = bool(getattr(args, "debug", False))
     try:
+        if hasattr(args, "namesrv"):  # every command that talks to a cluster: first, is the nameserver there?
+            check_namesrv(args, out)
         return int(args.func(args, out))
     except ClientError as e:
         _fail(out, str(e), debug)
