@@ -27,7 +27,8 @@ maxOffsetsPerTrigger       --                   streaming: offsets per micro-bat
 minPartitions              --                   split queue ranges into about this many tasks
 maxRecordsPerPartition     --                   split ranges larger than this
 failOnDataLoss             true                 fail on expired offsets or vanished queues
-pullFrom                   auto                 ``auto`` (broker suggestions), ``master``, ``slave``
+pullFrom                   auto                 ``auto`` (broker suggestions), ``master``, ``slave`` (fails
+                                                at planning when a slave has ``slaveReadEnable=false``)
 slaveFallback              true                 read from a slave while the master is unreachable
 pullBatchSize              1024                 messages asked for per pull
 pullMaxBytes               4194304              bytes asked for per pull (capped by maxBatchBytes)
