@@ -18,6 +18,7 @@ __all__ = ["ENTRIES", "Row", "format_table", "load_entry", "run_entries"]
 #: name -> "module:function". Add a line here to add an entry.
 ENTRIES: dict[str, str] = {
     "chaos": "benchmarks.chaos:run_rows",
+    "cli": "benchmarks.cli_bench:run",
     "client": "benchmarks.client_bench:run",
     "consumer": "benchmarks.consumer_bench:run",
     "disk": "benchmarks.disk_bench:run",
