@@ -50,6 +50,8 @@ appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 """
+#: What the connector logs while it retries a member that is gone.
+REFUSED = re.compile(r"Connection refused|ConnectError|connect to \S+ failed")
 #: Lines the JVM prints whatever log4j says (start-up banners): expected, harmless, dropped.
 JVM_NOISE = re.compile(r"^(WARNING: Using incubator modules|Using Spark's default log4j profile|Setting default log "
                        r"level to|To adjust logging level use)")
@@ -140,7 +142,7 @@ class QuietStderr:
                 text = raw.decode("utf-8", "replace")
                 if JVM_NOISE.match(text):
                     continue
-                if self.killed_addr in text:
+                if self.killed_addr in text and REFUSED.search(text):
                     self.skipped += 1
                     if self.skipped == 1:
                         out.write(f"   ({self.killed_name}'s master at {self.killed_addr} is down since step 4: "
