@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from client.cli._common import check_namesrv
 from client.cli._output import Output
 from client.cli._parser import build_parser
-from client.errors import ClientError
+from client.errors import BrokerNotFoundError, ClientError, RouteNotFoundError, TransportError
 
 __all__ = ["build_parser", "main"]
 
@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             check_namesrv(args, out)
         return int(args.func(args, out))
     except ClientError as e:
-        _fail(out, str(e), debug)
+        _fail(out, str(e) + _hint(e), debug)
     except BrokenPipeError:
         # The reader of stdout went away (``| head``): not an error worth a message.
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
@@ -61,6 +61,23 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         hint = "" if debug else " (run again with --debug for the traceback)"
         _fail(out, f"unexpected {type(e).__name__}: {e}{hint}", debug)
     return 1
+
+
+#: What to do next, for the SDK errors whose message says what went wrong but not where to look.
+_HINTS: tuple[tuple[type[ClientError], str], ...] = (
+    (RouteNotFoundError, "check the topic name ('splitmq topic list'), or create it ('splitmq topic create -t TOPIC')"),
+    (BrokerNotFoundError, "check the broker group name ('splitmq cluster list' shows them)"),
+    (TransportError, "is that server running and reachable? ('splitmq cluster list' shows the brokers' addresses)"),
+)
+
+
+def _hint(e: ClientError) -> str:
+    if str(e).startswith("nameserver "):  # the nameserver check words its own advice
+        return ""
+    for cls, hint in _HINTS:
+        if isinstance(e, cls):
+            return f": {hint}"
+    return ""
 
 
 def _fail(out: Output, message: str, debug: bool) -> None:

@@ -3,6 +3,8 @@ only on a terminal, no topic created by a send, ``--from-slave`` against slaves 
 
 from __future__ import annotations
 
+import argparse
+import io
 import os
 import pty
 import re
@@ -18,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from client import Admin
-from client.cli import build_parser, main
+from client.cli import _run, build_parser, main
 from client.cli._completion import command_words, completion_script
+from client.cli._output import Output
 from client.cluster import LocalCluster
-from client.errors import RouteNotFoundError
+from client.errors import BrokerConnectError, BrokerNotFoundError, ClientError, RouteNotFoundError
 from tests.cli.test_cli_integration import http_json, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -189,3 +192,22 @@ def test_a_send_never_creates_a_topic_without_create(reads_off: LocalCluster) ->
     assert res.stderr == "created topic OrdrsNew (8 queues per broker group, --create)\n", res.stderr
     with Admin(ns) as admin:
         assert admin.topic_route("OrdrsNew").queue_datas[0].write_queue_nums == 8
+
+
+def test_sdk_errors_get_a_hint_saying_what_to_do() -> None:
+    def failing(exc: Exception) -> str:
+        err = io.StringIO()
+
+        def func(args: argparse.Namespace, out: Output) -> int:
+            raise exc
+
+        assert _run(argparse.Namespace(func=func, debug=False), Output(io.StringIO(), err)) == 1
+        return err.getvalue()
+
+    assert failing(RouteNotFoundError("No route info of this topic: Nope")) == (
+        "splitmq: error: No route info of this topic: Nope: check the topic name ('splitmq topic list'), or create "
+        "it ('splitmq topic create -t TOPIC')\n")
+    assert "'splitmq cluster list' shows them" in failing(BrokerNotFoundError("The broker[x] not exist"))
+    assert "is that server running" in failing(BrokerConnectError("connect to h:1 failed"))
+    assert failing(ClientError("nameserver h:1 did not answer within 2 s: ...")) == \
+        "splitmq: error: nameserver h:1 did not answer within 2 s: ...\n"
