@@ -19,6 +19,7 @@ __all__ = ["ENTRIES", "Row", "format_table", "load_entry", "run_entries"]
 ENTRIES: dict[str, str] = {
     "acl": "benchmarks.acl_bench:run",
     "chaos": "benchmarks.chaos:run_rows",
+    "cli": "benchmarks.cli_bench:run",
     "client": "benchmarks.client_bench:run",
     "consumer": "benchmarks.consumer_bench:run",
     "disk": "benchmarks.disk_bench:run",

@@ -560,7 +560,8 @@ KEY_DOCS: dict[str, str] = {
     "storePathRootDir": "Root of the store: commit log, consume queues, index, checkpoint, `config/` (`~` expanded).",
     "mappedFileSizeCommitLog": "Size in bytes of each commit-log file, preallocated; a record never spans two files.",
     "mappedFileSizeConsumeQueue": "Size in bytes of each consume-queue file (rounded up to a multiple of the 20-byte unit).",
-    "slaveReadEnable": "Slaves serve pulls, and a master sends consumers that fall behind to a slave.",
+    "slaveReadEnable": "Slaves serve pulls, and a master sends consumers that fall behind to a slave (false: RocketMQ's "
+                       "default; `LocalCluster` and `splitmq cluster up` set true).",
     "accessMessageInMemoryMaxRatio": "Percent of RAM: a pull further than this behind the newest message counts as cold (suggest a slave).",
     "syncFlushTimeout": "Milliseconds a send waits for a SYNC_FLUSH fsync or SYNC_MASTER slave acks before answering FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT.",
     "haSendHeartbeatInterval": "Milliseconds between a slave's idle offset reports and the master's heartbeat frames.",

@@ -270,6 +270,7 @@ class BrokerHandle:
         if self.role == DLEDGER:
             del props["brokerId"], props["brokerRole"], props["haListenPort"]
             props.update(c.dledger_properties(self))
+        props.update(LOCAL_BROKER_DEFAULTS)
         props.update(c.acl_properties())
         props.update(c.broker_config)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -335,6 +336,11 @@ LOCAL_ENTRY_INDEX_FILE_SIZE = 8 << 20
 LOCAL_COMMITLOG_FILE_SIZE = 64 << 20
 LOCAL_INDEX_HASH_SLOTS = 100_000
 LOCAL_INDEX_ENTRIES = 400_000
+#: Broker settings a local cluster starts with (``broker_config`` wins). Read/write splitting is the point of a
+#: master/slave cluster, so slaves serve reads (RocketMQ's broker default, kept by the broker itself, is
+#: ``slaveReadEnable=false``), and a slave copies its master's topics every second instead of every 10 s, so a
+#: consumer pinned to the slave finds a topic created a moment ago.
+LOCAL_BROKER_DEFAULTS: Mapping[str, str] = {"slaveReadEnable": "true", "slaveMetadataSyncInterval": "1000"}
 
 
 class LocalCluster:
@@ -348,7 +354,9 @@ class LocalCluster:
             ``peers_per_group`` members that elect their master, docs/DLEDGER.md).
         peers_per_group: DLedger mode: members per group (3 tolerates one failure, 5 two).
         nameservers: nameserver processes.
-        broker_config: extra ``.properties`` keys for every broker (win over the defaults).
+        broker_config: extra ``.properties`` keys for every broker (win over the defaults, which include
+            :data:`LOCAL_BROKER_DEFAULTS`: ``slaveReadEnable=true``; pass ``{"slaveReadEnable": "false"}`` for
+            RocketMQ's default, where slaves serve only while their master is down).
         commitlog_file_size_bytes: ``mappedFileSizeCommitLog`` of every broker. A local cluster defaults to
             64 MiB files (the broker's own default, 1 GiB, is meant for production disks: each broker preallocates
             two files); None keeps the broker default.
@@ -382,7 +390,7 @@ class LocalCluster:
             raise ValueError(f"peers_per_group must be >= 1, got {peers_per_group}")
         if not 1 <= broker_groups <= 26 or slaves_per_group < 0 or nameservers < 1:
             raise ValueError("need 1..26 broker groups, >= 0 slaves per group and >= 1 nameserver")
-        self.root_dir = Path(root_dir)
+        self.root_dir = Path(root_dir).absolute()  # brokers run in their own directory: a relative root breaks
         self.mode = mode
         self.cluster_name = cluster_name
         self.broker_config = {str(k): str(v) for k, v in (broker_config or {}).items()}

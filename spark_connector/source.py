@@ -36,6 +36,7 @@ from spark_connector.options import OptionError, SourceOptions, parse_source_opt
 from spark_connector.planning import QueueRange, plan_ranges
 from spark_connector.reader import DataLossError, RangeReader
 from spark_connector.resolve import fetch_offsets, queue_keys, resolve_end, resolve_start, route_snapshot
+from spark_connector.slave_reads import check_slave_reads
 from spark_connector.transport import pooled_client
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class RocketMQBatchReader(DataSourceReader):
         client = pooled_client(opts.nameserver, opts.client, opts.credentials)
         route = client.route(opts.topic, refresh=True)
         keys = queue_keys(route, opts.topic)
+        if opts.pull_from == "slave":
+            check_slave_reads(opts.nameserver, route_snapshot(route))
         highs = fetch_offsets(client, route, keys, "max")
         starts = resolve_start(client, route, keys, opts, highs=highs)
         ends = resolve_end(client, route, keys, opts, highs=highs)
@@ -104,6 +107,7 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._target: OffsetMap | None = None
         self._latest: OffsetMap | None = None
+        self._slaves_checked = options.pull_from != "slave"
 
     def _client(self) -> Any:
         return pooled_client(self.options.nameserver, self.options.client, self.options.credentials)
@@ -170,6 +174,9 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stop = offsets_from_json(end)
         client = self._client()
         route = client.route(opts.topic)
+        if not self._slaves_checked:  # once per query run: the first micro-batch it plans
+            check_slave_reads(opts.nameserver, route_snapshot(route))
+            self._slaves_checked = True
         new = [k for k in stop if k not in begin]
         if new:
             begin = {**begin, **fetch_offsets(client, route, new, "min")}

@@ -12,11 +12,13 @@
     splitmq dledger transfer -n HOST:PORT -b broker-a --to n1
 
 Every admin command takes ``-n/--namesrv`` (default ``$NAMESRV_ADDR``), ``--timeout S`` (default 10),
-``--json`` and ``--debug``; with the ACL on, the global ``--access-key``/``--secret-key`` (or
-``SPLITMQ_ACCESS_KEY``/``SPLITMQ_SECRET_KEY``, which keep the secret off the process list) sign every request,
-and the secret is never printed. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a
-broker refused), 2 usage error, 130 interrupted. Errors are one line on stderr; ``--debug`` adds the
-traceback. Only :mod:`client` is imported, never the servers.
+``--json`` and ``--debug``; each first checks that a nameserver answers within ``--timeout`` ("nameserver
+HOST:PORT did not answer within N s" otherwise). With the ACL on, the global ``--access-key``/``--secret-key``
+(or ``SPLITMQ_ACCESS_KEY``/``SPLITMQ_SECRET_KEY``, which keep the secret off the process list) sign every
+request, and the secret is never printed. ``splitmq completion bash|zsh`` prints a completion script,
+``splitmq --version`` the version. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a
+broker refused), 2 usage error, 130 interrupted. Errors are one line on stderr; ``--debug`` adds the traceback.
+Only :mod:`client` is imported, never the servers.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from client.cli._common import check_namesrv
 from client.cli._output import Output
 from client.cli._parser import build_parser
-from client.errors import ClientError
+from client.errors import BrokerNotFoundError, ClientError, RouteNotFoundError, TransportError
 
 __all__ = ["build_parser", "main"]
 
@@ -38,9 +41,11 @@ __all__ = ["build_parser", "main"]
 def _run(args: argparse.Namespace, out: Output) -> int:
     debug = bool(getattr(args, "debug", False))
     try:
+        if hasattr(args, "namesrv"):  # every command that talks to a cluster: first, is the nameserver there?
+            check_namesrv(args, out)
         return int(args.func(args, out))
     except ClientError as e:
-        _fail(out, str(e), debug)
+        _fail(out, str(e) + _hint(e), debug)
     except BrokenPipeError:
         # The reader of stdout went away (``| head``): not an error worth a message.
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
@@ -58,6 +63,23 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         hint = "" if debug else " (run again with --debug for the traceback)"
         _fail(out, f"unexpected {type(e).__name__}: {e}{hint}", debug)
     return 1
+
+
+#: What to do next, for the SDK errors whose message says what went wrong but not where to look.
+_HINTS: tuple[tuple[type[ClientError], str], ...] = (
+    (RouteNotFoundError, "check the topic name ('splitmq topic list'), or create it ('splitmq topic create -t TOPIC')"),
+    (BrokerNotFoundError, "check the broker group name ('splitmq cluster list' shows them)"),
+    (TransportError, "is that server running and reachable? ('splitmq cluster list' shows the brokers' addresses)"),
+)
+
+
+def _hint(e: ClientError) -> str:
+    if str(e).startswith("nameserver "):  # the nameserver check words its own advice
+        return ""
+    for cls, hint in _HINTS:
+        if isinstance(e, cls):
+            return f": {hint}"
+    return ""
 
 
 def _fail(out: Output, message: str, debug: bool) -> None:

@@ -1,7 +1,11 @@
 """``splitmq cluster up``: a :class:`~client.cluster.LocalCluster` in the foreground until SIGINT or SIGTERM.
 
-Prints ``namesrv=HOST:PORT`` (flushed, its own line) as soon as every broker is registered, then the brokers (in
+Prints ``namesrv=HOST:PORT`` (flushed, its own line) as soon as every broker is registered, and writes the same
+address to ``ROOT/namesrv.addr`` (so another shell can ``export NAMESRV_ADDR=$(cat ROOT/namesrv.addr)``; the
+nameserver's port is picked by the OS, never a fixed one that another cluster may hold), then the brokers (in
 ``--mode dledger`` once each group has elected its leader, with each member's peer id and elected role).
+Slaves serve reads (``slaveReadEnable=true``, :data:`client.cluster.LOCAL_BROKER_DEFAULTS`); ``--set
+slaveReadEnable=false`` gives RocketMQ's broker default.
 The first SIGINT/SIGTERM stops every process (brokers first, SIGKILL after the ``--timeout`` grace) and the
 command exits 0 saying so; further signals during the stop are ignored so the stop is not cut short.
 With ``--acl`` every server enforces the ACL; the admin access key and the accounts file's path are printed (the
@@ -25,6 +29,8 @@ __all__ = ["cmd_cluster_up"]
 #: How often the foreground loop checks that every server process is still alive.
 WATCH_INTERVAL_S = 1.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The file under ``--root`` that holds the running cluster's nameserver address.
+ADDR_FILE = "namesrv.addr"
 
 
 class _StopRequested(BaseException):
@@ -103,6 +109,7 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
         members = f"{args.peers} DLedger peer(s)" if args.mode == "dledger" else f"{args.slaves} slave(s)"
         out.info(f"starting {args.groups} broker group(s) x {members}, mode {args.mode}, in {cluster.root_dir}")
         cluster.start()
+        (cluster.root_dir / ADDR_FILE).write_text(cluster.namesrv_addr + "\n")
         out.line(f"namesrv={cluster.namesrv_addr}")
         if cluster.admin_credentials is not None:  # the secret stays in the file, never on the terminal
             out.line(f"acl: admin access key {cluster.admin_credentials.access_key}; its secret key is in "
@@ -117,6 +124,7 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
         code = 1
     finally:
         _install(signal.SIG_IGN)
+        (cluster.root_dir / ADDR_FILE).unlink(missing_ok=True)  # a stale address would point at nothing
         try:
             cluster.stop(timeout_s=args.timeout)
         finally:

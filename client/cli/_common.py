@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import queue
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
+import httpx
+
 from client._admin import Admin
 from client._instance import ClientConfig
+from client.cli._output import Output
+from client.errors import ClientError
 from client.protocol.signing import Credentials
 
-__all__ = ["client_config", "credentials_of", "namesrv_of", "open_admin", "split_keys"]
+__all__ = ["check_namesrv", "client_config", "credentials_of", "namesrv_of", "open_admin", "split_keys"]
 
 #: Bound on opening one connection (a dead host fails fast even with a long ``--timeout``).
 CONNECT_TIMEOUT_MAX_S = 3.0
+#: How long a nameserver may stay silent before the command says it is waiting for it.
+WAIT_NOTICE_AFTER_S = 1.0
+#: How often the waiting line is redrawn on a terminal.
+WAIT_TICK_S = 0.25
 
 
 def namesrv_of(args: argparse.Namespace) -> str:
@@ -44,6 +55,75 @@ def credentials_of(args: argparse.Namespace) -> Credentials | None:
 def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:
     args.leaf.error(message)
     raise SystemExit(2)  # leaf.error exits; this line is for the type checker
+
+
+def _probe(addr: str, timeout_s: float) -> None:
+    """One ``GET /cluster``: any HTTP answer counts (even a refusal means a server is there and talking)."""
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_MAX_S))
+    httpx.get(f"http://{addr}/cluster", timeout=timeout)
+
+
+def _probe_failure(addr: str, err: BaseException, timeout_s: float) -> str:
+    if isinstance(err, httpx.ConnectError):
+        return f"nameserver {addr} refused the connection or cannot be reached: is it running? " \
+               f"(check -n/--namesrv or NAMESRV_ADDR)"
+    if isinstance(err, httpx.TimeoutException):
+        return f"nameserver {addr} did not answer within {timeout_s:g} s: is {addr} a SplitMQ nameserver? " \
+               f"(check -n/--namesrv or NAMESRV_ADDR, or raise --timeout)"
+    return f"nameserver {addr} gave no usable answer ({type(err).__name__}: {err}): check -n/--namesrv"
+
+
+def check_namesrv(args: argparse.Namespace, out: Output) -> None:
+    """Wait, at most ``--timeout`` seconds, until one of the command's nameservers answers an HTTP request.
+
+    Every command starts by asking a nameserver something; a host that accepts connections but never answers
+    (a wrong port, a stopped process, a firewall that drops replies) would otherwise surface as a timeout deep
+    inside the first SDK call, naming whatever that call was after. Asking first lets the error name the
+    nameserver and the bound, and lets the wait show progress.
+
+    Raises:
+        ClientError: no nameserver answered; one line per the reason (refused, silent), naming each address.
+    """
+    addrs = [a.strip() for a in namesrv_of(args).split(";") if a.strip()]
+    timeout_s: float = args.timeout
+    started = time.monotonic()
+    answers: queue.Queue[tuple[str, BaseException | None]] = queue.Queue(maxsize=len(addrs))
+    for addr in addrs:  # daemon threads: one nameserver that answered is enough, a silent one must not hold exit
+        threading.Thread(target=_probe_into, args=(addr, timeout_s, answers), daemon=True,
+                         name=f"splitmq-probe-{addr}").start()
+    pending = set(addrs)
+    failures: dict[str, str] = {}
+    noticed = False
+    while pending:
+        try:
+            addr, err = answers.get(timeout=WAIT_TICK_S)
+        except queue.Empty:
+            pass
+        else:
+            pending.discard(addr)
+            if err is None:
+                out.end_progress()
+                return
+            failures[addr] = _probe_failure(addr, err, timeout_s)
+        waited = time.monotonic() - started
+        if pending and waited >= WAIT_NOTICE_AFTER_S:
+            who = ", ".join(sorted(pending))
+            if out.tty:
+                out.progress(f"waiting for nameserver {who} to answer: {waited:.0f} s of {timeout_s:g} s")
+            elif not noticed:
+                out.info(f"waiting for nameserver {who} to answer (up to {timeout_s:g} s)")
+            noticed = True
+    out.end_progress()
+    raise ClientError("; ".join(failures[a] for a in addrs))
+
+
+def _probe_into(addr: str, timeout_s: float, answers: queue.Queue[tuple[str, BaseException | None]]) -> None:
+    try:
+        _probe(addr, timeout_s)
+    except Exception as e:  # handed to the waiting thread, which words it
+        answers.put((addr, e))
+    else:
+        answers.put((addr, None))
 
 
 def client_config(args: argparse.Namespace) -> ClientConfig:

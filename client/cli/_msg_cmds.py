@@ -12,7 +12,7 @@ import base64
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from client._consumer import PullConsumer
@@ -20,7 +20,7 @@ from client._producer import Producer
 from client._requests import SendResult
 from client.cli._common import client_config, namesrv_of, open_admin, split_keys
 from client.cli._output import Output, fmt_body, fmt_time_ms
-from client.errors import ClientError, QueryNotFoundError
+from client.errors import ClientError, QueryNotFoundError, RouteNotFoundError, TopicNotExistError
 from client.protocol.codes import PullStatus
 from client.protocol.message import Message, MessageExt, MessageQueue
 
@@ -33,6 +33,11 @@ IDLE_PAUSE_MIN_S = 0.02
 IDLE_PAUSE_MAX_S = 0.5
 #: How often the ``--count`` progress line is rewritten.
 PROGRESS_EVERY_S = 0.2
+#: ``--count``: messages and bytes per ``send_batch`` request (the broker's maxMessageSize bounds a batch at 4 MiB).
+BATCH_MSGS_MAX = 256
+BATCH_BYTES_MAX = 256 * 1024
+#: Queues per broker group of a topic ``produce --create`` creates (as ``topic create``'s default).
+CREATE_QUEUES = 8
 
 
 def message_json(m: MessageExt, *, served_by: int | None = None) -> dict[str, Any]:
@@ -126,43 +131,63 @@ def _payload(i: int, size: int) -> bytes:
     return (head + b"x" * max(0, size - len(head)))[:size]
 
 
-class _Generated:
-    """``--count N`` sends from ``threads`` threads (the producer batches concurrent sends); stops at the first error."""
+def _batch_len(size: int) -> int:
+    """Messages per ``send_batch`` of ``--count``: up to BATCH_MSGS_MAX, and about BATCH_BYTES_MAX per request."""
+    return max(1, min(BATCH_MSGS_MAX, BATCH_BYTES_MAX // max(size, 1)))
 
-    def __init__(self, producer: Producer, msg_of: Any, count: int, threads: int) -> None:
+
+class _Generated:
+    """``--count N``: ``threads`` threads each send batches (one ``send_batch`` request, one queue) of generated
+    messages until N are sent; the first error stops every thread.
+
+    One message per request costs a round trip and a broker append each, about 1,600 msgs/s; a batch of a few
+    hundred KiB amortises both, as ``send_batch`` does for the SDK (``python -m benchmarks cli`` measures both).
+    """
+
+    def __init__(self, producer: Producer, msg_of: Callable[[int], Message], count: int, threads: int,
+                 batch_len: int) -> None:
         self._producer = producer
         self._msg_of = msg_of
         self._count = count
+        self._batch_len = batch_len
         self._lock = threading.Lock()
         self._next = 0
         self.sent = 0
         self.error: BaseException | None = None
         self.stop = threading.Event()
+        batches = -(-count // batch_len)
         self.threads = [threading.Thread(target=self._work, daemon=True, name=f"splitmq-produce-{i}")
-                        for i in range(min(threads, count))]
+                        for i in range(min(threads, batches))]
+
+    def _claim(self) -> range:
+        with self._lock:
+            first = self._next
+            self._next = min(self._count, first + self._batch_len)
+            return range(first, self._next)
 
     def _work(self) -> None:
         while not self.stop.is_set():
-            with self._lock:
-                i = self._next
-                self._next += 1
-            if i >= self._count:
+            todo = self._claim()
+            if not todo:
                 return
             try:
-                self._producer.send(self._msg_of(i))
+                if len(todo) == 1:  # a body near maxMessageSize would not fit a batch's envelope
+                    self._producer.send(self._msg_of(todo[0]))
+                else:
+                    self._producer.send_batch([self._msg_of(i) for i in todo])
             except Exception as e:  # handed to the main thread, which reports it
                 with self._lock:
                     self.error = self.error or e
                 self.stop.set()
                 return
             with self._lock:
-                self.sent += 1
+                self.sent += len(todo)
 
 
 def _produce_generated(args: argparse.Namespace, producer: Producer, out: Output) -> int:
     keys = split_keys(args.keys)
     gen = _Generated(producer, lambda i: Message(args.topic, _payload(i, args.size), tags=args.tags, keys=keys),
-                     args.count, args.threads)
+                     args.count, args.threads, _batch_len(args.size))
     started = time.monotonic()
     interrupted = False
     for t in gen.threads:
@@ -176,7 +201,6 @@ def _produce_generated(args: argparse.Namespace, producer: Producer, out: Output
         gen.stop.set()
         for t in gen.threads:  # each in-flight send ends within its send timeout
             t.join(2 * args.timeout)
-    out.progress(f"sent {gen.sent}/{args.count}")  # the final count: the last threads may end between two lines
     out.end_progress()
     secs = max(time.monotonic() - started, 1e-9)
     rate = gen.sent / secs
@@ -189,12 +213,29 @@ def _produce_generated(args: argparse.Namespace, producer: Producer, out: Output
     return 130 if interrupted else 0
 
 
+def _ensure_topic(args: argparse.Namespace, out: Output) -> None:
+    """The topic must exist; with ``--create`` a missing one is created first (on every master, like
+    ``topic create``). Without this check a typo would create a topic: the SDK sends a message for a topic the
+    nameserver does not know through the ``TBW102`` route, and the broker creates it (autoCreateTopicEnable)."""
+    with open_admin(args) as adm:
+        try:
+            adm.topic_route(args.topic)
+            return
+        except RouteNotFoundError:
+            if not args.create:
+                raise ClientError(f"topic {args.topic} does not exist: check its name, or create it with "
+                                  f"'splitmq topic create -t {args.topic}' or pass --create") from None
+        adm.create_topic(args.topic, queue_nums=CREATE_QUEUES)
+        out.info(f"created topic {args.topic} ({CREATE_QUEUES} queues per broker group, --create)")
+
+
 def cmd_produce(args: argparse.Namespace, out: Output) -> int:
     """``produce -t TOPIC`` from args / stdin / ``--file`` (one line per message), or ``--count N --size B``."""
     if args.count is not None and (args.bodies or args.file):
         args.leaf.error("--count generates the bodies; do not also give BODY arguments or --file")
     if args.count is None and not args.bodies and not args.file:
         args.leaf.error("nothing to send: give BODY arguments, '-' for stdin, --file F, or --count N")
+    _ensure_topic(args, out)
     producer = Producer(args.group, namesrv_of(args), send_timeout_s=args.timeout, client_config=client_config(args))
     try:
         if args.count is not None:
@@ -240,6 +281,8 @@ class _Consume:
         self.printed = 0
         self.offsets: dict[MessageQueue, int] = {}
         self.dirty: set[MessageQueue] = set()
+        self.unsynced: dict[str, TopicNotExistError] = {}
+        """``--from-slave``: broker groups whose slave does not know the topic yet, with its last answer."""
 
     def remaining(self) -> int | None:
         return None if self.args.count is None else self.args.count - self.printed
@@ -247,8 +290,17 @@ class _Consume:
     def pull_once(self, mq: MessageQueue) -> bool:
         """One pull of ``mq``; True when it printed a message."""
         left = self.remaining()
-        res = self.consumer.pull(mq, self.offsets[mq], min(PULL_BATCH, left or PULL_BATCH), self.args.subexpr,
-                                 timeout_s=self.args.timeout)
+        try:
+            res = self.consumer.pull(mq, self.offsets[mq], min(PULL_BATCH, left or PULL_BATCH), self.args.subexpr,
+                                     timeout_s=self.args.timeout)
+        except TopicNotExistError as e:
+            if not (self.args.from_slave and e.broker_role == "SLAVE"):
+                raise
+            # The master has the topic (the route came from it) but the slave copies its master's topics only
+            # every slaveMetadataSyncInterval: a topic created a moment ago is not there yet. Ask again later.
+            self.unsynced[mq.broker_name] = e
+            return False
+        self.unsynced.pop(mq.broker_name, None)
         next_offset = res.next_begin_offset
         shown = 0
         if res.pull_status is PullStatus.FOUND:
@@ -292,15 +344,32 @@ class _Consume:
                 idle_deadline, pause = now + self.args.timeout, IDLE_PAUSE_MIN_S
                 continue
             if now >= idle_deadline:
+                if self.unsynced:
+                    names = ", ".join(sorted(self.unsynced))
+                    raise ClientError(f"the slave of {names} still does not know topic {self.args.topic} after "
+                                      f"{self.args.timeout:g} s (it copies its master's topics every "
+                                      f"slaveMetadataSyncInterval ms): try again, raise --timeout, or drop "
+                                      f"--from-slave")
                 return f"no new message for {self.args.timeout:g} s"
             # Polling, not long polling: one parked pull per queue in turn would delay the other queues.
             time.sleep(min(pause, idle_deadline - now))
             pause = min(pause * 2, IDLE_PAUSE_MAX_S)
 
 
-def _warn_unreadable_slaves(args: argparse.Namespace, consumer: PullConsumer, queues: list[MessageQueue],
-                            out: Output) -> None:
-    """``--from-slave``: say up front when a group has no slave 1, or one that sends reads back to its master."""
+def _check_slaves_read(args: argparse.Namespace, consumer: PullConsumer, queues: list[MessageQueue],
+                       out: Output) -> None:
+    """``--from-slave``: fail before the first pull when a group's slave will not serve reads.
+
+    A slave with ``slaveReadEnable=false`` answers a pull by sending the consumer back to its master while its
+    master is up (docs/HA.md), so ``--from-slave`` would print messages read off the master under a flag that
+    promised the slave. The slave's own ``GET /runtime`` says so in one request per group, before any pull: the
+    cheapest signal that does not depend on the group's traffic. A group without a slave, or one that does not
+    answer, gets a warning (the pull goes to another member, and ``served-by`` shows which).
+
+    Raises:
+        ClientError: a slave has ``slaveReadEnable=false``; names the key to set.
+    """
+    off: list[str] = []
     with open_admin(args) as adm:
         for name in sorted({mq.broker_name for mq in queues}):
             addr = (consumer.client.routes.broker_addrs(name) or {}).get(1)
@@ -313,8 +382,11 @@ def _warn_unreadable_slaves(args: argparse.Namespace, consumer: PullConsumer, qu
                 out.warn(f"could not ask slave {name}[1] for its runtime: {e}")
                 continue
             if readable is False:
-                out.warn(f"slave {name}[1] ({addr}) has slaveReadEnable=false: while its master is up it serves no "
-                         f"messages (start the brokers with slaveReadEnable=true)")
+                off.append(f"{name}[1] ({addr})")
+    if off:
+        raise ClientError(f"--from-slave: slave reads are off on {', '.join(off)}: set slaveReadEnable=true in "
+                          f"the broker group's broker.properties (master and slaves; 'splitmq cluster up' sets it) "
+                          f"and restart it, or drop --from-slave")
 
 
 def cmd_consume(args: argparse.Namespace, out: Output) -> int:
@@ -328,7 +400,7 @@ def cmd_consume(args: argparse.Namespace, out: Output) -> int:
         queues = sorted(consumer.fetch_subscribe_message_queues(args.topic),
                         key=lambda q: (q.broker_name, q.queue_id))
         if args.from_slave:
-            _warn_unreadable_slaves(args, consumer, queues, out)
+            _check_slaves_read(args, consumer, queues, out)
         for mq in queues:
             state.offsets[mq] = _start_offset(consumer, mq, args.from_beginning)
         try:

@@ -1,6 +1,8 @@
 """How the ``splitmq`` tool writes: aligned text tables and ``key: value`` lists, or JSON with ``--json``.
 
 Results go to stdout, diagnostics and progress to stderr, so ``splitmq ... --json | jq`` sees only the result.
+Progress lines (a counter rewritten in place) are written only when stderr is a terminal: a log file or a
+pipe gets the final count once, not a stream of carriage returns.
 Every cell is printed without white space inside it (empty cells become ``-``), so a table row splits on
 white space into exactly its columns.
 """
@@ -56,10 +58,13 @@ class Output:
         json_mode: write results as JSON instead of text.
     """
 
-    def __init__(self, out: TextIO, err: TextIO, *, json_mode: bool = False) -> None:
+    def __init__(self, out: TextIO, err: TextIO, *, json_mode: bool = False, tty: bool | None = None) -> None:
         self.out = out
         self.err = err
         self.json_mode = json_mode
+        self.tty = _isatty(err) if tty is None else tty
+        """Whether progress lines are drawn (stderr is a terminal, unless the caller says otherwise)."""
+        self._progress_shown = False
 
     def line(self, text: str = "") -> None:
         """One line of result text, flushed (a pipe reader sees it at once)."""
@@ -81,13 +86,20 @@ class Output:
         self.err.flush()
 
     def progress(self, text: str) -> None:
-        """Rewrite the current stderr line in place (a counter); ``end_progress`` finishes it."""
-        self.err.write("\r" + text)
+        """Rewrite the current stderr line in place (a counter) on a terminal; nothing elsewhere.
+        ``end_progress`` finishes the line."""
+        if not self.tty:
+            return
+        self.err.write("\r" + text + "\x1b[K")  # erase what a longer previous line left
         self.err.flush()
+        self._progress_shown = True
 
     def end_progress(self) -> None:
-        self.err.write("\n")
-        self.err.flush()
+        """Finish a progress line, if one was drawn, so the next line starts clean."""
+        if self._progress_shown:
+            self.err.write("\r\x1b[K")
+            self.err.flush()
+            self._progress_shown = False
 
     def json(self, obj: Any, *, compact: bool = False) -> None:
         """``obj`` as JSON (one line when ``compact``: JSON Lines for streams)."""
@@ -119,6 +131,13 @@ class Output:
         width = max((len(k) for k, _ in items), default=0)
         for k, v in items:
             self.line(f"{k + ':':<{width + 1}} {v if isinstance(v, str) else cell(v)}")
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or unusual stream draws nothing
+        return False
 
 
 def _join(values: Sequence[str], widths: Sequence[int]) -> str:

@@ -8,11 +8,12 @@ Usage errors print one line and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from client.cli import _admin_cmds, _cluster_up, _dledger_cmds, _msg_cmds
+from client.cli import _admin_cmds, _cluster_up, _completion, _dledger_cmds, _msg_cmds
 from client.protocol.codes import Perm
 
 __all__ = ["build_parser"]
@@ -224,6 +225,9 @@ def _add_messages(sub: Any, common: _Parser) -> None:
     p.add_argument("--tags", help="message tag")
     p.add_argument("--keys", help="message keys, separated by commas or spaces")
     p.add_argument("-g", "--group", default="CLI_PRODUCER_GROUP", help="producer group (default: CLI_PRODUCER_GROUP)")
+    p.add_argument("--create", action="store_true",
+                   help="create the topic (8 queues per broker group) when it does not exist; without it a "
+                        "missing topic is an error, never created by the send")
 
     p = _leaf(sub, "consume", _msg_cmds.cmd_consume,
               "pull and print messages; stops after --count messages or --timeout seconds without one",
@@ -240,6 +244,19 @@ def _add_messages(sub: Any, common: _Parser) -> None:
                    help="cut printed bodies at CHARS characters, 0 for no limit (default: 200)")
 
 
+def _add_completion(sub: Any) -> None:
+    p = _leaf(sub, "completion", _completion.cmd_completion,
+              "print a shell completion script: eval \"$(splitmq completion bash)\" (or zsh)", parents=[])
+    p.add_argument("shell", choices=_completion.SHELLS, help="the shell to complete in")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("splitmq")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``splitmq`` parser with every subcommand."""
     parser = _Parser(
@@ -249,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Every subcommand has its own --help. Exit codes: 0 ok, 1 operational error, 2 usage error.",
     )
     _add_account(parser)
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     common = _common()
     _add_cluster(sub, common)
@@ -256,5 +274,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin(sub, common)
     _add_dledger(sub, common)
     _add_messages(sub, common)
+    _add_completion(sub)
     return parser
 

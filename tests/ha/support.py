@@ -28,6 +28,9 @@ FAST: dict[str, str] = {
     "flushConsumerOffsetInterval": "500",
     # The index preallocates 400 MB per broker; no HA test queries by key, and CI disks are small.
     "messageIndexEnable": "false",
+    # RocketMQ's broker default, which these tests were written against (LocalCluster turns slave reads on);
+    # a test of the split sets it to true itself.
+    "slaveReadEnable": "false",
 }
 
 
