@@ -30,7 +30,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from client.cli._common import check_namesrv
+from client.cli._common import check_namesrv, credentials_of
 from client.cli._output import Output
 from client.cli._parser import build_parser
 from client.errors import BrokerNotFoundError, ClientError, RouteNotFoundError, TransportError
@@ -42,6 +42,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     debug = bool(getattr(args, "debug", False))
     try:
         if hasattr(args, "namesrv"):  # every command that talks to a cluster: first, is the nameserver there?
+            credentials_of(args)  # a half or malformed account is a usage error before anything is sent
             check_namesrv(args, out)
         return int(args.func(args, out))
     except ClientError as e:
