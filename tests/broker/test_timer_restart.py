@@ -4,11 +4,15 @@ message arrives exactly once, none before its time, and those not due during the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from benchmarks.timer_bench import run_timer_profile
+from client import Admin, Message, Producer
+from client.cluster import LocalCluster
+from client.errors import ClientError, MessageIllegalError
 
 pytestmark = pytest.mark.integration
 
@@ -29,3 +33,16 @@ def test_timed_messages_survive_a_master_sigkill_exactly_once(tmp_path: Path) ->
     assert len(r.lateness_ms) + r.during_downtime == MESSAGES
     assert r.after_restart > MESSAGES // 4, "too few messages were pending in the timer at the kill"
     assert max(r.lateness_ms) <= 1000, f"lateness ms {worst}"
+
+
+def test_the_master_refuses_timers_beyond_its_bound_and_sends_to_the_timer_topic(
+        cluster_factory: Callable[..., LocalCluster]) -> None:
+    cluster = cluster_factory(broker_groups=1, slaves_per_group=0, broker_config={"timerMaxDelaySec": "10"})
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic("TimerBound", queue_nums=1)
+    with Producer("p_timer_bound", cluster.namesrv_addr) as p:
+        with pytest.raises(MessageIllegalError, match=r"beyond timerMaxDelaySec \(10 s\)"):
+            p.send(Message("TimerBound", b"x", delay_s=11))
+        with pytest.raises(ClientError, match="rmq_sys_wheel_timer"):
+            p.send(Message("rmq_sys_wheel_timer", b"x"))
+        assert p.send(Message("TimerBound", b"x", delay_s=10)).queue_offset == 0  # the timer queue's first unit
