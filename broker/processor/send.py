@@ -4,7 +4,8 @@ Arguments are read by :meth:`client.protocol.requests.SendRequestHeader.from_que
 is not a SLAVE (SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION), the topic name is legal and not a
 system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL), every message fits ``maxMessageSize``,
 the topic exists (auto-created from ``TBW102`` when enabled, else TOPIC_NOT_EXIST), it is writeable
-(NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)`` (INVALID_PARAMETER). After a successful append,
+(NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)`` (INVALID_PARAMETER). A message with a timer
+property due later is parked in ``rmq_sys_wheel_timer`` (:mod:`broker.timer.rules`). After a successful append,
 unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability` describes (SEMANTICS.md 2.9,
 decision 5): SYNC_FLUSH for the flush (``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of ``inSyncReplicas - 1``
 connected slaves, one by default (``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``; ``SLAVE_NOT_AVAILABLE`` at
