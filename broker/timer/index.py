@@ -12,7 +12,9 @@ within ``window_ms`` of now, and the heap has room), or *far* -- counted, its ea
 held in memory. Memory is bounded by ``max_entries`` heap entries whatever the backlog; when the window reaches
 the earliest far time, :meth:`begin_rescan` asks the caller to read ``[commit, read_offset)`` again and
 :meth:`readmit` what now fits (RocketMQ 5 keeps a window of ``timerRollWindowSlot`` slots in its wheel and rolls
-what is beyond; here the log is scanned again instead of rewritten).
+what is beyond; here the log is read again instead). ``done`` is bounded the other way: when a far unit holds the
+commit back while many later ones are delivered, the service writes the pending units at the commit again at
+the queue's tail (:meth:`take`, then :meth:`mark_done`) and the commit moves over the done run.
 
 ``commit`` and ``done`` are what a restart needs (:meth:`progress` / :meth:`from_progress`): the index is rebuilt
 by reading the queue from ``commit`` and skipping the done units.
@@ -89,6 +91,18 @@ class TimerIndex:
             self.done = {o for o in self.done if o >= offset}
             self.read_offset = max(self.read_offset, offset)
             self._advance_commit()
+
+    def take(self, offsets: Iterable[int]) -> None:
+        """Pending units leave the index without being delivered (written again at the queue's tail, see
+        :meth:`broker.timer.service.TimerMessageService.compact`); the caller marks them done after the write."""
+        taken = set(offsets)
+        in_heap = taken & self._in_heap
+        if in_heap:
+            self._in_heap -= in_heap
+            self._heap = [e for e in self._heap if e.queue_offset not in in_heap]
+            heapq.heapify(self._heap)
+        # far_min_ms may now be early: the next rescan recomputes it.
+        self.far_count = max(0, self.far_count - len(taken - in_heap))
 
     def _advance_commit(self) -> None:
         while self.commit in self.done:

@@ -9,7 +9,9 @@ far units enter the in-memory window, and sleeps until the earliest deliver time
 
 Exactly once across crashes, as the delay-level scheduler (:mod:`broker.redelivery`): before each batch of puts
 ``config/timerProgress.json`` is written (fsync'd) with the progress *and* the batch's fingerprints and commit-log
-offset; on start the batch is settled against the commit log.
+offset; on start the batch is settled against the commit log. The progress stays bounded: past ``done_max`` units
+delivered out of order, the pending units holding the commit offset back are rolled to the queue's tail
+(:meth:`TimerMessageService.compact`), journaled the same way.
 
 Roles: only a master runs it. A slave holds the replicated topic and queue but no progress; promoted (a DLedger
 leader change), it starts from its own progress file, which is stale or absent: messages already delivered by the
@@ -61,12 +63,13 @@ class TimerMessageService:
         on_put: called after every successful put (metrics).
         batch_size: deliveries per journaled batch; read_batch: units read per store call.
         max_wait_ms / retry_wait_ms: longest sleep; back-off after a failed put or journal write.
+        done_max: bound on the units delivered out of order above the commit offset (see :meth:`compact`).
     """
 
     def __init__(self, store: MessageStore, *, clock_ms: Callable[[], int], progress_path: Path,
                  window_ms: int, max_entries: int, on_put: Callable[[str, AppendResult], None] | None = None,
                  batch_size: int = 32, read_batch: int = 256, max_wait_ms: int = 1000,
-                 retry_wait_ms: int = 200) -> None:
+                 retry_wait_ms: int = 200, done_max: int = 10_000) -> None:
         self._store = store
         self._clock_ms = clock_ms
         self._file = JsonFile(progress_path)
@@ -77,6 +80,7 @@ class TimerMessageService:
         self._read_batch = read_batch
         self._max_wait_ms = max_wait_ms
         self._retry_wait_ms = retry_wait_ms
+        self._done_max = done_max
         self.index = TimerIndex(window_ms=window_ms, max_entries=max_entries)
         self._dirty = True
         self._retry_at = 0
@@ -172,6 +176,8 @@ class TimerMessageService:
                 self._dirty = True  # more to read: the next pass goes on
         if self.index.needs_rescan(now):
             self._rescan(now)
+        if len(self.index.done) > self._done_max:
+            self.compact()
         delivered = 0
         while True:
             due = self.index.pop_due(self._clock_ms(), self._batch)
@@ -207,11 +213,17 @@ class TimerMessageService:
         """Admit units from ``read_offset``; True when caught up with the queue."""
         index = self.index
         lo = self._store.get_min_offset_in_queue(TIMER_TOPIC, 0)
-        if index.read_offset < lo:
-            log.warning("timer units [%d, %d) are gone from the queue (expired before delivery)",
-                        index.read_offset, lo)
+        if index.commit < lo:
+            log.warning("timer units [%d, %d) are gone from the queue (expired before delivery)", index.commit, lo)
             index.skip_to(lo)
         hi = self._store.get_max_offset_in_queue(TIMER_TOPIC, 0)
+        if index.read_offset > hi and self._store.dispatch_behind_bytes == 0:
+            # The log is shorter than the progress says (a DLedger member whose uncommitted tail was cut, a store
+            # restored from a backup): start again from what the queue holds.
+            log.warning("timer queue ends at %d, below the read offset %d; rebuilding the index from %d", hi,
+                        index.read_offset, min(index.commit, hi))
+            self.index = index = TimerIndex(window_ms=self._window_ms, max_entries=self._max_entries,
+                                            commit=min(index.commit, hi), done=[o for o in index.done if o < hi])
         read = 0
         while index.read_offset < hi and read < max_units:
             units = self._units(index.read_offset, hi)
@@ -278,6 +290,46 @@ class TimerMessageService:
                     log.exception("timer on_put callback failed")
         self.index.mark_done(delivered)
         return len(dropped) + len(delivered)
+
+    def compact(self) -> int:
+        """Bound the progress: a unit far in the future holds the commit offset back while later units are
+        delivered, and each of those is kept in ``done`` until the commit passes it. When ``done`` outgrows
+        ``done_max``, the pending units at the commit offset are written again at the queue's tail (RocketMQ 5
+        rolls far timers the same way), journaled like deliveries, so the commit offset moves over the done run.
+        Returns the units rolled."""
+        index = self.index
+        start = index.commit
+        rolled: list[tuple[Entry, Delivery, MessageExt, bytes, dict[str, str]]] = []
+        unreadable: list[int] = []
+        for qo, entry in self._units(start, index.read_offset):
+            if qo in index.done:
+                continue
+            rec = None if entry is None else self._store.look_message_by_offset(entry.physical_offset, entry.size)
+            if entry is None or rec is None:
+                unreadable.append(qo)
+                continue
+            msg = decode_records(rec)[0]
+            rolled.append((entry, Delivery.of(qo, TIMER_TOPIC, 0, msg, msg.properties), msg, rec, msg.properties))
+            if len(rolled) >= self._batch:
+                break
+        index.mark_done(unreadable)
+        if not rolled or not self._save([d for _, d, _, _, _ in rolled]):
+            return 0
+        index.take(e.queue_offset for e, *_ in rolled)
+        done: list[int] = []
+        for e, d, msg, rec, props in rolled:  # no await: contiguous in the commit log, as deliveries
+            result = put_copy(self._store, d, msg, rec, props)
+            if result.status is not PutMessageStatus.PUT_OK:
+                log.warning("timer: rolling unit %d failed: %s %s", e.queue_offset, result.status.value,
+                            result.remark)
+                self.index.requeue(r[0] for r in rolled if r[0].queue_offset not in done)
+                break
+            done.append(e.queue_offset)
+        index.mark_done(done)
+        self._dirty = True  # the rolled copies are new units to read
+        log.info("timer: rolled %d units from offset %d to the queue's tail; commit offset now %d", len(done),
+                 start, index.commit)
+        return len(done)
 
     def _retry_later(self, entries: list[Entry], why: str) -> None:
         self.index.requeue(entries)

@@ -206,9 +206,9 @@ def _park(store: FileMessageStore, key: str, deliver_ms: int, *, topic: str = "T
 
 
 def _service(store: FileMessageStore, root: Path, clock: FakeClock, *, window_ms: int = 60_000,
-             max_entries: int = 1000, batch_size: int = 32) -> TimerMessageService:
+             max_entries: int = 1000, batch_size: int = 32, done_max: int = 10_000) -> TimerMessageService:
     svc = TimerMessageService(store, clock_ms=clock, progress_path=root / "config" / "timerProgress.json",
-                              window_ms=window_ms, max_entries=max_entries, batch_size=batch_size)
+                              window_ms=window_ms, max_entries=max_entries, batch_size=batch_size, done_max=done_max)
     svc.recover()
     return svc
 
@@ -295,4 +295,53 @@ def test_a_crash_between_the_journal_and_the_puts_delivers_the_batch_again(tmp_p
     svc._file.save(journal)
     svc2 = _service(store, tmp_path, clock)
     assert svc2.run_once() == 4  # at least once: delivered again, not lost
+    store.shutdown()
+
+
+def test_a_far_unit_holding_the_commit_back_is_rolled_so_progress_stays_bounded(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = make_store(tmp_path, clock)
+    hour = 3_600_000
+    _park(store, "far", T0 + hour)
+    near = [f"n{i:02d}" for i in range(40)]
+    for i, key in enumerate(near):
+        _park(store, key, T0 + 1000 + i)
+    drain(store)
+    svc = _service(store, tmp_path, clock, window_ms=10_000, done_max=10, batch_size=4)
+    clock.advance(2000)
+    for _ in range(5):
+        svc.run_once()
+        drain(store)  # the rolled copy reaches the queue
+    assert sorted(_delivered(store)) == near
+    assert svc.index.commit == 41 and not svc.index.done  # the far unit was written again at offset 41
+    assert store.get_max_offset_in_queue(TIMER_TOPIC, 0) == 42
+    # A crash after the roll: the journal says the copy is in the log, so it is not rolled twice.
+    svc2 = _service(store, tmp_path, clock, window_ms=10_000)
+    svc2.run_once()
+    assert store.get_max_offset_in_queue(TIMER_TOPIC, 0) == 42
+    clock.advance(hour)
+    assert svc2.run_once() == 1
+    assert sorted(_delivered(store)) == sorted([*near, "far"])
+    store.shutdown()
+
+
+def test_progress_beyond_the_queue_is_rebuilt_from_what_the_queue_holds(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = make_store(tmp_path, clock)
+    for i in range(3):
+        _park(store, f"old{i}", T0 + 1000)
+    drain(store)
+    # Progress of a longer log (a DLedger member whose uncommitted tail was cut): units 0-2 are done by its
+    # account, but it must not hide the units written from now on at offsets 3, 4, ...
+    (tmp_path / "config").mkdir(exist_ok=True)
+    (tmp_path / "config" / "timerProgress.json").write_text('{"commitOffset": 100, "done": [101]}')
+    svc = _service(store, tmp_path, clock)
+    svc.run_once()
+    for i in range(2):
+        _park(store, f"new{i}", T0 + 1000)
+    drain(store)
+    svc.notify_dispatched(0, 5)
+    clock.advance(1000)
+    assert svc.run_once() == 2
+    assert _delivered(store) == ["new0", "new1"]
     store.shutdown()
