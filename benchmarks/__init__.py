@@ -32,6 +32,7 @@ ENTRIES: dict[str, str] = {
     "soak": "benchmarks.soak_bench:run",
     "spark": "benchmarks.spark_bench:run",
     "store": "benchmarks.store_bench:run",
+    "timer": "benchmarks.timer_bench:run",
 }
 
 

@@ -120,6 +120,14 @@ class BrokerConfig:
     flush_interval_consume_queue_ms: int = 1000
     flush_consumer_offset_interval_ms: int = 5000
     flush_delay_offset_interval_ms: int = 10_000
+    timer_wheel_enable: bool = True
+    """``timerWheelEnable``: timed delivery (RocketMQ 5 timer messages); off, timer properties are ignored."""
+    timer_max_delay_sec: int = 7 * 24 * 3600
+    """``timerMaxDelaySec``: a timed message due further ahead is refused (RocketMQ 5's default is 3 days)."""
+    timer_roll_window_slot: int = 2 * 24 * 3600
+    """``timerRollWindowSlot``: seconds ahead the timer holds messages in memory; later ones are read again."""
+    timer_max_in_memory: int = 100_000
+    """``timerMaxInMemory`` (SplitMQ): bound on timed messages held in memory at once."""
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     message_index_enable: bool = True
     max_hash_slot_num: int = 5_000_000
@@ -493,6 +501,10 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "flushIntervalConsumeQueue": ("flush_interval_consume_queue_ms", _P),
     "flushConsumerOffsetInterval": ("flush_consumer_offset_interval_ms", _P),
     "flushDelayOffsetInterval": ("flush_delay_offset_interval_ms", _P),
+    "timerWheelEnable": ("timer_wheel_enable", _bool),
+    "timerMaxDelaySec": ("timer_max_delay_sec", _P),
+    "timerRollWindowSlot": ("timer_roll_window_slot", _P),
+    "timerMaxInMemory": ("timer_max_in_memory", _P),
     "messageDelayLevel": ("message_delay_level", _delay_levels),
     "messageIndexEnable": ("message_index_enable", _bool),
     "maxHashSlotNum": ("max_hash_slot_num", _P),
@@ -596,6 +608,12 @@ KEY_DOCS: dict[str, str] = {
     "flushIntervalConsumeQueue": "Milliseconds between flushes of consume queues, index files and the checkpoint.",
     "flushConsumerOffsetInterval": "Milliseconds between writes of `config/consumerOffset.json`.",
     "flushDelayOffsetInterval": "Milliseconds between writes of `config/delayOffset.json` (also written after each delivered batch).",
+    "timerWheelEnable": "Timed delivery (`deliver_at_ms` / `delay_s`, RocketMQ 5 timer messages) on the master; "
+                        "`false` stores timed messages at once.",
+    "timerMaxDelaySec": "Longest timer a send may ask for, in seconds; beyond it the send is refused (code 13).",
+    "timerRollWindowSlot": "Seconds ahead the timer keeps messages in memory; later ones are found again by reading "
+                           "`rmq_sys_wheel_timer` as time advances.",
+    "timerMaxInMemory": "Timed messages held in memory at most; the rest wait in the log until there is room.",
     "messageDelayLevel": "Delays of levels 1..N, space-separated, each a number with unit s, m, h or d.",
     "messageIndexEnable": "Index message keys and unique ids for queries by key and by msgId.",
     "maxHashSlotNum": "Hash slots per index file (4 bytes each).",

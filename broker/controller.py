@@ -49,7 +49,7 @@ from broker.metadata import (
     SubscriptionGroupManager,
     TopicConfigManager,
 )
-from broker.metadata.topics import SCHEDULE_TOPIC
+from broker.metadata.topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from broker.metrics import BrokerMetrics, BrokerState, RateMeter
 from broker.processor.admin import AdminProcessor, StatusViews
 from broker.processor.consumer_manager import ConsumerManageProcessor
@@ -65,6 +65,7 @@ from broker.schedule import ScheduleMessageService
 from broker.slave_sync import SlaveSynchronizer
 from broker.store.api import AppendResult, MessageStore
 from broker.store.config import parse_delay_levels
+from broker.timer import TimerMessageService
 from client.errors import InvalidParameterError, ServiceNotAvailableError
 from client.protocol.acl_gate import AclFileWatcher, AclGate
 from client.protocol.asgi import Router
@@ -193,6 +194,12 @@ class BrokerController:
             store, self.delay_offsets, delay_levels_ms=parse_delay_levels(config.message_delay_level),
             clock_ms=self._clock_ms, journal_path=cfg_dir / "delayDelivery.json", on_put=self._on_schedule_put,
         )
+        self.timer: TimerMessageService | None = None
+        if config.timer_wheel_enable:
+            self.timer = TimerMessageService(
+                store, clock_ms=self._clock_ms, progress_path=cfg_dir / "timerProgress.json",
+                window_ms=config.timer_roll_window_slot * 1000, max_entries=config.timer_max_in_memory,
+                on_put=self._on_schedule_put)
         self.router = self._build_router()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -231,11 +238,15 @@ class BrokerController:
     async def _became_master(self) -> None:
         self.master_addr = None
         await self.schedule.start()
+        if self.timer is not None:
+            await self.timer.start()
         self._set_registered_id()
         await self.register_now()
 
     async def _became_slave(self) -> None:
         await self.schedule.stop()
+        if self.timer is not None:
+            await self.timer.stop()
         self.queue_locks.clear()  # locks live on the master only; the next master starts empty
         self._set_registered_id()
         self.request_registration()
@@ -250,7 +261,8 @@ class BrokerController:
         topics, groups, metrics = self.topics, self.groups, self.metrics
         send = SendProcessor(cfg, addr=addr, store_host=self.store_host, store=store, topics=topics, groups=groups,
                              metrics=metrics, durability=self.durability,
-                             request_registration=self.request_registration, role=self.role)
+                             request_registration=self.request_registration, role=self.role,
+                             clock_ms=self._clock_ms)
         pull = PullProcessor(cfg, addr=addr, store=store, topics=topics, groups=groups, offsets=self.offsets,
                              hold=self.hold, catch_up_dispatch=self.dispatch.catch_up,
                              master_link_up=self.master_link_up, last_pulls=self.last_pulls, metrics=metrics,
@@ -339,6 +351,8 @@ class BrokerController:
         self._spawn(self.retention.run(), "retention")
         if not cfg.is_slave:
             await self.schedule.start()  # only a master redelivers delayed messages (SEMANTICS.md 8.2)
+            if self.timer is not None:
+                await self.timer.start()
         if dledger is None:
             ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
             self.ha_addr = f"{cfg.ha_ip}:{ha_port}"
@@ -387,6 +401,8 @@ class BrokerController:
         if self.dledger is not None:
             await self.dledger.stop()
         await self.schedule.stop()
+        if self.timer is not None:
+            await self.timer.stop()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop_network(), STOP_NETWORK_TIMEOUT_S)
         self._persist_all()
@@ -437,6 +453,8 @@ class BrokerController:
     def _on_dispatch(self, topic: str, queue_id: int, max_queue_offset: int) -> None:
         if topic == SCHEDULE_TOPIC:
             self.schedule.notify_dispatched(queue_id, max_queue_offset)
+        elif topic == TIMER_TOPIC and self.timer is not None:
+            self.timer.notify_dispatched(queue_id, max_queue_offset)
         self._in_loop(lambda: self.hold.notify(topic, queue_id, max_queue_offset))
 
     def _on_schedule_put(self, topic: str, result: AppendResult) -> None:

@@ -32,17 +32,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from broker.metadata.delay_offsets import DelayOffsetManager
 from broker.metadata.json_file import JsonFile
 from broker.metadata.topics import SCHEDULE_TOPIC
+from broker.redelivery import Delivery, put_copy, settled_prefix
 from broker.store.api import AppendResult, GetMessageStatus, MessageStore, PutMessageStatus
 from client.errors import ProtocolViolationError
 from client.protocol.codec import decode_records
-from client.protocol.codes import SysFlag
 from client.protocol.message import MessageExt
-from client.protocol.properties import DELAY, REAL_QID, REAL_TOPIC, UNIQ_KEY, WAIT
+from client.protocol.properties import DELAY, REAL_QID, REAL_TOPIC, WAIT
 
 __all__ = [
     "DEFAULT_UNKNOWN_LEVEL_DELAY_MS",
@@ -119,41 +117,6 @@ def restore_message(topic: str, queue_id: int, properties: Mapping[str, str]) ->
     props = {k: v for k, v in properties.items() if k not in (DELAY, REAL_TOPIC, REAL_QID)}
     props[WAIT] = "false"
     return real_topic, int(raw_qid), props
-
-
-@attrs.frozen
-class Delivery:
-    """One message about to be put back under its real topic; also its journal fingerprint."""
-
-    queue_offset: int
-    """Offset of the unit in the level's queue."""
-    topic: str
-    queue_id: int
-    body_crc: int
-    born_timestamp: int
-    uniq_key: str
-    """``UNIQ_KEY`` of the message ('' when absent)."""
-
-    def to_json(self) -> list[Any]:
-        return [self.queue_offset, self.topic, self.queue_id, self.body_crc, self.born_timestamp, self.uniq_key]
-
-    @classmethod
-    def from_json(cls, row: Sequence[Any]) -> Delivery:
-        """Raises ValueError on a malformed row."""
-        try:
-            qo, topic, qid, crc, born, uniq = row
-            return cls(int(qo), str(topic), int(qid), int(crc), int(born), str(uniq))
-        except (TypeError, ValueError):
-            raise ValueError(f"malformed delivery journal row {row!r:.80}") from None
-
-    def matches(self, msg: MessageExt) -> bool:
-        return (msg.topic == self.topic and msg.queue_id == self.queue_id and msg.body_crc == self.body_crc
-                and msg.born_timestamp == self.born_timestamp
-                and msg.properties.get(UNIQ_KEY, "") == self.uniq_key)
-
-
-def _born_host_bytes(record: bytes, sys_flag: int) -> bytes:
-    return record[48 : 48 + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8)]
 
 
 # --- the service ------------------------------------------------------------------------------------------------
@@ -407,7 +370,7 @@ class ScheduleMessageService:
             if topic == TRANS_HALF_TOPIC:
                 log.error("delay level %d offset %d: a half transactional message was scheduled; dropped", level, qo)
                 continue
-            d = Delivery(qo, topic, queue_id, msg.body_crc, msg.born_timestamp, props.get(UNIQ_KEY, ""))
+            d = Delivery.of(qo, topic, queue_id, msg, props)
             plan.append((d, msg, rec, props))
         return plan, next_offset, None
 
@@ -419,12 +382,7 @@ class ScheduleMessageService:
         delivered = 0
         for d, msg, rec, props in plan:
             # No await in this loop: the batch's records stay contiguous in the commit log (see recover()).
-            result = self._store.put_message(
-                d.topic, d.queue_id, msg.body, props, born_host=_born_host_bytes(rec, msg.sys_flag),
-                born_timestamp=msg.born_timestamp, flag=msg.flag,
-                sys_flag=msg.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6),
-                reconsume_times=msg.reconsume_times,
-            )
+            result = put_copy(self._store, d, msg, rec, props)
             if result.status is not PutMessageStatus.PUT_OK:
                 next_offset = d.queue_offset
                 self._offsets.update(level, next_offset)
@@ -506,24 +464,8 @@ class ScheduleMessageService:
 
     def _settle(self, phy: int, deliveries: Sequence[Delivery], start: int) -> int:
         """The offset after the last journaled delivery whose copy is in the commit log at ``phy`` onwards."""
-        offset = start
-        file_size = self._store.mapped_file_size_commitlog
-        for d in deliveries:
-            rec = self._store.look_message_by_offset(phy)
-            if rec is None and phy % file_size:  # the put rolled to the next file (blank marker here)
-                phy = (phy // file_size + 1) * file_size
-                rec = self._store.look_message_by_offset(phy)
-            if rec is None:
-                break
-            try:
-                msg = decode_records(rec)[0]
-            except (ProtocolViolationError, IndexError):
-                break
-            if not d.matches(msg):
-                break
-            offset = d.queue_offset + 1
-            phy += len(rec)
-        return offset
+        done = settled_prefix(self._store, phy, deliveries)
+        return deliveries[done - 1].queue_offset + 1 if done else start
 
     def status(self) -> dict[str, Any]:
         """For runtime info: offsets, due times and counters."""

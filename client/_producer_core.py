@@ -266,8 +266,8 @@ def check_batch(msgs: Sequence[Message], max_message_size: int) -> str:
         validate_message(m, max_message_size)
         if m.topic != topic:
             raise MessageIllegalError(f"a batch holds one topic: got {topic} and {m.topic}")
-        if m.delay_level:
-            raise MessageIllegalError("delayed messages cannot be sent in a batch (RocketMQ rule)")
+        if m.delay_level or m.deliver_at_ms is not None or m.delay_s is not None:
+            raise MessageIllegalError("delayed and timed messages cannot be sent in a batch (RocketMQ rule)")
     return topic
 
 

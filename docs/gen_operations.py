@@ -269,6 +269,7 @@ _LAYOUT = """\
 | `config/consumerOffset.json` | committed consumer offsets, written every `flushConsumerOffsetInterval` |
 | `config/delayOffset.json` | progress of each delay level |
 | `config/delayDelivery.json` | the master's delayed-delivery journal (no delivery lost or repeated across a crash) |
+| `config/timerProgress.json` | the master's timed-delivery progress in `rmq_sys_wheel_timer` and its journal (see "Timed delivery") |
 
 Each `config/*.json` file is written atomically and keeps its previous version as `<name>.bak`, which is read
 when the file is missing or broken. Commit-log, consume-queue and index files are deleted by age and disk
@@ -276,6 +277,22 @@ usage (see "Retention and disk space").
 
 `LocalCluster(root)` and `splitmq cluster up --root DIR` put each broker in `DIR/<name>-<id>/`
 (`broker.properties`, `store/`) and each process's output in `DIR/logs/<name>-<id>.log`.
+
+## Timed delivery
+
+A message sent with `deliver_at_ms` / `delay_s` (RocketMQ 5 timer messages) is parked by the master in the system
+topic `rmq_sys_wheel_timer` (one queue) and put back under its topic at its time, within a few ms (the
+acceptance bound is 1 s). `timerMaxDelaySec` (7 days) bounds the delay; `timerRollWindowSlot` and
+`timerMaxInMemory` bound what the master holds in memory -- later messages stay in the log and are read again as
+time advances. The queue is the durable record: after a crash the master rebuilds its index from
+`config/timerProgress.json` and delivers each message exactly once (`python -m benchmarks timer` measures it
+across a SIGKILL).
+
+Caveats: retention deletes commit-log files by age (`fileReservedTime`, 72 h by default) whatever they hold, so
+keep it longer than the longest delay in use, or a parked message expires before its time (logged as
+"expired before delivery"). A slave replicates the topic but not the progress file; a slave or DLedger member
+that becomes master starts from its own (older) progress and delivers again what the old master already
+delivered -- duplicates, never losses.
 """
 
 _LOGGING = """\

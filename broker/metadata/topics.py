@@ -17,16 +17,19 @@ from client.errors import TopicNotExistError
 from client.protocol.codes import Perm
 from client.protocol.route import DataVersion, TopicConfig
 
-__all__ = ["AUTO_CREATE_TOPIC", "OFFSET_MOVED_EVENT", "SCHEDULE_TOPIC", "SYSTEM_TOPICS", "TopicConfigManager"]
+__all__ = ["AUTO_CREATE_TOPIC", "OFFSET_MOVED_EVENT", "SCHEDULE_TOPIC", "SYSTEM_TOPICS", "TIMER_TOPIC",
+           "TopicConfigManager"]
 
 log = logging.getLogger(__name__)
 
 AUTO_CREATE_TOPIC = "TBW102"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 OFFSET_MOVED_EVENT = "OFFSET_MOVED_EVENT"
-SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC, SCHEDULE_TOPIC, OFFSET_MOVED_EVENT})
+#: Where timed messages wait (RocketMQ 5's name; see :mod:`broker.timer`).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC, SCHEDULE_TOPIC, OFFSET_MOVED_EVENT, TIMER_TOPIC})
 #: Topics producers may not send to directly (RocketMQ's ``NOT_ALLOWED_SEND_TOPIC_SET``, the parts we have).
-NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, OFFSET_MOVED_EVENT})
+NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, OFFSET_MOVED_EVENT, TIMER_TOPIC})
 
 
 class TopicConfigManager(VersionedTable[TopicConfig]):
@@ -59,6 +62,7 @@ class TopicConfigManager(VersionedTable[TopicConfig]):
             self._table[AUTO_CREATE_TOPIC] = TopicConfig(AUTO_CREATE_TOPIC, n, n, int(Perm.INHERIT | Perm.READ | Perm.WRITE))
         self._table[SCHEDULE_TOPIC] = TopicConfig(SCHEDULE_TOPIC, delay_level_count, delay_level_count)
         self._table[OFFSET_MOVED_EVENT] = TopicConfig(OFFSET_MOVED_EVENT, 1, 1)
+        self._table[TIMER_TOPIC] = TopicConfig(TIMER_TOPIC, 1, 1)
 
     table_key = "topicConfigTable"
 

@@ -4,7 +4,8 @@ Arguments are read by :meth:`client.protocol.requests.SendRequestHeader.from_que
 is not a SLAVE (SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION), the topic name is legal and not a
 system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL), every message fits ``maxMessageSize``,
 the topic exists (auto-created from ``TBW102`` when enabled, else TOPIC_NOT_EXIST), it is writeable
-(NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)`` (INVALID_PARAMETER). After a successful append,
+(NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)`` (INVALID_PARAMETER). A message with a timer
+property due later is parked in ``rmq_sys_wheel_timer`` (:mod:`broker.timer.rules`). After a successful append,
 unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability` describes (SEMANTICS.md 2.9,
 decision 5): SYNC_FLUSH for the flush (``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of ``inSyncReplicas - 1``
 connected slaves, one by default (``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``; ``SLAVE_NOT_AVAILABLE`` at
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from broker.config import BrokerConfig
@@ -27,6 +29,7 @@ from broker.processor.args import broker_where
 from broker.retry import DLQ_QUEUE_NUMS, RETRY_GROUP_TOPIC_PREFIX, reroute_retry_batch
 from broker.role import RoleState
 from broker.store.api import AppendResult, MessageStore, PutMessageStatus
+from broker.timer.rules import has_timer, route_timer_send
 from client.errors import (
     BrokerError,
     BrokerSystemError,
@@ -95,12 +98,13 @@ class SendProcessor:
         durability: the flush / replica wait after an append.
         request_registration: asks for a registration soon (after a topic was created).
         role: the broker's current role and id (DLedger mode changes them; default: the configuration's).
+        clock_ms: wall clock in ms (timed messages' delays count from it).
     """
 
     def __init__(self, config: BrokerConfig, *, addr: str, store_host: bytes, store: MessageStore,
                  topics: TopicConfigManager, groups: SubscriptionGroupManager, metrics: BrokerMetrics,
                  durability: Durability, request_registration: Callable[[], None],
-                 role: RoleState | None = None) -> None:
+                 role: RoleState | None = None, clock_ms: Callable[[], int] | None = None) -> None:
         self._config = config
         self._role = role or RoleState(config.broker_role, config.broker_id)
         self._addr = addr
@@ -111,6 +115,7 @@ class SendProcessor:
         self._metrics = metrics
         self._durability = durability
         self._request_registration = request_registration
+        self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
 
     async def handle(self, request: Request) -> Response:
         cfg = self._config
@@ -141,6 +146,11 @@ class SendProcessor:
                 f"queueId {queue_id} of topic {topic} is outside [0, {tc.write_queue_nums}) writeQueueNums on "
                 f"broker {cfg.broker_name} ({self._addr})"
             )
+        reply_queue_id = queue_id
+        if cfg.timer_wheel_enable and has_timer(items):  # a byte search; parsed only when a timer may be there
+            timed = route_timer_send(topic, queue_id, items, self._clock_ms(), cfg.timer_max_delay_sec)
+            if timed is not None:
+                topic, queue_id, items = timed
         # The store's append event (HA push, dispatch, put rate) runs inside append_batch.
         result = self._store.append_batch(topic, queue_id, items, born_host=_born_host(request.client),
                                           reconsume_times=reconsume_times)
@@ -149,7 +159,7 @@ class SendProcessor:
         self._metrics.stored(topic, result.msg_count, result.wrote_bytes)
         code = await self._durability.wait(result) if _wait_store_msg_ok(items) else ResponseCode.SUCCESS
         self._metrics.count_request(code, pull=False)
-        return Response(encode_send_reply(int(code), queue_id, result.queue_offset, self._store_host,
+        return Response(encode_send_reply(int(code), reply_queue_id, result.queue_offset, self._store_host,
                                           result.physical_offsets))
 
     def _check_sizes(self, topic: str, items: Sequence[BatchItem]) -> None:

@@ -261,8 +261,9 @@ class UniqKeyGenerator:
 _UNIQ_ONLY_PREFIX = f"{UNIQ_KEY}\x01".encode()
 
 
-def _message_properties(msg: Message, uniq_key: str | None) -> bytes:
-    if uniq_key and not msg.properties and not msg.tags and not msg.keys and not msg.delay_level:
+def _message_properties(msg: Message, uniq_key: str | None, born_ms: int) -> bytes:
+    if uniq_key and not msg.properties and not msg.tags and not msg.keys and not msg.delay_level \
+            and msg.deliver_at_ms is None and msg.delay_s is None:
         # The common message: only the SDK's UNIQ_KEY (32 hex characters, nothing to check or escape).
         if uniq_key.isascii() and uniq_key.isalnum():
             return _UNIQ_ONLY_PREFIX + uniq_key.encode("ascii") + b"\x02"
@@ -274,6 +275,10 @@ def _message_properties(msg: Message, uniq_key: str | None) -> bytes:
         props[KEYS] = " ".join(msg.keys)
     if msg.delay_level:
         props[DELAY] = str(msg.delay_level)
+    elif msg.deliver_at_ms is not None or msg.delay_s is not None:
+        timer = msg.timer_property(born_ms)
+        if timer is not None:
+            props[timer[0]] = timer[1]
     if uniq_key:
         props[UNIQ_KEY] = uniq_key
     return encode_properties(props)
@@ -301,7 +306,7 @@ def encode_batch(
     head = BATCH_ITEM_HEAD.pack
     for i, msg in enumerate(messages):
         body = msg.body if type(msg.body) is bytes else bytes(msg.body)
-        props = _message_properties(msg, uniq_keys[i] if uniq_keys else None)
+        props = _message_properties(msg, uniq_keys[i] if uniq_keys else None, born_timestamp_ms)
         size = record_size(len(body), len(msg.topic), len(props))
         if size > max_message_size:
             raise MessageIllegalError(

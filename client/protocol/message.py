@@ -6,18 +6,28 @@ construct one by hand except in tests.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from client.errors import MessageIllegalError
-from client.protocol.properties import SYSTEM_KEYS, validate_topic
+from client.protocol.properties import (
+    SYSTEM_KEYS,
+    TIMER_DELAY_MS,
+    TIMER_DELAY_SEC,
+    TIMER_DELIVER_MS,
+    validate_topic,
+)
 
-__all__ = ["Message", "MessageExt", "MessageQueue"]
+__all__ = ["TIMER_MAX_DELAY_S", "Message", "MessageExt", "MessageQueue"]
 
 #: Highest delay level accepted by the SDK; the broker clamps to its own ``messageDelayLevel`` count.
 MAX_DELAY_LEVEL = 64
+#: Longest timed delivery the SDK sends: the broker's default ``timerMaxDelaySec`` (7 days). A broker configured
+#: lower refuses what is beyond its own bound with MESSAGE_ILLEGAL.
+TIMER_MAX_DELAY_S = 7 * 24 * 3600
 
 
 def _to_keys(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -65,6 +75,20 @@ def _check_delay(_: Any, attribute: Any, value: int) -> None:
         raise MessageIllegalError(f"delay_level must be an int in [0, {MAX_DELAY_LEVEL}], got {value!r}")
 
 
+def _check_deliver_at(_: Any, attribute: Any, value: object) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise MessageIllegalError(f"deliver_at_ms must be an int of ms since the epoch (>= 0), got {value!r}")
+
+
+def _check_delay_s(_: Any, attribute: Any, value: object) -> None:
+    if value is None:
+        return
+    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
+        raise MessageIllegalError(f"delay_s must be a finite number of seconds, got {value!r}")
+    if value > TIMER_MAX_DELAY_S:  # type: ignore[operator]
+        raise MessageIllegalError(f"delay_s {value} is beyond timerMaxDelaySec ({TIMER_MAX_DELAY_S} s)")
+
+
 @attrs.frozen(hash=False)
 class Message:
     """A message to send."""
@@ -83,6 +107,44 @@ class Message:
     """0 for immediate delivery; 1..18 select ``messageDelayLevel`` (1s 5s 10s 30s 1m ... 2h)."""
     flag: int = attrs.field(default=0, kw_only=True)
     """RocketMQ's opaque user flag (int32)."""
+    deliver_at_ms: int | None = attrs.field(default=None, kw_only=True, validator=_check_deliver_at)
+    """Timed delivery (RocketMQ 5 timer message): consumers see the message from this time on (ms since the
+    epoch); a time already past delivers at once, one more than ``TIMER_MAX_DELAY_S`` ahead is refused at send."""
+    delay_s: float | None = attrs.field(default=None, kw_only=True, validator=_check_delay_s)
+    """Timed delivery after this many seconds from the broker's store time (any value, not only the 18 levels);
+    0 or less delivers at once, more than ``TIMER_MAX_DELAY_S`` is refused."""
+
+    def __attrs_post_init__(self) -> None:
+        timed = self.deliver_at_ms is not None or self.delay_s is not None
+        if timed and (self.delay_level or (self.deliver_at_ms is not None and self.delay_s is not None)):
+            raise MessageIllegalError("a message takes one of delay_level, deliver_at_ms and delay_s")
+
+    def timer_property(self, now_ms: int) -> tuple[str, str] | None:
+        """The timer property this message is sent with at ``now_ms`` (the producer clock), or None when it is
+        due at once (no timer, or a time already past).
+
+        Integral ``delay_s`` travels as ``TIMER_DELAY_SEC``, a fractional one as ``TIMER_DELAY_MS`` (both
+        measured by the broker from its store time, so a skewed producer clock does not matter);
+        ``deliver_at_ms`` travels as ``TIMER_DELIVER_MS``.
+
+        Raises:
+            MessageIllegalError: ``deliver_at_ms`` is more than ``TIMER_MAX_DELAY_S`` after ``now_ms``.
+        """
+        if self.deliver_at_ms is not None:
+            ahead_ms = self.deliver_at_ms - now_ms
+            if ahead_ms <= 0:
+                return None
+            if ahead_ms > TIMER_MAX_DELAY_S * 1000:
+                raise MessageIllegalError(
+                    f"deliver_at_ms {self.deliver_at_ms} is {ahead_ms / 1000:.0f} s ahead, beyond timerMaxDelaySec "
+                    f"({TIMER_MAX_DELAY_S} s)")
+            return TIMER_DELIVER_MS, str(self.deliver_at_ms)
+        delay = self.delay_s
+        if delay is None or delay <= 0:
+            return None
+        if float(delay).is_integer():
+            return TIMER_DELAY_SEC, str(int(delay))
+        return TIMER_DELAY_MS, str(max(1, round(delay * 1000)))
 
 
 @attrs.frozen(order=True)

@@ -25,6 +25,9 @@ __all__ = [
     "MAX_TOPIC_LENGTH",
     "NO_PROPERTIES",
     "TAGS",
+    "TIMER_DELAY_MS",
+    "TIMER_DELAY_SEC",
+    "TIMER_DELIVER_MS",
     "UNIQ_KEY",
     "WAIT",
     "PropertyScan",
@@ -48,6 +51,11 @@ MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 MIN_OFFSET = "MIN_OFFSET"
 MAX_OFFSET = "MAX_OFFSET"
+#: Timed delivery (RocketMQ 5's timer messages): the absolute deliver time in ms since the epoch, or a delay
+#: from the broker's store time in seconds / milliseconds. The broker turns the last two into the first.
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+TIMER_DELAY_MS = "TIMER_DELAY_MS"
 
 NAME_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -58,7 +66,7 @@ MAX_GROUP_LENGTH = 255
 #: Keys the SDK sets itself; a user property with one of these names is refused.
 SYSTEM_KEYS = frozenset(
     {KEYS, TAGS, WAIT, DELAY, REAL_TOPIC, REAL_QID, RETRY_TOPIC, ORIGIN_MESSAGE_ID, RECONSUME_TIME,
-     MAX_RECONSUME_TIMES, UNIQ_KEY, MIN_OFFSET, MAX_OFFSET}
+     MAX_RECONSUME_TIMES, UNIQ_KEY, MIN_OFFSET, MAX_OFFSET, TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS}
 )
 
 _NAME_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
