@@ -129,7 +129,8 @@ def test_each_endpoint_by_account(tmp_path: Path) -> None:
                     what = f"{method} {path} {query} as {who}: {r.status_code} {r.text[:200]}"
                     if who is None:
                         ok = refused and r.json() == {"code": 16, "remark": "request not signed / signature "
-                                                      "refused", "broker": ctrl.addr, "role": "ASYNC_MASTER"}
+                                                      "refused", "acl": True, "broker": ctrl.addr,
+                                                      "role": "ASYNC_MASTER"}
                     elif who in allowed:
                         ok = not refused
                     else:
