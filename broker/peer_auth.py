@@ -246,14 +246,14 @@ class ClientHandshake(_Handshake):
         return b""
 
 
-async def run_handshake(hs: ServerHandshake | ClientHandshake, read_exactly: Callable[[int], Awaitable[bytes]],
+async def run_handshake(hs: ServerHandshake | ClientHandshake, read: Callable[[int], Awaitable[bytes]],
                         write: Callable[[bytes], Awaitable[None]], timeout_s: float) -> None:
-    """Drive ``hs`` to its end over a connection, reading exactly what each step needs (never a byte of what
-    follows the handshake).
+    """Drive ``hs`` to its end over a connection, never reading a byte of what follows the handshake.
 
     Args:
         hs: a fresh handshake.
-        read_exactly: ``n -> n bytes``; raises (``asyncio.IncompleteReadError``, ``ConnectionError``) on EOF.
+        read: ``n -> 1..n bytes`` as they arrive, ``b""`` at EOF (what arrived is fed at once, so junk fails at
+            its first wrong byte, not at the timeout).
         write: sends bytes.
         timeout_s: bound on the whole handshake.
 
@@ -266,13 +266,19 @@ async def run_handshake(hs: ServerHandshake | ClientHandshake, read_exactly: Cal
             if out:
                 await write(out)
             while not hs.done:
-                out = hs.feed(await read_exactly(hs.want))
+                data = await read(hs.want)
+                if not data:
+                    raise HandshakeError("the peer closed the connection during the handshake (it refused this "
+                                         "side's proof -- a different haAuthSecret? -- or it is not a SplitMQ peer "
+                                         "with haAuthSecret set)")
+                out = hs.feed(data)
                 if out:
                     await write(out)
     except TimeoutError:
-        raise HandshakeError(f"the handshake did not finish within {timeout_s:.1f} s") from None
-    except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-        raise HandshakeError(f"the connection ended during the handshake ({exc or type(exc).__name__})") from None
+        raise HandshakeError(f"the handshake did not finish within {timeout_s:.1f} s (is haAuthSecret set on "
+                             f"both sides?)") from None
+    except (ConnectionError, OSError) as exc:
+        raise HandshakeError(f"the connection failed during the handshake ({exc or type(exc).__name__})") from None
 
 
 class RateLimitedLog:

@@ -227,20 +227,14 @@ class HAClient:
             return True
         loop = asyncio.get_running_loop()
 
-        async def read_exactly(n: int) -> bytes:
-            got = bytearray()
-            while len(got) < n:
-                chunk = await loop.sock_recv(sock, n - len(got))
-                if not chunk:
-                    raise ConnectionResetError("the master closed the connection")
-                got += chunk
-            return bytes(got)
+        async def read(n: int) -> bytes:
+            return await loop.sock_recv(sock, n)
 
         async def write(data: bytes) -> None:
             await loop.sock_sendall(sock, data)
 
         try:
-            await run_handshake(ClientHandshake(secret, ChannelKind.HA, nonces=self._nonces), read_exactly, write,
+            await run_handshake(ClientHandshake(secret, ChannelKind.HA, nonces=self._nonces), read, write,
                                 self._config.ha_auth_timeout_ms / 1000.0)
         except HandshakeError as exc:
             sock.close()

@@ -16,7 +16,7 @@ import attrs
 import pytest
 
 from broker.ha import HAConfig
-from broker.ha.protocol import encode_frame_header, encode_report
+from broker.ha.protocol import encode_frame_header
 from broker.peer_auth import CHALLENGE_SIZE, MAGIC, ChannelKind, ServerHandshake
 from tests.broker.ha.memlog import MemoryCommitLog
 from tests.broker.ha.test_replication import Run, assert_identical, master_service, slave_client, wait_until
