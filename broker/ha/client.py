@@ -192,8 +192,11 @@ class HAClient:
                 self.last_error = f"connect to {addr} failed: {exc or type(exc).__name__}"
                 log.debug("HA client: %s", self.last_error)
             else:
-                if await self._authenticate(sock, addr):
+                passed = await self._authenticate(sock, addr)  # closes the socket when not
+                if passed and self.master_ha_addr == addr:
                     await self._session(sock, addr)
+                elif passed:  # the address moved while connecting or handshaking: go there instead
+                    sock.close()
             if self._received and not self._refused:
                 self._backoff.reset()
             if not self._addr_changed.is_set():

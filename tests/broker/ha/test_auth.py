@@ -224,3 +224,43 @@ def test_the_secret_comes_from_the_broker_properties_and_is_never_shown() -> Non
     assert "s3cret" not in repr(cfg) and "s3cret" not in repr(cfg.to_ha_config())
     assert BrokerConfig.from_properties({}).to_ha_config().ha_auth_secret == b""
     assert BrokerConfig.from_properties({"haAuthSecret": ""}).ha_auth_secret == ""
+
+
+def test_a_master_address_change_during_the_handshake_goes_to_the_new_master(
+    run: Run, auth_config: HAConfig
+) -> None:
+    """The nameserver names a new master while the slave is still handshaking with the old one: the slave does not
+    start a session with the old one (no report reaches it), it goes to the new one."""
+    master, slave = secret_log(10), MemoryCommitLog()
+    after_proof: list[bytes] = []
+
+    async def scenario() -> None:
+        moved = asyncio.Event()
+        answered = asyncio.Event()
+
+        async def old_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            hs = ServerHandshake(SECRET, ChannelKind.HA)
+            writer.write(hs.start())
+            proof = hs.feed(await reader.readexactly(54))
+            answered.set()
+            await moved.wait()  # the proof arrives only after the address changed
+            writer.write(proof)
+            with contextlib.suppress(ConnectionError):
+                after_proof.append(await reader.read(8))  # b"" when the slave hangs up
+            writer.close()
+
+        old = await asyncio.start_server(old_master, "127.0.0.1", 0)
+        try:
+            async with master_service(master, auth_config) as service, slave_client(
+                    slave, auth_config, old.sockets[0].getsockname()[1]) as client:
+                await asyncio.wait_for(answered.wait(), 5)
+                client.update_master_address(f"127.0.0.1:{service.port}")
+                moved.set()
+                await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset, "the new master")
+                await wait_until(lambda: after_proof, "the old master's connection closed")
+                assert after_proof == [b""]  # no offset report went to the old master
+        finally:
+            old.close()
+            await old.wait_closed()
+
+    run(scenario())
