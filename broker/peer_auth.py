@@ -1,5 +1,5 @@
 """The cluster-secret handshake of the HA and DLedger peer ports (issue 14 item 4). The state machines and the
-byte format are pure (no sockets, no clock); :func:`run_handshake` drives one over any exact-read / write pair.
+byte format are pure (no sockets, no clock); :func:`run_handshake` drives one over any read / write pair.
 
 Without it, whoever reaches a master's HA port gets its whole commit log for eight zero bytes, and whoever
 reaches a DLedger peer port can push entries or votes. With ``haAuthSecret`` set, both sides of every HA and
