@@ -30,6 +30,7 @@ from broker.config import BrokerConfig, ConfigError, load_config, parse_set_opti
 from broker.controller import BrokerController
 from broker.dledger.message_store import DLedgerMessageStore
 from broker.http_protocol import CoalescingHttpToolsProtocol
+from broker.peer_auth import startup_warnings
 from broker.store.api import StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
 from client.protocol.acl import AclFileError
@@ -249,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config, args.log_level, args.log_format)
     if loaded.unknown_keys:
         log.warning("unknown configuration keys ignored: %s", ", ".join(loaded.unknown_keys))
+    # ``acl_enable`` is the field of ``aclEnable`` (issue 14 item 1): read by name, absent before that lands.
+    for warning in startup_warnings(secret=config.ha_auth_secret, acl_enable=bool(getattr(config, "acl_enable", False)),
+                                    dledger=config.enable_dleger_commit_log):
+        log.warning("%s", warning)
     try:
         import uvloop
 

@@ -84,6 +84,8 @@ class BrokerConfig:
     oldest."""
     ha_pending_timeout_ms: int = 3000
     """``haPendingTimeoutMs`` (SplitMQ): an HA connection without an offset report this long is closed."""
+    ha_auth_secret: str = attrs.field(default="", repr=False)
+    """``haAuthSecret`` (SplitMQ): the cluster secret of the HA and DLedger peer ports ('' = no handshake)."""
     in_sync_replicas: int = 2
     """``inSyncReplicas``: copies of a SYNC_MASTER put before SEND_OK, the master's counted (RocketMQ 5's default
     is 1, no slave wait; 2 keeps 4.9.3's one-slave wait, decision 5)."""
@@ -320,6 +322,7 @@ class BrokerConfig:
             ha_max_connections=self.ha_max_connections,
             ha_max_pending_connections=self.ha_max_pending_connections,
             ha_pending_timeout_ms=self.ha_pending_timeout_ms,
+            ha_auth_secret=self.ha_auth_secret.encode(),
             in_sync_replicas=self.in_sync_replicas,
             min_in_sync_replicas=self.min_in_sync_replicas,
             enable_auto_in_sync_replicas=self.enable_auto_in_sync_replicas,
@@ -354,6 +357,11 @@ def _bool(key: str, raw: str) -> bool:
 def _str(key: str, raw: str) -> str:
     if not raw:
         raise ConfigError(f"{key} is empty")
+    return raw
+
+
+def _secret(key: str, raw: str) -> str:
+    """Any text, empty included (an empty ``haAuthSecret`` means no handshake); never quoted in an error."""
     return raw
 
 
@@ -477,6 +485,7 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "haMaxConnections": ("ha_max_connections", _P),
     "haMaxPendingConnections": ("ha_max_pending_connections", _P),
     "haPendingTimeoutMs": ("ha_pending_timeout_ms", _P),
+    "haAuthSecret": ("ha_auth_secret", _secret),
     "inSyncReplicas": ("in_sync_replicas", _P),
     "minInSyncReplicas": ("min_in_sync_replicas", _P),
     "enableAutoInSyncReplicas": ("enable_auto_in_sync_replicas", _bool),
@@ -587,6 +596,7 @@ KEY_DOCS: dict[str, str] = {
     "haMaxConnections": "SplitMQ: slaves (connections that have sent an offset report) a master keeps at once; a first report past it closes that connection.",
     "haMaxPendingConnections": "SplitMQ: HA connections a master keeps before their first offset report; a newcomer past it replaces the oldest of them.",
     "haPendingTimeoutMs": "SplitMQ: milliseconds an HA connection may stay without an offset report before the master closes it (a real slave reports at once).",
+    "haAuthSecret": "SplitMQ: cluster secret of the HA and DLedger peer ports, the same on every broker; when set, both ends of every HA and peer connection prove they know it (HMAC challenge-response) before a byte of the log moves. Empty: no handshake (see docs/HA.md).",
     "registerNameServerPeriod": "Milliseconds between registrations with every nameserver (clamped to [registerNameServerPeriodMinMs, 60000]).",
     "registerNameServerPeriodMinMs": "SplitMQ, for tests: lower clamp of the registration period.",
     "registerBrokerTimeoutMills": "Milliseconds one registration request may take.",

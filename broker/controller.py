@@ -222,7 +222,8 @@ class BrokerController:
                                  timings=timings, pre_vote=cfg.dleger_pre_vote,
                                  max_pending=cfg.max_pending_requests_num, max_wait_ack_ms=cfg.max_wait_ack_time_ms,
                                  max_push_timeout_ms=cfg.max_push_time_out_ms,
-                                 preferred_leader_id=cfg.preferred_leader_id or None)
+                                 preferred_leader_id=cfg.preferred_leader_id or None,
+                                 auth_secret=cfg.ha_auth_secret.encode())
         roles = self.dledger_roles = RoleHandler(
             role=self.role, follower_id=cfg.dledger_broker_id,
             leading=lambda term: self.dledger is not None and self.dledger.leads(term),

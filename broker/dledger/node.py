@@ -97,6 +97,9 @@ class NodeConfig:
     request_timeout_s: float = 3.0
     preferred_leader_id: str | None = None
     """``preferredLeaderIds``: a leader hands leadership to this member once it has every entry."""
+    auth_secret: bytes = attrs.field(default=b"", repr=False)
+    """``haAuthSecret``: every peer connection passes the handshake of :mod:`broker.peer_auth` first, both ways
+    ('' = none)."""
 
 
 class AppendError(Exception):
@@ -174,7 +177,7 @@ class DLedgerNode:
         self.state.ledger_end_index, self.state.ledger_end_term = store.end_index, store.end_term
         self._others = [p for p in config.peers if p != config.self_id]
         self._clients = {p: PeerClient(config.group, config.self_id, p, config.peers[p], self.faults,
-                                       max_in_flight=config.max_in_flight + 16)
+                                       max_in_flight=config.max_in_flight + 16, secret=config.auth_secret)
                          for p in self._others}
         self._server: PeerServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -212,7 +215,7 @@ class DLedgerNode:
         port = int(self.config.peers[self.config.self_id].rpartition(":")[2])
         self._server = await serve_peers(host, port, group=self.config.group, self_id=self.config.self_id,
                                          peers=self.config.peers, handler=self._handle, faults=self.faults,
-                                         sock=sock)
+                                         secret=self.config.auth_secret, sock=sock)
         self.last_leader_heartbeat_ms = self._clock()
         self._next_vote_ms = self._clock() + self._rand_ms()
         self._tasks.append(asyncio.get_running_loop().create_task(self._run(), name=f"dledger-run-{self.config.self_id}"))

@@ -1,12 +1,16 @@
 """The DLedger peer transport: one TCP connection per ordered pair of peers, frames of
 :mod:`broker.dledger.protocol`, requests answered in any order by request id. Runs in the owner's event loop.
 
-* :class:`PeerClient` -- this member's requests to one peer: connects (bounded), sends HELLO, then multiplexes
-  requests; each waits at most its timeout; at most ``max_in_flight`` wait at once. A broken connection fails
-  every waiting request and is re-made by the next request.
-* :func:`serve_peers` -- accepts connections from peers; the first frame must be a HELLO naming this group, this
-  member and a known peer, else the connection is logged and closed; then every request goes to the handler and
-  its answer back. Garbage, truncated frames, absurd sizes: a log line and a closed connection.
+* :class:`PeerClient` -- this member's requests to one peer: connects (bounded), passes the handshake (with a
+  cluster secret), sends HELLO, then multiplexes requests; each waits at most its timeout; at most
+  ``max_in_flight`` wait at once. A broken connection fails every waiting request and is re-made by the next
+  request.
+* :func:`serve_peers` -- accepts connections from peers; with a cluster secret the peer must first pass the
+  handshake of :mod:`broker.peer_auth` (else it is closed having read nothing but the challenge); the first frame
+  must be a HELLO naming this group, this member and a known peer, else the connection is logged and closed; then
+  every request goes to the handler and its answer back. Garbage, truncated frames, absurd sizes: a log line and
+  a closed connection. Connections that have not passed HELLO yet are *pending*: at most ``max_pending`` at once
+  (a newcomer closes the oldest) and each closed after ``pending_timeout_s``, so junk cannot lock a peer out.
 * :class:`FaultLayer` -- for tests: drop or delay this member's traffic to and from chosen peers.
 """
 
@@ -16,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -28,6 +33,16 @@ from broker.dledger.protocol import (
     decode_hello,
     encode_frame,
     encode_hello,
+)
+from broker.ha.admission import pending_to_evict
+from broker.peer_auth import (
+    ChannelKind,
+    ClientHandshake,
+    HandshakeError,
+    NonceSource,
+    RateLimitedLog,
+    ServerHandshake,
+    run_handshake,
 )
 
 __all__ = ["FaultLayer", "PeerClient", "PeerError", "PeerServer", "RequestHandler", "serve_peers"]
@@ -72,11 +87,18 @@ class PeerClient:
         connect_timeout_s: bound of a connection attempt.
         max_in_flight: requests waiting at once at most.
         max_frame_bytes: largest answer accepted.
+        secret: the cluster secret (``haAuthSecret``); empty: no handshake.
+        auth_timeout_s: bound on the handshake.
+        nonces: random source of the handshake's nonce.
     """
 
     def __init__(self, group: str, self_id: str, peer_id: str, addr: str, faults: FaultLayer, *,
-                 connect_timeout_s: float = 1.0, max_in_flight: int = 1024, max_frame_bytes: int = 32 << 20) -> None:
+                 connect_timeout_s: float = 1.0, max_in_flight: int = 1024, max_frame_bytes: int = 32 << 20,
+                 secret: bytes = b"", auth_timeout_s: float = 3.0, nonces: NonceSource = secrets.token_bytes
+                 ) -> None:
         self.group, self.self_id, self.peer_id, self.addr = group, self_id, peer_id, addr
+        self._secret, self._auth_timeout_s, self._nonces = secret, auth_timeout_s, nonces
+        self._auth_failures = RateLimitedLog(log)
         self._faults = faults
         self._connect_timeout_s = connect_timeout_s
         self._max_in_flight = max_in_flight
@@ -97,10 +119,34 @@ class PeerClient:
                                                         self._connect_timeout_s)
             except (TimeoutError, OSError) as e:
                 raise PeerError(f"cannot connect to peer {self.peer_id} at {self.addr}: {e or 'timeout'}") from None
+            if self._secret:
+                await self._authenticate(reader, writer)
             writer.write(encode_frame(MsgType.HELLO, 0, encode_hello(Hello(self.group, self.self_id, self.peer_id))))
             self._writer = writer
             self._reader_task = asyncio.get_running_loop().create_task(self._read(reader, writer))
             return writer
+
+    async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The handshake before HELLO: a peer that cannot prove the secret gets no request (no entry, no vote).
+
+        Raises:
+            PeerError: the peer failed it (the connection is closed).
+        """
+        async def write(data: bytes) -> None:
+            writer.write(data)
+            await writer.drain()
+
+        try:
+            await run_handshake(ClientHandshake(self._secret, ChannelKind.DLEDGER, nonces=self._nonces),
+                                reader.read, write, self._auth_timeout_s)
+        except HandshakeError as e:
+            writer.close()
+            self._auth_failures.note(f"peer {self.peer_id} ({self.addr}) failed the handshake, nothing sent to it: "
+                                     f"{e}")
+            raise PeerError(f"peer {self.peer_id} at {self.addr} failed the handshake: {e}") from None
+        except BaseException:
+            writer.close()
+            raise
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         dec = FrameDecoder(self._max_frame_bytes)
@@ -193,21 +239,40 @@ class PeerServer:
 
 async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: Mapping[str, str],
                       handler: RequestHandler, faults: FaultLayer, max_frame_bytes: int = 32 << 20,
-                      max_connections: int = 64, sock: socket.socket | None = None) -> PeerServer:
-    """Listen for peers (on ``sock`` when given, already bound; ``port`` 0 lets the OS choose)."""
+                      max_connections: int = 64, max_pending: int = 16, pending_timeout_s: float = 3.0,
+                      secret: bytes = b"", nonces: NonceSource = secrets.token_bytes,
+                      sock: socket.socket | None = None) -> PeerServer:
+    """Listen for peers (on ``sock`` when given, already bound; ``port`` 0 lets the OS choose).
+
+    Args:
+        max_connections: peers past HELLO at once; one more is closed.
+        max_pending: connections not past HELLO (nor the handshake) at once; a newcomer closes the oldest.
+        pending_timeout_s: a connection not past HELLO within this is closed (it also bounds the handshake).
+        secret: the cluster secret (``haAuthSecret``); empty: no handshake.
+        nonces: random source of the handshake's nonce.
+    """
     ps = PeerServer()
     open_conns = ps.connections
+    pending: dict[int, tuple[int, asyncio.StreamWriter]] = {}  # id -> (accept time ms, writer)
+    established = [0]
+    ids = itertools.count(1)
+    refusals = RateLimitedLog(log)
 
     async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
         remote = writer.get_extra_info("peername")
-        if len(open_conns) >= max_connections:
-            log.warning("peer port: %d connections open (max_connections), closing the one from %s",
-                        len(open_conns), remote)
-            writer.close()
-            return
+        for old in pending_to_evict({c: since for c, (since, _) in pending.items()}, max_pending):
+            refusals.note(f"peer port: closing a connection that has not passed HELLO to admit {remote} "
+                          f"(max_pending={max_pending})")
+            pending.pop(old)[1].close()
+        cid = next(ids)
+        pending[cid] = (int(loop.time() * 1000), writer)
         open_conns.add(writer)
-        dec = FrameDecoder(max_frame_bytes)
+        # Closing the transport ends the reads below (EOF) wherever they wait.
+        deadline = loop.call_later(pending_timeout_s, _close_if_pending, pending, cid, refusals, remote,
+                                   pending_timeout_s)
         peer: str | None = None
+        counted = False  # one of the ``established``
         tasks: set[asyncio.Task[None]] = set()
 
         async def answer(f: Frame, who: str) -> None:
@@ -219,7 +284,16 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
             if await faults.passes(who) and not writer.is_closing():
                 writer.write(encode_frame(kind, f.request_id, body))
 
+        async def write(data: bytes) -> None:
+            writer.write(data)
+            await writer.drain()
+
         try:
+            if secret:
+                await run_handshake(ServerHandshake(secret, ChannelKind.DLEDGER, nonces=nonces), reader.read, write,
+                                    pending_timeout_s)
+            # Made only now: the decoder's buffer is max_frame_bytes (32 MiB), not for anyone who connects.
+            dec = FrameDecoder(max_frame_bytes)
             while True:
                 data = await reader.read(1 << 16)
                 if not data:
@@ -227,17 +301,30 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                 for f in dec.feed(data):
                     if peer is None:
                         peer = _check_hello(f, group, self_id, peers, remote)
+                        pending.pop(cid, None)
+                        deadline.cancel()
+                        if established[0] >= max_connections:
+                            raise PeerProtocolError(f"{established[0]} peers connected (max_connections)")
+                        established[0] += 1
+                        counted = True
                         continue
                     if len(tasks) >= 1024:
                         raise PeerProtocolError("more than 1024 requests waiting on one connection")
-                    t = asyncio.get_running_loop().create_task(answer(f, peer))
+                    t = loop.create_task(answer(f, peer))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
+        except HandshakeError as e:
+            if cid in pending:  # else it was closed here, as the oldest pending or past its deadline, and said so
+                refusals.note(f"peer port: {remote} failed the handshake, closing it (no frame read from it): {e}")
         except PeerProtocolError as e:
             log.warning("peer port: closing the connection from %s (%s): %s", remote, peer or "before HELLO", e)
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
+            deadline.cancel()
+            if counted:
+                established[0] -= 1
+            pending.pop(cid, None)
             for t in tasks:
                 t.cancel()
             open_conns.discard(writer)
@@ -248,6 +335,15 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
     else:
         ps.server = await asyncio.start_server(conn, host, port, reuse_address=True)
     return ps
+
+
+def _close_if_pending(pending: dict[int, tuple[int, asyncio.StreamWriter]], cid: int, refusals: RateLimitedLog,
+                      remote: object, timeout_s: float) -> None:
+    entry = pending.pop(cid, None)
+    if entry is not None:
+        refusals.note(f"peer port: closing the connection from {remote}: no handshake and HELLO within "
+                      f"{timeout_s:.1f} s")
+        entry[1].close()
 
 
 def _check_hello(f: Frame, group: str, self_id: str, peers: Mapping[str, str], remote: object) -> str:

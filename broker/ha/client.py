@@ -1,7 +1,8 @@
 """Slave side of classic HA (SEMANTICS.md 2.6 with decisions 3 and 4): connect to the master's HA port, append
 the streamed commit-log bytes at the same physical offsets, report progress.
 
-One task per client runs the connection cycle (READY -> connect -> TRANSFER -> closed -> back-off -> READY).
+One task per client runs the connection cycle (READY -> connect -> [handshake, with ``haAuthSecret``] -> TRANSFER
+-> closed -> back-off -> READY).
 Frames are handled in the socket's reader callback straight from the read buffer: consistency check, record
 check (:class:`broker.store.records.ReplicaChecker`: only whole good records reach the log; a bad one closes the
 link), append, one report per read (covering every frame in it). The cycle task only wakes every ``tick_ms`` for the idle
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -23,6 +25,14 @@ from broker.ha.channel import SocketChannel
 from broker.ha.config import HAConfig
 from broker.ha.progress import Backoff
 from broker.ha.protocol import FrameDecoder, encode_report
+from broker.peer_auth import (
+    ChannelKind,
+    ClientHandshake,
+    HandshakeError,
+    NonceSource,
+    RateLimitedLog,
+    run_handshake,
+)
 from broker.store.api import MessageStore
 from broker.store.records import RecordViolation, ReplicaChecker
 from client.protocol.codec import DEFAULT_MAX_MESSAGE_SIZE
@@ -64,6 +74,7 @@ class HAClient:
         rand: uniform [0, 1) source for the reconnect jitter (injected in tests).
         max_record_bytes: largest record accepted from the master (the broker's ``maxMessageSize``: a master
             stores nothing larger); also the bound on the bytes held of a record split across frames.
+        nonces: random source of the handshake's nonce (with ``config.ha_auth_secret``; injected in tests).
     """
 
     def __init__(
@@ -75,6 +86,7 @@ class HAClient:
         clock_ms: Callable[[], int] | None = None,
         rand: Callable[[], float] | None = None,
         max_record_bytes: int = DEFAULT_MAX_MESSAGE_SIZE,
+        nonces: NonceSource = secrets.token_bytes,
     ) -> None:
         if master_ha_addr is not None:
             parse_ha_addr(master_ha_addr)
@@ -86,6 +98,8 @@ class HAClient:
         )
         self._decoder = FrameDecoder(config.ha_slave_read_buffer_bytes)
         self._max_record_bytes = max_record_bytes
+        self._nonces = nonces
+        self._auth_failures = RateLimitedLog(log)
         self._checker: ReplicaChecker | None = None  # made at the first session (the store's file size)
         self._refused = False  # this session ended on bad records: keep backing off
         self.master_ha_addr = master_ha_addr
@@ -178,7 +192,11 @@ class HAClient:
                 self.last_error = f"connect to {addr} failed: {exc or type(exc).__name__}"
                 log.debug("HA client: %s", self.last_error)
             else:
-                await self._session(sock, addr)
+                passed = await self._authenticate(sock, addr)  # closes the socket when not
+                if passed and self.master_ha_addr == addr:
+                    await self._session(sock, addr)
+                elif passed:  # the address moved while connecting or handshaking: go there instead
+                    sock.close()
             if self._received and not self._refused:
                 self._backoff.reset()
             if not self._addr_changed.is_set():
@@ -202,6 +220,35 @@ class HAClient:
             sock.close()
             raise
         return sock
+
+    async def _authenticate(self, sock: socket.socket, addr: str) -> bool:
+        """With ``ha_auth_secret``: the handshake, before anything is reported or appended. False (the socket
+        closed, the reason in ``last_error``) when the master fails it: a master that cannot prove the secret
+        could be anyone, and its bytes would go into this slave's log."""
+        secret = self._config.ha_auth_secret
+        if not secret:
+            return True
+        loop = asyncio.get_running_loop()
+
+        async def read(n: int) -> bytes:
+            return await loop.sock_recv(sock, n)
+
+        async def write(data: bytes) -> None:
+            await loop.sock_sendall(sock, data)
+
+        try:
+            await run_handshake(ClientHandshake(secret, ChannelKind.HA, nonces=self._nonces), read, write,
+                                self._config.ha_auth_timeout_ms / 1000.0)
+        except HandshakeError as exc:
+            sock.close()
+            self._received = False  # back off as after a failed connect
+            self.last_error = f"handshake with {addr} failed: {exc}"
+            self._auth_failures.note(f"HA client: {self.last_error}; nothing replicated, retrying")
+            return False
+        except BaseException:  # cancelled by stop()
+            sock.close()
+            raise
+        return True
 
     async def _session(self, sock: socket.socket, addr: str) -> None:
         cfg = self._config

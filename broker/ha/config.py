@@ -63,6 +63,12 @@ class HAConfig:
     """Slave: unsent offset-report bytes tolerated before the link is considered stuck and dropped."""
     ha_stop_timeout_ms: int = attrs.field(default=2000, validator=_positive)
     """Bound on ``stop()`` waiting for its tasks to end."""
+    ha_auth_secret: bytes = attrs.field(default=b"", repr=False)
+    """``haAuthSecret``: when set, both sides prove they know it (:mod:`broker.peer_auth`) before a byte of the
+    log moves; empty: no handshake. Never shown in a repr or a log."""
+    ha_auth_timeout_ms: int = attrs.field(default=3000, validator=_positive)
+    """Bound on the handshake, on either side (the master's connection is also pending meanwhile, so
+    ``ha_pending_timeout_ms`` and ``ha_max_pending_connections`` bound it too)."""
 
     def __attrs_post_init__(self) -> None:
         if self.min_in_sync_replicas > self.in_sync_replicas:

@@ -19,6 +19,10 @@ SLAVE_NOT_AVAILABLE at once. A slave that disconnects stops counting, for new se
 a pending wait is not failed early, since another connected slave may still ack it: it ends at its deadline.
 
 One housekeeping task per service drops slaves that sent nothing for ``ha_housekeeping_interval_ms``.
+
+With ``ha_auth_secret`` a connection starts with the handshake of :mod:`broker.peer_auth`, fed from the same
+reader callback: until it passes, the master reads no report and streams nothing; a connection that fails it is
+closed. A handshaking connection is pending (:mod:`broker.ha.admission`), so junk cannot lock a slave out.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -45,6 +50,7 @@ from broker.ha.progress import (
     transfer_start_offset,
 )
 from broker.ha.protocol import FRAME_HEADER, ReportDecoder, encode_frame_header
+from broker.peer_auth import ChannelKind, HandshakeError, NonceSource, RateLimitedLog, ServerHandshake
 from broker.store.api import MessageStore
 
 __all__ = ["HAService"]
@@ -64,23 +70,6 @@ def _format_addr(addr: Any) -> str:
     if isinstance(addr, tuple) and len(addr) >= 2:
         return f"{addr[0]}:{addr[1]}"
     return str(addr)
-
-
-class _RateLimitedWarning:
-    """Admission warnings, at most one a second with the count of those left out: a flood must not flood the log."""
-
-    def __init__(self) -> None:
-        self._last = -1e9
-        self._skipped = 0
-
-    def note(self, message: str) -> None:
-        now = time.monotonic()
-        if now - self._last < 1.0:
-            self._skipped += 1
-            return
-        more = f" (and {self._skipped} more since the last such line)" if self._skipped else ""
-        log.warning("%s%s", message, more)
-        self._last, self._skipped = now, 0
 
 
 class _SlaveConnection:
@@ -105,21 +94,43 @@ class _SlaveConnection:
         self._reports = ReportDecoder()
         self._rbuf = memoryview(bytearray(_MASTER_READ_BUFFER_BYTES))
         self._warned = False
+        secret = service._config.ha_auth_secret
+        self.auth: ServerHandshake | None = (
+            ServerHandshake(secret, ChannelKind.HA, nonces=service._nonces) if secret else None)
+        """The handshake while it runs (None once passed, or without ``haAuthSecret``): until then the master
+        reads no report and sends no byte of the log."""
         loop = service._require_loop()
         self.channel = SocketChannel(
             loop, sock, get_buffer=lambda: self._rbuf, on_data=self._on_data, name=f"ha-master<-{addr}"
         )
         self.writer = loop.create_task(self._write_loop(), name=f"ha-transfer->{addr}")
         self.channel.closed.add_done_callback(lambda _: service._on_connection_closed(self))
+        if self.auth is not None:
+            self.channel.send_nowait(self.auth.start())
 
     def close(self, reason: str) -> None:
         self.channel.close(reason)
 
     def _on_data(self, nbytes: int) -> None:
         self.last_read_ms = self.service._clock_ms()
+        if self.auth is not None:
+            self._authenticate(self.auth, nbytes)
+            return
         offset = self._reports.feed(self._rbuf[:nbytes])
         if offset is not None:
             self.service._on_report(self, offset)
+
+    def _authenticate(self, auth: ServerHandshake, nbytes: int) -> None:
+        try:
+            proof = auth.feed(self._rbuf[:nbytes])
+        except HandshakeError as exc:
+            self.service._refusals.note(f"HA: {self.addr} failed the handshake, closing it (nothing sent): {exc}")
+            self.close(f"handshake failed: {exc}")
+            return
+        if auth.done:
+            self.channel.send_nowait(proof)
+            self.auth = None
+            log.info("HA slave %s passed the handshake", self.addr)
 
     def update_speed(self, now_ms: int) -> None:
         mark_ms, mark_bytes = self._speed_mark
@@ -253,14 +264,17 @@ class HAService:
         store: the broker's message store (``get_commitlog_data``, ``max_physical_offset``,
             ``mapped_file_size_commitlog``). Its owner subscribes :meth:`notify_new_data` to the store's append
             event (the broker's controller does), so an append reaches idle slaves at once.
-        config: HA settings.
+        config: HA settings (with ``ha_auth_secret``, every connection must pass the handshake first).
         clock_ms: wall clock in ms (injected in tests); used for read timestamps and housekeeping.
+        nonces: random source of the handshake's nonces (injected in tests).
     """
 
-    def __init__(self, store: MessageStore, config: HAConfig, *, clock_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, store: MessageStore, config: HAConfig, *, clock_ms: Callable[[], int] | None = None,
+                 nonces: NonceSource = secrets.token_bytes) -> None:
         self._store = store
         self._config = config
         self._clock_ms = clock_ms or _wall_clock_ms
+        self._nonces = nonces
         self._state: ReplicationState[asyncio.Future[bool]] = ReplicationState(
             max_gap=config.ha_max_gap_not_in_sync, max_waiters=config.ha_max_ack_waiters,
             in_sync_replicas=config.in_sync_replicas, min_in_sync_replicas=config.min_in_sync_replicas,
@@ -268,7 +282,7 @@ class HAService:
         )
         self._conns: dict[int, _SlaveConnection] = {}
         self._ids = itertools.count(1)
-        self._refusals = _RateLimitedWarning()
+        self._refusals = RateLimitedLog(log)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._lsock: socket.socket | None = None
@@ -512,10 +526,19 @@ class HAService:
     async def _housekeeping_loop(self) -> None:
         cfg = self._config
         while True:
-            await asyncio.sleep(min(cfg.tick_ms, cfg.ha_pending_timeout_ms // 4 or 1) / 1000.0)
+            await asyncio.sleep(min(cfg.tick_ms, min(cfg.ha_pending_timeout_ms, cfg.ha_auth_timeout_ms) // 4 or 1)
+                                / 1000.0)
             now = self._clock_ms()
+            handshaking = {cid: c.accepted_ms for cid, c in self._conns.items() if c.auth is not None}
+            for cid in expired_pending(handshaking, now, cfg.ha_auth_timeout_ms):
+                conn = self._conns[cid]
+                self._refusals.note(f"HA: closing {conn.addr}: handshake not done within {cfg.ha_auth_timeout_ms} "
+                                    f"ms (ha_auth_timeout_ms; haAuthSecret is set on this master)")
+                conn.close("no handshake in time")
             for cid in expired_pending(self._pending_since(), now, cfg.ha_pending_timeout_ms):
                 conn = self._conns[cid]
+                if conn.channel.is_closed:  # just closed above
+                    continue
                 self._refusals.note(f"HA: closing {conn.addr}: no offset report within "
                                     f"{cfg.ha_pending_timeout_ms} ms (ha_pending_timeout_ms)")
                 conn.close("no offset report in time")
