@@ -250,8 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config, args.log_level, args.log_format)
     if loaded.unknown_keys:
         log.warning("unknown configuration keys ignored: %s", ", ".join(loaded.unknown_keys))
-    # ``acl_enable`` is the field of ``aclEnable`` (issue 14 item 1): read by name, absent before that lands.
-    for warning in startup_warnings(secret=config.ha_auth_secret, acl_enable=bool(getattr(config, "acl_enable", False)),
+    for warning in startup_warnings(secret=config.ha_auth_secret, acl_enable=config.acl_enable,
                                     dledger=config.enable_dleger_commit_log):
         log.warning("%s", warning)
     try:

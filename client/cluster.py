@@ -58,10 +58,6 @@ def _http_json(addr: str, path: str, timeout_s: float = 2.0, credentials: Creden
         return json.loads(resp.read())
 
 
-#: LEAD: set to True when wt/haauth is merged. Issue 14's broker key ``haAuthSecret`` (the HA and DLedger port
-#: handshake) comes with that branch; until broker/config.py knows it, writing it would only earn every broker an
-#: "unknown key" warning (and no handshake).
-WRITE_HA_AUTH_SECRET = False
 
 
 def write_accounts_file(path: Path, admin: Credentials) -> None:
@@ -426,7 +422,7 @@ class LocalCluster:
             return {}
         props = {"aclEnable": "true", "aclFile": str(self.acl_file),
                  "accessKey": self.admin_credentials.access_key, "secretKey": self.admin_credentials.secret_key}
-        if WRITE_HA_AUTH_SECRET and self.ha_auth_secret is not None:
+        if self.ha_auth_secret is not None:  # the HA and DLedger ports' handshake (issue 14 item 4)
             props["haAuthSecret"] = self.ha_auth_secret
         return props
 

@@ -224,18 +224,13 @@ def test_cli_cluster_up_acl_prints_the_admin_key_but_not_its_secret(tmp_path: Pa
         assert secret not in acl_line + out + err
 
 
-def test_acl_properties_and_the_cluster_secret_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import client.cluster as cluster_module
-
+def test_acl_properties_carry_the_account_and_the_cluster_secret(tmp_path: Path) -> None:
     plain = LocalCluster(tmp_path / "plain")
     assert plain.acl_properties() == {} and plain.admin_credentials is None and plain.ha_auth_secret is None
     acl = LocalCluster(tmp_path / "acl", acl=True)
     assert acl.admin_credentials is not None and acl.ha_auth_secret
-    monkeypatch.setattr(cluster_module, "WRITE_HA_AUTH_SECRET", False)
-    props = acl.acl_properties()
-    assert props == {"aclEnable": "true", "aclFile": str(acl.acl_file), "accessKey": acl.admin_credentials.access_key,
-                     "secretKey": acl.admin_credentials.secret_key}
-    monkeypatch.setattr(cluster_module, "WRITE_HA_AUTH_SECRET", True)
-    assert acl.acl_properties()["haAuthSecret"] == acl.ha_auth_secret
+    assert acl.acl_properties() == {"aclEnable": "true", "aclFile": str(acl.acl_file),
+                                    "accessKey": acl.admin_credentials.access_key,
+                                    "secretKey": acl.admin_credentials.secret_key, "haAuthSecret": acl.ha_auth_secret}
     other = LocalCluster(tmp_path / "other", acl=True)  # every cluster its own random account and secret
     assert other.admin_credentials != acl.admin_credentials and other.ha_auth_secret != acl.ha_auth_secret
