@@ -239,7 +239,7 @@ class Collector:
             m: dict[str, Any] = {"id": bid, "addr": addr, "inRoute": in_route.get(bid) == addr, "up": False}
             with self._lock:
                 probe = self._live.get(addr)
-            if probe is None:  # a member seen for the first time: probe it now, to show it in this sweep
+            if probe is None or self._prober is None:  # new (or no prober running): probe it now
                 self.probe(addr)
                 with self._lock:
                     probe = self._live[addr]
