@@ -95,7 +95,7 @@ function viewCluster(s) {
 function viewReplication(s) {
   if (!s.replication.length) return `<h2>Replication</h2><p class="muted">No master/slave group (DLedger groups show their peers' progress in the cluster view).</p>`;
   return `<h2>Replication per slave</h2><div class="cards">` + s.replication.map(r => `
-    <div class="card" data-slave="${esc(r.group)}/${r.slaveId}" data-diff="${r.diffBytes ?? ""}">
+    <div class="card" data-slave="${esc(r.group)}/${r.slaveId}" data-diff="${r.diffBytes ?? ""}" data-lag-s="${r.lagS ?? ""}">
       <h3>${esc(r.group)} slave ${r.slaveId} <span class="muted">${esc(r.addr)}</span> ${badge(r.up, "UP", "NOT ANSWERING")}</h3>
       <table><tr><th class="num">master max</th><th class="num">slave ack</th><th class="num">offset diff</th>
       <th class="num">lag (time)</th><th>in sync</th><th>HA link</th></tr>
