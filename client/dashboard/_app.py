@@ -149,7 +149,6 @@ class _Browser:
     def __init__(self, collector: Collector, namesrv_addr: str) -> None:
         self._collector = collector
         self._namesrv = namesrv_addr
-        self._consumer: PullConsumer | None = None
 
     def find(self, request: Request) -> list[MessageExt]:
         q = request.query
@@ -169,14 +168,11 @@ class _Browser:
         return _locked(self._collector, lambda: self._pull(mq, offset, max_nums))
 
     def _pull(self, mq: MessageQueue, offset: int, max_nums: int) -> list[MessageExt]:
-        if self._consumer is None:
-            self._consumer = PullConsumer(BROWSER_GROUP, self._namesrv)
-        result = self._consumer.pull(mq, offset, max_nums)
+        # A consumer per browse: it shares the admin's client instance, so opening one is cheap, and nothing
+        # is left open when the dashboard stops.
+        with PullConsumer(BROWSER_GROUP, self._namesrv) as consumer:
+            result = consumer.pull(mq, offset, max_nums)
         if result.pull_status is PullStatus.OFFSET_ILLEGAL:
             raise ArgumentError(f"offset {offset} is outside {mq.topic}/{mq.broker_name}/{mq.queue_id} "
                                 f"[{result.min_offset}, {result.max_offset})")
         return list(result.msg_found_list)
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()

@@ -46,6 +46,9 @@ class DashboardServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))
+            # Listening before the URL is printed: a client that connects at once waits in the backlog until
+            # uvicorn accepts, instead of being refused.
+            self._sock.listen(128)
         except OSError:
             self._sock.close()
             raise

@@ -20,6 +20,8 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -203,6 +205,11 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
         page.go(f"messages?topic={TOPIC}&broker=broker-b&queue=1&offset=2&max=3")
         rows = page.wait("tr.msg", "three messages of one queue", lambda els: len(els) == 3)
         assert [r.find_elements("css selector", "td")[3].text for r in rows] == ["2", "3", "4"]
+        for query, status, text in ((f"topic={TOPIC}&broker=broker-b&queue=1&offset=99999", 400, "is outside"),
+                                    ("topic=NoSuchTopic&key=k", 404, "NoSuchTopic")):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{url}api/messages?{query}", timeout=10)
+            assert refused.value.code == status and text in refused.value.read().decode(), query
 
         # Metrics of a master.
         master_b = cluster.broker("broker-b", 0)
