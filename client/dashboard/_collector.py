@@ -98,7 +98,9 @@ class Collector:
                                           "updatedMs": 0, "groups": [], "replication": [], "topics": [],
                                           "consumers": []}
         # State that outlives one sweep: the members ever seen, and the bounded history.
-        self._known: dict[str, dict[int, str]] = {}
+        self._known: dict[str, dict[str, int]] = {}
+        """Group -> member address -> the broker id it last registered with. Keyed by address, the member's
+        identity: in a DLedger group ids move with the leadership, and a dead leader must stay listed."""
         self._cluster_of: dict[str, str] = {}
         self._series: dict[str, _Series] = {}
         self._touched: set[str] = set()
@@ -182,7 +184,7 @@ class Collector:
     def known_addrs(self) -> set[str]:
         """Every member address the sweep has seen (the page may only ask these for metrics)."""
         with self._lock:
-            return {a for members in self._known.values() for a in members.values()}
+            return {a for members in self._known.values() for a in members}
 
     def _set_error(self, message: str) -> None:
         with self._lock:
@@ -207,11 +209,13 @@ class Collector:
             except ClientError as e:
                 self._set_error(f"nameserver {self.namesrv_addr} unreachable: {e}")
                 return
-            for name, bd in info.broker_addr_table.items():
-                self._cluster_of[name] = bd.cluster
-                self._known.setdefault(name, {}).update(bd.broker_addrs)
-            groups = [self._group(name, info.broker_addr_table.get(name), now)
-                      for name in sorted(self._known)]
+            with self._lock:  # the prober reads the known members
+                for name, bd in info.broker_addr_table.items():
+                    self._cluster_of[name] = bd.cluster
+                    self._known.setdefault(name, {}).update({a: bid for bid, a in bd.broker_addrs.items()})
+                known = {name: dict(members) for name, members in self._known.items()}
+            groups = [self._group(name, known[name], info.broker_addr_table.get(name), now)
+                      for name in sorted(known)]
             replication = [row for g in groups for row in self._replication(g, now)]
             topics, topic_error = self._topics(now)
             consumers, consumer_error = self._consumers(now)
@@ -229,13 +233,11 @@ class Collector:
                 "warnings": [w for w in (topic_error, consumer_error) if w],
             }
 
-    def _group(self, name: str, bd: Any, now: int) -> dict[str, Any]:
+    def _group(self, name: str, known: dict[str, int], bd: Any, now: int) -> dict[str, Any]:
         in_route = dict(bd.broker_addrs) if bd is not None else {}
         members = []
         dledger = False
-        for bid, addr in sorted(self._known[name].items()):
-            if in_route.get(bid) not in (None, addr):
-                continue  # an id now held by another address (a DLedger leader moved): the old entry is stale
+        for addr, bid in sorted(known.items(), key=lambda item: (item[1], item[0])):
             m: dict[str, Any] = {"id": bid, "addr": addr, "inRoute": in_route.get(bid) == addr, "up": False}
             with self._lock:
                 probe = self._live.get(addr)
@@ -274,6 +276,8 @@ class Collector:
         peers: dict[str, str] = {}
         for answer in answers:
             peers.update(answer.get("peers") or {})
+        leader = next((x for x in answers if x.get("role") == "LEADER"), None)
+        progress = dict((leader or {}).get("peerProgress") or {})
         out = []
         for pid, paddr in sorted(peers.items()):
             a = next((x for x in answers if x.get("selfId") == pid), None)
@@ -282,6 +286,8 @@ class Collector:
                 row.update(role=a.get("role"), term=a.get("term"), addr=a.get("addr"),
                            brokerId=a.get("brokerId"), committedIndex=a.get("committedIndex"),
                            ledgerEndIndex=a.get("ledgerEndIndex"))
+            if pid in progress:  # entries behind the leader's end, as the leader sees it (down peers too)
+                row["lag"] = dict(progress[pid]).get("lag")
             out.append(row)
         return out
 
@@ -297,7 +303,8 @@ class Collector:
         slaves = [m for m in group["members"] if m["id"] != 0]
         if not slaves:
             return []
-        master = next((m for m in group["members"] if m["id"] == 0), None)
+        masters = [m for m in group["members"] if m["id"] == 0]
+        master = next((m for m in masters if m["up"]), masters[0] if masters else None)
         conns: list[dict[str, Any]] = []
         master_max: int | None = None
         if master is not None and master["up"]:

@@ -81,10 +81,12 @@ function viewCluster(s) {
     let peers = "";
     if (g.dledger) {
       peers = `<h3>DLedger peers</h3><table><tr><th>peer</th><th>role</th><th>state</th><th>term</th>
-        <th>broker id</th><th>peer address</th><th class="num">committed</th></tr>` + g.peers.map(p =>
+        <th>broker id</th><th>peer address</th><th class="num">end index</th><th class="num">committed</th>
+        <th class="num">lag (entries)</th></tr>` + g.peers.map(p =>
         `<tr><td>${esc(p.peerId)}</td><td>${esc(p.role || "")}</td><td>${badge(p.up, "UP", "DOWN")}</td>
          <td>${esc(p.term ?? "")}</td><td>${esc(p.brokerId ?? "")}</td><td>${esc(p.peerAddr || "")}</td>
-         <td class="num">${num(p.committedIndex)}</td></tr>`).join("") + `</table>`;
+         <td class="num">${num(p.ledgerEndIndex)}</td><td class="num">${num(p.committedIndex)}</td>
+         <td class="num">${num(p.lag)}</td></tr>`).join("") + `</table>`;
     }
     return `<div class="card wide" data-group="${esc(g.name)}"><h3>${esc(g.name)} <span class="muted">${esc(g.cluster)}${g.dledger ? " · DLedger" : ""}</span></h3>
       <table><tr><th>id</th><th>role</th><th>address</th><th>state</th><th class="num">commit log max</th>
