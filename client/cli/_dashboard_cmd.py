@@ -24,7 +24,11 @@ def cmd_dashboard(args: argparse.Namespace, out: Output) -> int:
                              request_timeout_s=min(args.timeout, PROBE_TIMEOUT_MAX_S))
     out.out.write(f"dashboard={server.url}\n")
     out.out.flush()
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # uvicorn stops on Ctrl-C, then raises it again: a requested stop, not an error
+        pass
+    out.out.write("dashboard stopped\n")
     return 0
 
 

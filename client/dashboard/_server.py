@@ -61,8 +61,9 @@ class DashboardServer:
         self._admin = Admin(namesrv_addr, client_config=config)
         self.collector = Collector(self._admin, namesrv_addr, interval_s=interval_s)
         app = build_app(self.collector, namesrv_addr)
-        self._server = uvicorn.Server(uvicorn.Config(app, http="httptools", lifespan="off", log_level="warning",
-                                                     access_log=False))
+        # log_config=None: uvicorn leaves the logging setup alone (its records go to whatever the program set up).
+        self._server = uvicorn.Server(uvicorn.Config(app, http="httptools", lifespan="off", log_config=None,
+                                                     log_level="warning", access_log=False))
 
     def serve_forever(self) -> None:
         """Sweep and serve until :meth:`shutdown` or Ctrl-C; releases everything on the way out."""
