@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_CORE := $(VENV)/.installed-core
 STAMP_ALL := $(VENV)/.installed-all
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench clean browser-deps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,20 @@ $(STAMP_ALL): pyproject.toml | $(BIN)/python
 demo: $(STAMP_ALL)
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP_ALL)
+# The dashboard's browser tests drive Debian's headless Chromium (tests/dashboard); install it when missing.
+# A no-op when both are present; as non-root it only says what to install (the tests then fail in CI).
+BROWSER_PKGS := chromium chromium-driver
+browser-deps:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(BROWSER_PKGS) for the dashboard browser tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PKGS); \
+	else \
+		echo "warning: the dashboard browser tests need $(BROWSER_PKGS): sudo apt-get install -y $(BROWSER_PKGS)"; \
+	fi
+
+test: $(STAMP_ALL) browser-deps
 	$(BIN)/python -m pytest
 
 lint: $(STAMP_CORE)

@@ -450,6 +450,59 @@ class Admin:
                 log.debug("last pulls of %s at %s: %s", group, addr, e)
         return {qid: bid for qid, (_, bid) in newest.items()}
 
+    def topic_offsets(self, topic: str) -> list[tuple[MessageQueue, int, int]]:
+        """``(queue, min offset, max offset)`` of every readable queue of ``topic``, from one route lookup (each
+        queue asked of the master, else a slave): what a dashboard polls every second.
+
+        Raises:
+            RouteNotFoundError: no nameserver knows the topic.
+        """
+        route = self.topic_route(topic)
+        out = []
+        for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
+            bd = route.broker_data(qd.broker_name)
+            if bd is None or not Perm.readable(qd.perm):
+                continue
+            for qid in range(qd.read_queue_nums):
+                mq = MessageQueue(topic, qd.broker_name, qid)
+                lo = self._queue_offset(bd.broker_addrs, partial(rq.offset_url, kind="min", mq=mq), None)
+                hi = self._queue_offset(bd.broker_addrs, partial(rq.offset_url, kind="max", mq=mq), None)
+                out.append((mq, lo, hi))
+        return out
+
+    def consumer_groups(self) -> dict[str, list[str]]:
+        """``{group: [topics]}``: the groups that committed offsets on any broker group, with their topics (from
+        each group's ``GET /offsets``, asked of the master, else a slave, since slaves hold the master's table).
+
+        Raises:
+            BrokerNotFoundError: no broker is registered with the nameserver.
+        """
+        info = self.cluster_info()
+        if not info.broker_addr_table:
+            raise BrokerNotFoundError("no broker is registered with the nameserver")
+        out: dict[str, set[str]] = {}
+        for name, bd in sorted(info.broker_addr_table.items()):
+            for _, addr in sorted(bd.broker_addrs.items()):
+                try:
+                    table = rq.json_of(self.client.http.get(f"http://{addr}/offsets"), addr).get("offsetTable") or {}
+                except (httpx.HTTPError, ClientError) as e:
+                    log.debug("offset table of %s at %s: %s", name, addr, e)
+                    continue
+                for key in dict(table):
+                    topic, sep, group = str(key).partition("@")
+                    if sep and group:
+                        out.setdefault(group, set()).add(topic)
+                break
+        return {g: sorted(ts) for g, ts in sorted(out.items())}
+
+    def broker_metrics(self, addr: str) -> str:
+        """``GET /metrics`` of one broker: its Prometheus text exposition (counters, gauges, histograms)."""
+        def call(a: str) -> str:
+            resp = self.client.http.get(f"http://{a}/metrics")
+            rq.raise_for_status(resp, a)
+            return resp.text
+        return self._broker_call(addr, f"metrics of {addr}", call)
+
     def queue_store_time(self, mq: MessageQueue, offset: int) -> int | None:
         """When the message at ``offset`` of ``mq`` was stored (ms), asked of the master, else a slave; None when
         no member has it."""

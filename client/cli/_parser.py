@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from client.cli import _admin_cmds, _cluster_up, _completion, _dledger_cmds, _msg_cmds
+from client.cli._dashboard_cmd import add_dashboard
 from client.protocol.codes import Perm
 
 __all__ = ["build_parser"]
@@ -274,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin(sub, common)
     _add_dledger(sub, common)
     _add_messages(sub, common)
+    add_dashboard(sub, common)
     _add_completion(sub)
     return parser
 

@@ -1,0 +1,84 @@
+"""Serving the dashboard: a socket bound before the server starts (port 0 picks a free one, and the real port is
+known before anything is printed), uvicorn with the httptools parser, and the sweep thread beside it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import uvicorn
+
+from client import Admin, ClientConfig
+from client.dashboard._app import build_app
+from client.dashboard._collector import Collector
+
+__all__ = ["DashboardServer"]
+
+log = logging.getLogger(__name__)
+
+
+def _parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen must be HOST:PORT with a port in [0, 65535] (0 picks a free one), got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+class DashboardServer:
+    """The dashboard of the cluster behind ``namesrv_addr``, listening on ``listen``.
+
+    Args:
+        namesrv_addr: nameservers, ``;``-separated.
+        listen: ``HOST:PORT``; port 0 picks a free one (see :attr:`url`).
+        interval_s: seconds between two sweeps of the cluster.
+        request_timeout_s: bound on each request of a sweep (a paused broker costs at most this).
+
+    Raises:
+        ValueError: ``listen`` is malformed.
+        OSError: the address cannot be bound.
+    """
+
+    def __init__(self, namesrv_addr: str, listen: str = "127.0.0.1:0", *, interval_s: float = 1.0,
+                 request_timeout_s: float = 1.0) -> None:
+        host, port = _parse_listen(listen)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+            # Listening before the URL is printed: a client that connects at once waits in the backlog until
+            # uvicorn accepts, instead of being refused.
+            self._sock.listen(128)
+        except OSError:
+            self._sock.close()
+            raise
+        bound_port = self._sock.getsockname()[1]
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        self.url = f"http://{shown}:{bound_port}/"
+        """Where the page is served."""
+        config = ClientConfig(request_timeout_s=request_timeout_s, connect_timeout_s=min(request_timeout_s, 0.5),
+                              close_timeout_s=1.0)
+        self._admin = Admin(namesrv_addr, client_config=config)
+        self.collector = Collector(self._admin, namesrv_addr, interval_s=interval_s)
+        app = build_app(self.collector, namesrv_addr)
+        # log_config=None: uvicorn leaves the logging setup alone (its records go to whatever the program set up).
+        self._server = uvicorn.Server(uvicorn.Config(app, http="httptools", lifespan="off", log_config=None,
+                                                     log_level="warning", access_log=False))
+
+    def serve_forever(self) -> None:
+        """Sweep and serve until :meth:`shutdown` or Ctrl-C; releases everything on the way out."""
+        self.collector.start()
+        try:
+            self._server.run(sockets=[self._sock])
+        finally:
+            self.close()
+
+    def shutdown(self) -> None:
+        """Ask the server to stop (from another thread or a signal handler)."""
+        self._server.should_exit = True
+
+    def close(self) -> None:
+        """Stop the sweep and release the admin session and the socket. Idempotent."""
+        self.collector.stop()
+        self._admin.close()
+        self._sock.close()
