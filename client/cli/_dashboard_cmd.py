@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from client.cli._common import namesrv_of
+from client.cli._common import credentials_of, namesrv_of
 from client.cli._output import Output
 
 __all__ = ["PROBE_TIMEOUT_MAX_S", "add_dashboard"]
@@ -21,7 +21,8 @@ def cmd_dashboard(args: argparse.Namespace, out: Output) -> int:
     # Each probe and query is bounded by --timeout, at most PROBE_TIMEOUT_MAX_S: a member slower than that to
     # say how it is doing is shown as not answering, and a hung member must not stall the page.
     server = DashboardServer(namesrv_of(args), args.listen, interval_s=args.interval,
-                             request_timeout_s=min(args.timeout, PROBE_TIMEOUT_MAX_S))
+                             request_timeout_s=min(args.timeout, PROBE_TIMEOUT_MAX_S),
+                             credentials=credentials_of(args))  # with the ACL on: an admin account
     out.out.write(f"dashboard={server.url}\n")
     out.out.flush()
     try:

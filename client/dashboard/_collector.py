@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from client import Admin, QueueProgress
-from client.errors import ClientError, InvalidParameterError
+from client.errors import AccessDeniedError, ClientError, InvalidParameterError
 
 __all__ = ["HISTORY_SAMPLES", "Collector"]
 
@@ -93,7 +93,8 @@ class Collector:
         self._thread: threading.Thread | None = None
         self._prober: threading.Thread | None = None
         self._live: dict[str, dict[str, Any]] = {}
-        """Member address -> its newest probe: ``{"up", "runtime" | "error", "checkedMs"}``."""
+        """Member address -> its newest probe: ``{"up", "runtime" | "error", "checkedMs"}`` (``up`` with an
+        ``error``: it answered, but refused this account)."""
         self._snapshot: dict[str, Any] = {"namesrv": namesrv_addr, "ok": False, "error": "first sweep pending",
                                           "updatedMs": 0, "groups": [], "replication": [], "topics": [],
                                           "consumers": []}
@@ -154,10 +155,14 @@ class Collector:
 
     def probe(self, addr: str) -> None:
         """Ask one member for its runtime now and record whether it answered."""
+        result: dict[str, Any]
         try:
             rt = self.admin.broker_runtime(addr)
+        except AccessDeniedError as e:  # it answered: up, but this account may not read it
+            result = {"up": True, "error": f"{e} -- the dashboard needs an admin account (splitmq --access-key/"
+                      "--secret-key, or SPLITMQ_ACCESS_KEY/SPLITMQ_SECRET_KEY)", "checkedMs": self._clock_ms()}
         except ClientError as e:
-            result: dict[str, Any] = {"up": False, "error": str(e), "checkedMs": self._clock_ms()}
+            result = {"up": False, "error": str(e), "checkedMs": self._clock_ms()}
         else:
             result = {"up": True, "runtime": rt, "checkedMs": self._clock_ms()}
         with self._lock:
@@ -246,8 +251,8 @@ class Collector:
                 with self._lock:
                     probe = self._live[addr]
             m["checkedMs"] = probe["checkedMs"]
-            if not probe["up"]:
-                m["error"] = probe["error"]
+            if "runtime" not in probe:  # down, or up but refusing this account
+                m.update(up=probe["up"], error=probe["error"])
             else:
                 rt = probe["runtime"]
                 m.update(up=True, role=rt.get("role"), commitLogMaxOffset=rt.get("commitLogMaxOffset"),

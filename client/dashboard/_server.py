@@ -8,7 +8,7 @@ import socket
 
 import uvicorn
 
-from client import Admin, ClientConfig
+from client import Admin, ClientConfig, Credentials
 from client.dashboard._app import build_app
 from client.dashboard._collector import Collector
 
@@ -32,6 +32,7 @@ class DashboardServer:
         listen: ``HOST:PORT``; port 0 picks a free one (see :attr:`url`).
         interval_s: seconds between two sweeps of the cluster.
         request_timeout_s: bound on each request of a sweep (a paused broker costs at most this).
+        credentials: with the ACL on, an admin account (the views read runtime, HA and metadata endpoints).
 
     Raises:
         ValueError: ``listen`` is malformed.
@@ -39,7 +40,7 @@ class DashboardServer:
     """
 
     def __init__(self, namesrv_addr: str, listen: str = "127.0.0.1:0", *, interval_s: float = 1.0,
-                 request_timeout_s: float = 1.0) -> None:
+                 request_timeout_s: float = 1.0, credentials: Credentials | None = None) -> None:
         host, port = _parse_listen(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -58,7 +59,7 @@ class DashboardServer:
         """Where the page is served."""
         config = ClientConfig(request_timeout_s=request_timeout_s, connect_timeout_s=min(request_timeout_s, 0.5),
                               close_timeout_s=1.0)
-        self._admin = Admin(namesrv_addr, client_config=config)
+        self._admin = Admin(namesrv_addr, client_config=config, credentials=credentials)  # an admin account
         self.collector = Collector(self._admin, namesrv_addr, interval_s=interval_s)
         app = build_app(self.collector, namesrv_addr)
         # log_config=None: uvicorn leaves the logging setup alone (its records go to whatever the program set up).

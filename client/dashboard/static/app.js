@@ -72,12 +72,12 @@ function viewCluster(s) {
   if (!s.groups.length) return `<p class="muted">No broker group is registered with the nameserver.</p>`;
   return `<h2>Cluster topology</h2><div class="cards">` + s.groups.map(g => {
     const rows = g.members.map(m => `<tr data-member="${esc(g.name)}/${m.id}" data-up="${m.up}">
-      <td>${m.id}</td><td>${m.up ? esc(m.role) : (m.id === 0 ? "master" : "slave")}</td><td>${esc(m.addr)}</td>
+      <td>${m.id}</td><td>${m.up && m.role ? esc(m.role) : (m.id === 0 ? "master" : "slave")}</td><td>${esc(m.addr)}</td>
       <td title="${esc(m.error || "")}">${badge(m.up, "UP", "DOWN")}${m.inRoute ? "" : ` <span class="muted">left the route</span>`}</td>
       <td class="num">${num(m.commitLogMaxOffset)}</td><td class="num">${m.up ? Number(m.putTps || 0).toFixed(1) : "–"}</td>
       <td>${m.up ? (m.slaveReadEnable ? "on" : "off") : "–"}</td>
       <td>${m.id === 0 ? "" : (m.masterLinkUp === true ? "up" : m.masterLinkUp === false ? "down" : "–")}</td>
-      <td class="err">${m.up ? "" : esc(shortError(m.error))}</td></tr>`).join("");
+      <td class="err">${m.error ? esc(m.up ? m.error : shortError(m.error)) : ""}</td></tr>`).join("");
     let peers = "";
     if (g.dledger) {
       peers = `<h3>DLedger peers</h3><table><tr><th>peer</th><th>role</th><th>state</th><th>term</th>
