@@ -95,6 +95,11 @@ class ClientConfig:
     """Open connections to one server at most."""
     close_timeout_s: float = attrs.field(default=1.0, validator=_positive)
     """Bound on waiting for the background refresh to stop at close."""
+    metrics: bool = True
+    """Collect client metrics (``stats()``, OpenTelemetry; docs/METRICS.md). False skips even the counters."""
+    meter_provider: Any = None
+    """The OpenTelemetry ``MeterProvider`` of the metrics; None: the global one (the API's no-op until the
+    application sets one). Needs the ``otel`` extra (``opentelemetry-api``)."""
 
     @property
     def effective_heartbeat_timeout_ms(self) -> int:
@@ -144,6 +149,8 @@ class _InstanceCore:
         self.topics_in_use: set[str] = set()
         self.route_asked_ms: dict[str, int] = {}
         """When each topic's route was last asked of the nameservers (``clock_ms``), answered or not."""
+        self.route_refreshes: dict[str, int] = {}
+        """Route reads from the nameservers per topic (client metrics)."""
         self.state = ClientState.OPENED
         self.refcount = 0
         self.last_nameserver_error: ClientError | None = None
@@ -240,6 +247,7 @@ class _InstanceCore:
         self.check_open()
         route = yield from self.fetch_route_op(topic)
         self.route_asked_ms[topic] = self.clock_ms()
+        self.route_refreshes[topic] = self.route_refreshes.get(topic, 0) + 1
         if route is None:
             return False
         self.topics_in_use.add(topic)
