@@ -35,6 +35,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from client.errors import BrokerError
+
 __all__ = [
     "PROCESS_TIME_BOUNDS_MS",
     "SEND_COST_BOUNDS_MS",
@@ -89,9 +91,8 @@ class Histogram:
 def error_type(err: BaseException) -> str:
     """The label of a failed send: the exception's class name (``SendFailedError``, ``RequestTimeoutError``...),
     plus the RocketMQ response code of a broker's refusal (``BrokerError:14``)."""
-    code = getattr(err, "code", None)
     name = type(err).__name__
-    return f"{name}:{int(code)}" if isinstance(code, int) else name
+    return f"{name}:{int(err.code)}" if isinstance(err, BrokerError) else name
 
 
 def lag_of(max_offset: int, next_begin_offset: int) -> int:
@@ -164,7 +165,11 @@ class ClientMetrics:
         self._instance = instance
         self.on = bool(getattr(cfg, "metrics", True))
         if self.on:
-            self._otel = _OtelExport.of(getattr(cfg, "meter_provider", None))
+            try:
+                self._otel = _OtelExport.of(getattr(cfg, "meter_provider", None))
+            except Exception as e:  # a broken or too old OpenTelemetry must not stop the client
+                log.warning("client metrics are not exported to OpenTelemetry: %s", e)
+                self._otel = None
             if self._otel is not None:
                 self._otel.clients.add(self)
 
