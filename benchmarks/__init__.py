@@ -19,6 +19,7 @@ __all__ = ["ENTRIES", "Row", "format_table", "load_entry", "run_entries"]
 ENTRIES: dict[str, str] = {
     "chaos": "benchmarks.chaos:run_rows",
     "client": "benchmarks.client_bench:run",
+    "clientmetrics": "benchmarks.metrics_bench:run",
     "consumer": "benchmarks.consumer_bench:run",
     "disk": "benchmarks.disk_bench:run",
     "dledger": "benchmarks.dledger_bench:run",
