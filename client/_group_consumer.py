@@ -228,6 +228,7 @@ class SyncEngine:
         """Times a queue's pull was put off because its cache was over a threshold."""
         self.metrics = ClientMetrics("consumer", config.group)
         """Pulls (recorded by the puller), consumed messages and callback latency (by the consumer)."""
+        self.metrics.cached = self._cached_by_topic
         self._soon_gap_s = _SOON_FIRST_S
         self._soon_at: float | None = None
         """When the next out-of-period rebalance is due (None: none asked for)."""
@@ -317,6 +318,15 @@ class SyncEngine:
                 "flowControlled": self.flow_control_count,
                 "rebalances": self.rebalance_count, "queues": len(pqs), "cachedMessages": cached,
                 "cachedBytes": cached_bytes, **self.metrics.snapshot()}
+
+    def _cached_by_topic(self) -> dict[str, tuple[int, int]]:
+        """Messages and body bytes cached per topic (read when OpenTelemetry collects)."""
+        out: dict[str, tuple[int, int]] = {}
+        with self.core.lock:
+            for mq, pq in self.core.pqs.items():
+                n, b = out.get(mq.topic, (0, 0))
+                out[mq.topic] = (n + pq.msg_count, b + pq.msg_size_bytes)
+        return out
 
     def wake_rebalance(self) -> None:
         """Rebalance now (a subscription changed)."""

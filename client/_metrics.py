@@ -155,6 +155,8 @@ class ClientMetrics:
         """(topic, success / failure) -> latency of push consume callbacks."""
         self.fault: Any = None
         """The producer's latency fault table (its isolations are the producer's broker-down marks)."""
+        self.cached: Callable[[], dict[str, tuple[int, int]]] | None = None
+        """Topic -> (messages, body bytes) pulled and not consumed yet (set by group and push consumers)."""
 
     # --- setup ---
 
@@ -171,7 +173,7 @@ class ClientMetrics:
                 log.warning("client metrics are not exported to OpenTelemetry: %s", e)
                 self._otel = None
             if self._otel is not None:
-                self._otel.clients.add(self)
+                self._otel.add(self)
 
     def _attrs(self, topic: str, **more: str) -> dict[str, str]:
         return {"topic": topic, "client_id": self.client_id, self._group_attr: self.group, **more}
@@ -319,6 +321,7 @@ class _OtelExport:
 
     _by_provider: dict[int, _OtelExport] = {}
     _lock = threading.Lock()
+    _create_lock = threading.Lock()
 
     def __init__(self, provider: Any) -> None:
         from opentelemetry.metrics import Observation
@@ -355,6 +358,12 @@ class _OtelExport:
         for name, unit, desc, rows in counters:
             meter.create_observable_counter(name, callbacks=[self._callback(rows)], unit=unit, description=desc)
         meter.create_observable_gauge(
+            "rocketmq_consumer_cached_messages", callbacks=[self._callback(_cached_rows(0))], unit="1",
+            description="Messages pulled and not consumed yet, per topic")
+        meter.create_observable_gauge(
+            "rocketmq_consumer_cached_bytes", callbacks=[self._callback(_cached_rows(1))], unit="By",
+            description="Body bytes of the messages pulled and not consumed yet, per topic")
+        meter.create_observable_gauge(
             "splitmq_consumer_lag", callbacks=[self._callback(_lag_rows)], unit="{message}",
             description="Messages not pulled yet per queue, as the last pull answer saw them")
 
@@ -367,17 +376,32 @@ class _OtelExport:
             return None
         if provider is None:
             provider = otel_metrics.get_meter_provider()
-        with cls._lock:
-            export = cls._by_provider.get(id(provider))
-            if export is None or export.provider is not provider:
-                export = cls._by_provider[id(provider)] = cls(provider)
+        # Two locks: making instruments takes the SDK's lock, which a collection holds while it calls our
+        # callbacks, and those take ``_lock``; holding ``_lock`` here could deadlock with a collection.
+        with cls._create_lock:
+            with cls._lock:
+                export = cls._by_provider.get(id(provider))
+                if export is not None and export.provider is provider:
+                    return export
+            export = cls(provider)
+            with cls._lock:  # kept with its provider: an application has one or two providers
+                cls._by_provider[id(provider)] = export
             return export
+
+    def add(self, metrics: ClientMetrics) -> None:
+        with self._lock:
+            self.clients.add(metrics)
+
+    def live(self) -> list[ClientMetrics]:
+        """The clients reporting here (copied under the lock: a client may open while the SDK collects)."""
+        with self._lock:
+            return list(self.clients)
 
     def _callback(self, rows: Callable[[ClientMetrics], Iterable[tuple[dict[str, str], int]]]
                   ) -> Callable[[Any], list[Any]]:
         def collect(_options: Any) -> list[Any]:
             sums: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], int]] = {}
-            for m in list(self.clients):
+            for m in self.live():
                 for attrs, value in rows(m):
                     key = tuple(sorted(attrs.items()))
                     prev = sums.get(key)
@@ -397,8 +421,10 @@ def _route_rows(m: ClientMetrics) -> Iterable[tuple[dict[str, str], int]]:
 
 
 def _first_of(instance: Any) -> ClientMetrics | None:
-    for export in list(_OtelExport._by_provider.values()):
-        for m in list(export.clients):
+    with _OtelExport._lock:
+        exports = list(_OtelExport._by_provider.values())
+    for export in exports:
+        for m in export.live():
             if m._instance is instance:
                 return m
     return None
@@ -415,6 +441,14 @@ def _down_rows(m: ClientMetrics) -> Iterable[tuple[dict[str, str], int]]:
         for (name, bid), n in list(inst.broker_down.down_marks.items()):
             yield ({"client_id": m.client_id, "broker_name": name, "broker_id": str(bid), "reason": "unreachable"},
                    n)
+
+
+def _cached_rows(field: int) -> _Rows:
+    def rows(m: ClientMetrics) -> Iterable[tuple[dict[str, str], int]]:
+        cached = m.cached
+        for topic, figures in (cached() if cached is not None else {}).items():
+            yield {"topic": topic, "client_id": m.client_id, "consumer_group": m.group}, figures[field]
+    return rows
 
 
 def _lag_rows(m: ClientMetrics) -> Iterable[tuple[dict[str, str], int]]:

@@ -210,7 +210,7 @@ class _ProducerBase:
                         raise
                 else:
                     results = rq.send_results(reply, mq, uniq_keys)
-                    if metrics.on:
+                    if metrics.on and results:
                         metrics.sent(topic, results[0].send_status.name, len(results), began)
                     return results
                 # Out of the except block: a deadline error raised by the wait is not chained to the attempt's

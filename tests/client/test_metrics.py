@@ -177,4 +177,6 @@ def test_push_consumer_counts_consumed_messages_and_callback_latency(cluster: Lo
         == consumed["success"]
     assert total(pts, "splitmq_consumed_messages", topic="MetricsPush", invocation_status="success") \
         == consumed["success"]
+    cached = {(a["topic"], a["consumer_group"]) for a, _ in pts.get("rocketmq_consumer_cached_messages", [])}
+    assert ("MetricsPush", "metrics-push") in cached, cached
     provider.shutdown()
