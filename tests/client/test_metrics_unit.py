@@ -4,12 +4,21 @@ through ``stats()`` and through an OpenTelemetry SDK reader. The real-cluster ac
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from client import ClientConfig, Message, MessageQueue, Producer, PullConsumer
+from client import (
+    AsyncProducer,
+    AsyncPullConsumer,
+    ClientConfig,
+    Message,
+    MessageQueue,
+    Producer,
+    PullConsumer,
+)
 from client._instance import ClientInstance
 from client._metrics import ClientMetrics, Histogram, _nest, error_type, lag_of
 from client.errors import BrokerError, MessageIllegalError, RequestTimeoutError, SendFailedError
@@ -150,3 +159,25 @@ def test_metrics_off_records_nothing(fake) -> None:
     finally:
         inst.release()
         provider.shutdown()
+
+
+def test_async_twins_count_as_the_sync_ones(fake, async_fake_instance) -> None:
+    fake.add_topic("T", {"broker-a": {0: A0, 1: A1}})
+    fake.pull_suggest[A0] = 1  # the master sends the next pull to the slave
+
+    async def main() -> tuple[dict, dict]:
+        async_fake_instance(fake)
+        async with AsyncProducer("pg", fake.namesrv) as p, AsyncPullConsumer("cg", fake.namesrv) as c:
+            await p.send_batch([Message("T", b"a"), Message("T", b"b")])
+            fake.script[A0] = [11]  # stored, no slave available
+            await p.send(Message("T", b"c"))
+            mq = MessageQueue("T", "broker-a", 0)
+            first, second = await c.pull(mq, 0), await c.pull(mq, 0)
+            assert (first.served_by_broker_id, second.served_by_broker_id) == (0, 1)
+            return p.stats(), c.stats()
+
+    produced, consumed = asyncio.run(main())
+    assert produced["sends"] == {"T": {"SEND_OK": {"requests": 1, "messages": 2},
+                                       "SLAVE_NOT_AVAILABLE": {"requests": 1, "messages": 1}}}
+    assert consumed["pullsServedBy"] == {"T": {"broker-a": {"0": {"requests": 1, "messages": 0},
+                                                           "1": {"requests": 1, "messages": 0}}}}
