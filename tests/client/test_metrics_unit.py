@@ -5,6 +5,8 @@ through ``stats()`` and through an OpenTelemetry SDK reader. The real-cluster ac
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -181,3 +183,33 @@ def test_async_twins_count_as_the_sync_ones(fake, async_fake_instance) -> None:
                                        "SLAVE_NOT_AVAILABLE": {"requests": 1, "messages": 1}}}
     assert consumed["pullsServedBy"] == {"T": {"broker-a": {"0": {"requests": 1, "messages": 0},
                                                            "1": {"requests": 1, "messages": 0}}}}
+
+
+class _Instance:
+    client_id = "x"
+    config = ClientConfig()
+
+
+def test_without_opentelemetry_installed_stats_still_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # "import opentelemetry" now raises ImportError
+    m = ClientMetrics("producer", "g")
+    m.bind(_Instance())
+    assert m.on and m._otel is None
+    m.sent("T", "SEND_OK", 3, time.perf_counter())
+    assert m.snapshot()["sends"] == {"T": {"SEND_OK": {"requests": 1, "messages": 3}}}
+
+
+def test_a_broken_meter_provider_does_not_stop_the_client(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def get_meter(self, *_: object, **__: object) -> object:
+            raise RuntimeError("no meter today")
+
+    class Inst(_Instance):
+        config = ClientConfig(meter_provider=Broken())
+
+    m = ClientMetrics("consumer", "g")
+    m.bind(Inst())
+    assert m.on and m._otel is None
+    assert "not exported to OpenTelemetry" in caplog.text
+    m.consumed_messages("T", 2)
+    assert m.snapshot()["consumed"] == {"T": {"success": 2}}
