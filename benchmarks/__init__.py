@@ -21,6 +21,7 @@ ENTRIES: dict[str, str] = {
     "chaos": "benchmarks.chaos:run_rows",
     "cli": "benchmarks.cli_bench:run",
     "client": "benchmarks.client_bench:run",
+    "clientmetrics": "benchmarks.metrics_bench:run",
     "consumer": "benchmarks.consumer_bench:run",
     "disk": "benchmarks.disk_bench:run",
     "dledger": "benchmarks.dledger_bench:run",

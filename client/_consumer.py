@@ -35,6 +35,7 @@ from client._instance import (
     with_credentials,
 )
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
+from client._metrics import ClientMetrics
 from client._ops import member_call_op, pull_op
 from client._rebalance import TagFilter
 from client._requests import Answer, Op, PullResult
@@ -113,6 +114,12 @@ class _ConsumerBase:
                                     default_broker_id=default_broker_id)
         self._committed: dict[MessageQueue, int] = {}
         self._state = ClientState.UNOPENED
+        self._metrics = ClientMetrics("consumer", self.config.group)
+
+    def stats(self) -> dict[str, Any]:
+        """This consumer's metrics as plain dicts: pulls by the member that served them, lag per queue, route
+        refreshes and members marked down (docs/METRICS.md). Cheap: it copies counters."""
+        return self._metrics.snapshot()
 
     @property
     def group(self) -> str:
@@ -149,6 +156,9 @@ class _ConsumerBase:
             suspend_timeout_ms=int(suspend_timeout_s * 1000) if suspend_timeout_s else None)
         timeout = (timeout_s if timeout_s is not None else self.config.pull_timeout_s) + (suspend_timeout_s or 0.0)
         result = yield from pull_op(core, self._nodes, mq, header, timeout, rq.parse_pull, pull_refused)
+        if self._metrics.on:
+            self._metrics.pulled(mq.topic, mq.broker_name, mq.queue_id, result.served_by_broker_id,
+                                 len(result.msg_found_list), result.max_offset, result.next_begin_offset)
         # The broker filters by tag hash, so a tag whose Java hash collides with a subscribed one gets through
         # (RocketMQ's processPullResult filters again).
         tags = _tag_filter(sub_expression).tags
@@ -198,6 +208,7 @@ class PullConsumer(SyncLifecycle, _ConsumerBase):
 
     def _attach(self, client: ClientInstance) -> None:
         client.register_consumer(self.group)
+        self._metrics.bind(client)
 
     def close(self) -> None:
         """Release the client instance. Idempotent."""
@@ -279,6 +290,7 @@ class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
 
     def _attach(self, client: AsyncClientInstance) -> None:
         client.register_consumer(self.group)
+        self._metrics.bind(client)
 
     async def close(self) -> None:
         """See :meth:`PullConsumer.close`."""

@@ -17,6 +17,7 @@ it and :class:`client.PushConsumer` a worker pool.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -33,6 +34,7 @@ from client import _requests as rq
 from client._consume_core import GroupConsumerConfig, GroupCore, consume_timestamp_ms, run_quietly
 from client._consumer import PullConsumer
 from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
+from client._metrics import ClientMetrics
 from client._offset_store import LocalFileOffsetStore
 from client._orderly import QueueLocker
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset, retry_topic
@@ -129,13 +131,15 @@ class _BoundPullConsumer(PullConsumer):
     it (a second release closed the instance shared with every other client of the process).
     """
 
-    def __init__(self, group: str, namesrv_addr: str, instance: ClientInstance) -> None:
+    def __init__(self, group: str, namesrv_addr: str, instance: ClientInstance, metrics: ClientMetrics) -> None:
         super().__init__(group, namesrv_addr)
         self._bound = instance
+        self._metrics = metrics  # the engine's: its consumer's stats() show the pulls
 
     def _open(self) -> None:
         self._client = self._bound
         self._client.register_consumer(self.group)
+        self._metrics.bind(self._client)
         self._state = ClientState.OPENED
 
     def close(self) -> None:
@@ -223,6 +227,9 @@ class SyncEngine:
         """Messages the pulls brought (before the tag re-check)."""
         self.flow_control_count = 0
         """Times a queue's pull was put off because its cache was over a threshold."""
+        self.metrics = ClientMetrics("consumer", config.group)
+        """Pulls (recorded by the puller), consumed messages and callback latency (by the consumer)."""
+        self.metrics.cached = self._cached_by_topic
         self._soon_gap_s = _SOON_FIRST_S
         self._soon_at: float | None = None
         """When the next out-of-period rebalance is due (None: none asked for)."""
@@ -247,7 +254,7 @@ class SyncEngine:
                 client.release()
                 raise
             self.client = client
-            self.puller = _BoundPullConsumer(self.group, self.namesrv_addr, client).start()
+            self.puller = _BoundPullConsumer(self.group, self.namesrv_addr, client, self.metrics).start()
             if self._lock_queues:
                 self.locker = QueueLocker(self.group, client)
             if self.config.message_model is MessageModel.BROADCASTING:
@@ -300,9 +307,10 @@ class SyncEngine:
         self.puller.close()
         self.client.release()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Counters for monitoring and tests: pulls sent, pulls put off by flow control, rebalances, and the
-        messages / body bytes cached (pulled, not yet consumed) over every held queue."""
+        messages / body bytes cached (pulled, not yet consumed) over every held queue; then the client metrics
+        (:meth:`client._metrics.ClientMetrics.snapshot`: pulls by serving member, lag, consumed messages...)."""
         with self.core.lock:
             pqs = list(self.core.pqs.values())
             cached = sum(pq.msg_count for pq in pqs)
@@ -310,7 +318,16 @@ class SyncEngine:
         return {"pulls": self.pull_count, "pulledMessages": self.pulled_messages,
                 "flowControlled": self.flow_control_count,
                 "rebalances": self.rebalance_count, "queues": len(pqs), "cachedMessages": cached,
-                "cachedBytes": cached_bytes}
+                "cachedBytes": cached_bytes, **self.metrics.snapshot()}
+
+    def _cached_by_topic(self) -> dict[str, tuple[int, int]]:
+        """Messages and body bytes cached per topic (read when OpenTelemetry collects)."""
+        out: dict[str, tuple[int, int]] = {}
+        with self.core.lock:
+            for mq, pq in self.core.pqs.items():
+                n, b = out.get(mq.topic, (0, 0))
+                out[mq.topic] = (n + pq.msg_count, b + pq.msg_size_bytes)
+        return out
 
     def wake_rebalance(self) -> None:
         """Rebalance now (a subscription changed)."""
@@ -710,6 +727,10 @@ class GroupConsumer:
         while True:
             msgs = core.take_polled(self.config.max_poll_messages)
             if msgs:
+                metrics = self._engine.metrics
+                if metrics.on:
+                    for topic, n in collections.Counter(m.topic for m in msgs).items():
+                        metrics.consumed_messages(topic, n)
                 return msgs
             left = deadline - time.monotonic()
             if left <= 0 or self.state is not ClientState.OPENED:
@@ -778,8 +799,8 @@ class GroupConsumer:
         """Rebalance at once instead of at the next period (synchronously)."""
         self._engine.rebalance()
 
-    def stats(self) -> dict[str, int]:
-        """Pulls sent, pulls put off by flow control, rebalances, held queues, cached messages and bytes."""
+    def stats(self) -> dict[str, Any]:
+        """See :meth:`SyncEngine.stats` (docs/METRICS.md)."""
         return self._engine.stats()
 
     def __repr__(self) -> str:

@@ -100,6 +100,11 @@ class ClientConfig:
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Credentials)))
     """The account every request is signed with (docs/SECURITY.md); None sends unsigned requests. Unlike the
     other fields it is part of the shared instance's key: two accounts in one process never share an instance."""
+    metrics: bool = True
+    """Collect client metrics (``stats()``, OpenTelemetry; docs/METRICS.md). False skips even the counters."""
+    meter_provider: Any = None
+    """The OpenTelemetry ``MeterProvider`` of the metrics; None: the global one (the API's no-op until the
+    application sets one). Needs the ``otel`` extra (``opentelemetry-api``)."""
 
     @property
     def effective_heartbeat_timeout_ms(self) -> int:
@@ -170,6 +175,8 @@ class _InstanceCore:
         self.topics_in_use: set[str] = set()
         self.route_asked_ms: dict[str, int] = {}
         """When each topic's route was last asked of the nameservers (``clock_ms``), answered or not."""
+        self.route_refreshes: dict[str, int] = {}
+        """Route reads from the nameservers per topic (client metrics)."""
         self.state = ClientState.OPENED
         self.refcount = 0
         self.last_nameserver_error: ClientError | None = None
@@ -268,6 +275,7 @@ class _InstanceCore:
         self.check_open()
         route = yield from self.fetch_route_op(topic)
         self.route_asked_ms[topic] = self.clock_ms()
+        self.route_refreshes[topic] = self.route_refreshes.get(topic, 0) + 1
         if route is None:
             return False
         self.topics_in_use.add(topic)

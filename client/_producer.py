@@ -39,6 +39,7 @@ from client._instance import (
     with_credentials,
 )
 from client._lifecycle import AsyncLifecycle, SyncLifecycle
+from client._metrics import ClientMetrics
 from client._ops import send_op
 from client._producer_core import (
     Accumulator,
@@ -145,6 +146,13 @@ class _ProducerBase:
         self._uniq = codec.UniqKeyGenerator()
         self._acc = Accumulator(self.config)
         self._state = ClientState.UNOPENED
+        self._metrics = ClientMetrics("producer", self.config.group)
+        self._metrics.fault = self._fault
+
+    def stats(self) -> dict[str, Any]:
+        """This producer's metrics as plain dicts: sends by topic and status, errors by type, send latency,
+        route refreshes and broker isolations (docs/METRICS.md). Cheap: it copies counters."""
+        return self._metrics.snapshot()
 
     @property
     def state(self) -> ClientState:
@@ -198,18 +206,28 @@ class _ProducerBase:
 
     def _send_op(self, core: _InstanceCore, topic: str, body: bytes, uniq_keys: list[str],
                  fixed: MessageQueue | None, deadline: float) -> _PausingOp[list[SendResult]]:
-        run = self._attempts((yield from core.publish_info_op(topic)), fixed, deadline)
-        while True:
-            try:
-                mq, reply = yield from send_op(core, run, body, len(uniq_keys))
-            except ClientError:
-                if run.awaiting is None:
-                    raise
-            else:
-                return rq.send_results(reply, mq, uniq_keys)
-            # Out of the except block: a deadline error raised by the wait is not chained to the attempt's error
-            # (the attempts it holds say what failed).
-            yield from self._await_master_op(core, run)
+        metrics = self._metrics
+        began = time.perf_counter() if metrics.on else 0.0
+        try:
+            run = self._attempts((yield from core.publish_info_op(topic)), fixed, deadline)
+            while True:
+                try:
+                    mq, reply = yield from send_op(core, run, body, len(uniq_keys))
+                except ClientError:
+                    if run.awaiting is None:
+                        raise
+                else:
+                    results = rq.send_results(reply, mq, uniq_keys)
+                    if metrics.on and results:
+                        metrics.sent(topic, results[0].send_status.name, len(results), began)
+                    return results
+                # Out of the except block: a deadline error raised by the wait is not chained to the attempt's
+                # error (the attempts it holds say what failed).
+                yield from self._await_master_op(core, run)
+        except Exception as e:
+            if metrics.on:
+                metrics.send_failed(topic, e, len(uniq_keys), began)
+            raise
 
     def _await_master_op(self, core: _InstanceCore, run: SendAttempts) -> _PausingOp[None]:
         """Read the route at once, then every 0.1-0.2 s, until a lost group has a master to try (returns) or the
@@ -314,6 +332,7 @@ class Producer(SyncLifecycle, _ProducerBase):
 
     def _attach(self, client: ClientInstance) -> None:
         client.register_producer(self.group)
+        self._metrics.bind(client)
 
     def close(self) -> None:
         """Fail waiting sends, wait for in-flight ones (at most ``close_timeout_s``), release the client."""
@@ -462,6 +481,7 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
 
     def _attach(self, client: AsyncClientInstance) -> None:
         client.register_producer(self.group)
+        self._metrics.bind(client)
 
     async def close(self) -> None:
         """See :meth:`Producer.close`."""

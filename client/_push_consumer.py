@@ -202,9 +202,10 @@ class PushConsumer:
     def assignment(self) -> set[MessageQueue]:
         return self._engine.core.held()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Pulls sent, pulls put off by flow control (``pull_threshold_for_queue`` /
-        ``pull_threshold_size_for_queue_mib``), rebalances, held queues, cached messages and body bytes."""
+        ``pull_threshold_size_for_queue_mib``), rebalances, held queues, cached messages and body bytes, then
+        the client metrics: pulls by serving member, lag, consumed messages, callback latency (docs/METRICS.md)."""
         return self._engine.stats()
 
     def start(self) -> PushConsumer:
@@ -299,14 +300,21 @@ class PushConsumer:
         t.start()
 
     def _call(self, msgs: list[MessageExt]) -> ConsumeStatus:
+        metrics = self._engine.metrics
+        began = time.perf_counter() if metrics.on else 0.0
         try:
-            return check_consume_status(self.listener(msgs))
+            status = check_consume_status(self.listener(msgs))
         except Exception as e:
+            if metrics.on and msgs:
+                metrics.processed(msgs[0].topic, len(msgs), False, began)
             self.callback_errors += 1
             self.last_callback_error = e
             log.error("consume callback of %s failed on %d messages (first %s): %s; consuming them later",
                       self.group, len(msgs), msgs[0].msg_id if msgs else "-", e)
             return ConsumeStatus.RECONSUME_LATER
+        if metrics.on and msgs:
+            metrics.processed(msgs[0].topic, len(msgs), status is ConsumeStatus.CONSUME_SUCCESS, began)
+        return status
 
     # --- concurrently ---
 

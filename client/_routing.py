@@ -256,6 +256,8 @@ class LatencyFaultTolerance:
         self.enabled = enabled
         self.config = config or FaultToleranceConfig()
         self._items: dict[str, tuple[int, int]] = {}  # broker -> (current latency ms, available from ms)
+        self.isolations: dict[str, int] = {}
+        """Times each broker was isolated (an attempt that earned a not-available duration; client metrics)."""
 
     def compute_not_available_duration(self, latency_ms: int) -> int:
         """Scan the thresholds from the largest down; the first one ``latency_ms`` reaches decides."""
@@ -272,6 +274,8 @@ class LatencyFaultTolerance:
         latency = self.config.isolation_latency_ms if isolation else latency_ms
         duration = self.compute_not_available_duration(latency)
         self._items[broker_name] = (latency, now_ms + duration)  # 4.9.3: set unconditionally
+        if duration:
+            self.isolations[broker_name] = self.isolations.get(broker_name, 0) + 1
 
     def is_available(self, broker_name: str, now_ms: int) -> bool:
         """True unless the broker is inside its isolation window."""
@@ -388,9 +392,13 @@ class BrokerDownTable:
         self.refusal_ms = isolation_ms if refusal_ms is None else refusal_ms
         self._down: dict[tuple[str, int], int] = {}
         self._refused: dict[tuple[str, int], int] = {}
+        self.down_marks: dict[tuple[str, int], int] = {}
+        """Times each member was marked down (client metrics)."""
 
     def mark_down(self, broker_name: str, broker_id: int, now_ms: int) -> None:
-        self._down[(broker_name, broker_id)] = now_ms + self.isolation_ms
+        key = (broker_name, broker_id)
+        self._down[key] = now_ms + self.isolation_ms
+        self.down_marks[key] = self.down_marks.get(key, 0) + 1
 
     def mark_up(self, broker_name: str, broker_id: int) -> None:
         self._down.pop((broker_name, broker_id), None)
