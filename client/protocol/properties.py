@@ -24,7 +24,10 @@ __all__ = [
     "MAX_PROPERTIES_BYTES",
     "MAX_TOPIC_LENGTH",
     "NO_PROPERTIES",
+    "PGROUP",
     "TAGS",
+    "TRANSACTION_CHECK_TIMES",
+    "TRAN_MSG",
     "UNIQ_KEY",
     "WAIT",
     "PropertyScan",
@@ -48,6 +51,11 @@ MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 MIN_OFFSET = "MIN_OFFSET"
 MAX_OFFSET = "MAX_OFFSET"
+#: Transactional messages (issue 17): ``TRAN_MSG=true`` marks a prepared (half) message, ``PGROUP`` names its
+#: producer group (whose producers answer check-backs), ``TRANSACTION_CHECK_TIMES`` counts the broker's checks.
+TRAN_MSG = "TRAN_MSG"
+PGROUP = "PGROUP"
+TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 
 NAME_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
