@@ -56,6 +56,7 @@ from broker.processor.consumer_manager import ConsumerManageProcessor
 from broker.processor.pull import PullProcessor
 from broker.processor.send import SendProcessor
 from broker.processor.sendback import SendBackProcessor
+from broker.processor.transaction import TransactionProcessor
 from broker.registration import BrokerIdentity, RegisterResult, Registrar, build_register_body
 from broker.retention_driver import RetentionDriver
 from broker.role import RoleState
@@ -63,6 +64,7 @@ from broker.schedule import ScheduleMessageService
 from broker.slave_sync import SlaveSynchronizer
 from broker.store.api import AppendResult, MessageStore
 from broker.store.config import parse_delay_levels
+from broker.transaction import HALF_TOPIC, CheckQueues, CheckRules, TransactionalMessageService
 from client.errors import InvalidParameterError, ServiceNotAvailableError
 from client.protocol.acl_gate import AclFileWatcher, AclGate
 from client.protocol.asgi import Router
@@ -190,6 +192,11 @@ class BrokerController:
             store, self.delay_offsets, delay_levels_ms=parse_delay_levels(config.message_delay_level),
             clock_ms=self._clock_ms, journal_path=cfg_dir / "delayDelivery.json", on_put=self._on_schedule_put,
         )
+        self.transactions = TransactionalMessageService(
+            store, self.offsets, CheckQueues(),
+            rules=CheckRules(timeout_ms=config.transaction_time_out_ms, check_max=config.transaction_check_max),
+            interval_ms=config.transaction_check_interval_ms, clock_ms=self._clock_ms, store_host=self.store_host,
+            catch_up_dispatch=self.dispatch.catch_up, on_put=self._on_schedule_put)
         self.router = self._build_router()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -228,11 +235,13 @@ class BrokerController:
     async def _became_master(self) -> None:
         self.master_addr = None
         await self.schedule.start()
+        await self.transactions.start()
         self._set_registered_id()
         await self.register_now()
 
     async def _became_slave(self) -> None:
         await self.schedule.stop()
+        await self.transactions.stop()
         self._set_registered_id()
         self.request_registration()
 
@@ -246,7 +255,8 @@ class BrokerController:
         topics, groups, metrics = self.topics, self.groups, self.metrics
         send = SendProcessor(cfg, addr=addr, store_host=self.store_host, store=store, topics=topics, groups=groups,
                              metrics=metrics, durability=self.durability,
-                             request_registration=self.request_registration, role=self.role)
+                             request_registration=self.request_registration, role=self.role,
+                             half_item=TransactionalMessageService.half_item, half_topic=HALF_TOPIC)
         pull = PullProcessor(cfg, addr=addr, store=store, topics=topics, groups=groups, offsets=self.offsets,
                              hold=self.hold, catch_up_dispatch=self.dispatch.catch_up,
                              master_link_up=self.master_link_up, last_pulls=self.last_pulls, metrics=metrics,
@@ -264,8 +274,11 @@ class BrokerController:
                                status=StatusViews(self.runtime_info, self.ha_status, self.metrics_text,
                                                   self.dledger_status if self.dledger else None,
                                                   self._transfer_leadership if self.dledger else None))
+        transactions = TransactionProcessor(self.transactions, durability=self.durability, role=self.role,
+                                            broker_name=cfg.broker_name, addr=addr,
+                                            permission=lambda: cfg.broker_permission)
         routes = {("POST", "/send"): send.handle, ("GET", "/pull"): pull.handle, **send_back.routes(),
-                  **consumers.routes(), **admin.routes()}
+                  **consumers.routes(), **admin.routes(), **transactions.routes()}
         return Router(routes, max_body_bytes=cfg.max_request_body_bytes,
                       max_inflight_body_bytes=max(cfg.max_inflight_request_body_bytes, cfg.max_request_body_bytes),
                       identity=lambda: (self.addr, self.role_name),
@@ -334,6 +347,7 @@ class BrokerController:
         self._spawn(self.retention.run(), "retention")
         if not cfg.is_slave:
             await self.schedule.start()  # only a master redelivers delayed messages (SEMANTICS.md 8.2)
+            await self.transactions.start()  # and checks half messages back
         if dledger is None:
             ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
             self.ha_addr = f"{cfg.ha_ip}:{ha_port}"
@@ -373,6 +387,7 @@ class BrokerController:
             return
         self._stopped = True
         self.hold.close()
+        self.transactions.checks.close()
         tasks = [*self._tasks, *([self._register_task] if self._register_task else [])]
         for t in tasks:
             t.cancel()
@@ -382,6 +397,7 @@ class BrokerController:
         if self.dledger is not None:
             await self.dledger.stop()
         await self.schedule.stop()
+        await self.transactions.stop()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop_network(), STOP_NETWORK_TIMEOUT_S)
         self._persist_all()
