@@ -32,6 +32,13 @@ from client._rebalance import (
 )
 from client._requests import PullResult, SendResult
 from client._routing import FindBrokerResult
+from client._transaction import (
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from client.protocol.codes import PullStatus, SendStatus
 from client.protocol.message import Message, MessageExt, MessageQueue
 
@@ -43,6 +50,7 @@ __all__ = [
     "AsyncGroupConsumer",
     "AsyncProducer",
     "AsyncPullConsumer",
+    "AsyncTransactionProducer",
     "ClientConfig",
     "ClientInstance",
     "ClientState",
@@ -52,6 +60,7 @@ __all__ = [
     "FindBrokerResult",
     "GroupConsumer",
     "GroupConsumerConfig",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageModel",
@@ -64,5 +73,8 @@ __all__ = [
     "QueueProgress",
     "SendResult",
     "SendStatus",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "errors",
 ]
