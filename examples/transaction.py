@@ -59,14 +59,14 @@ def main() -> int:
             (mq,) = consumer.fetch_subscribe_message_queues(TOPIC)
             offset = consumer.max_offset(mq)
             orders = Orders()
-            expected = set()
+            expected: set[str] = set()
             with TransactionProducer("transaction-producer", namesrv, orders, topics=[TOPIC],
                                      check_poll_s=1.0) as producer:
                 for i in range(args.messages):
-                    r = producer.send_message_in_transaction(Message(TOPIC, f"order #{i}".encode()), i)
+                    sent = producer.send_message_in_transaction(Message(TOPIC, f"order #{i}".encode()), i)
                     if i % 3 != 1:
                         expected.add(f"order #{i}")
-                    print(f"sent {r.msg_id}: {r.local_transaction_state.value}")
+                    print(f"sent {sent.msg_id}: {sent.local_transaction_state.value}")
                 got: set[str] = set()
                 deadline = time.monotonic() + 30
                 while got != expected and time.monotonic() < deadline:
