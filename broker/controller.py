@@ -566,6 +566,7 @@ class BrokerController:
             "retentionBytesReclaimed": cleaner.stats.bytes_reclaimed,
             "putTps": self.put_rate.per_second(),
             "parkedPulls": self.hold.parked_count,
+            "transactions": self.transactions.status(),
             "topicCount": len(self.topics),
             "masterAddr": self.master_addr,
             "masterLinkUp": self.master_link_up() if self.role.is_slave else None,

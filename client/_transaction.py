@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 POLL_RETRY_S = 1.0
 #: How often the set of masters to poll is read again from the route cache.
 MASTERS_REFRESH_S = 2.0
+#: How long ``TransactionProducer.close`` waits for its threads (a poll held by a broker is left to end itself).
+CLOSE_WAIT_S = 0.5
 
 
 class LocalTransactionState(enum.Enum):
@@ -299,17 +301,21 @@ class TransactionProducer:
         self.close()
 
     def close(self) -> None:
-        """Stop the pollers (each within one poll hold) and close the connections. Idempotent."""
+        """Stop the pollers and close the connections, within ``CLOSE_WAIT_S``. Idempotent.
+
+        A poll held by a broker is not interrupted: its daemon thread ends when the poll returns (within
+        ``check_poll_s``), answering nothing it got (the broker checks those again next round).
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._stop.set()
         threads = [t for t in (self._supervisor, *self._pollers.values()) if t is not None]
-        deadline = time.monotonic() + self._core._check_poll_s + 2.0
-        self._low.close()
+        deadline = time.monotonic() + CLOSE_WAIT_S
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        self._low.close()
 
     def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
         """Store ``msg`` as a half message, run the local transaction, end it (see the module docstring).
@@ -367,8 +373,8 @@ class TransactionProducer:
                 checks = inst.drive(core.poll_op(addr, self._client_id))
             except ClientClosedError:
                 return
-            except ClientError as e:
-                log.debug("transaction check poll at %s failed: %s", addr, e)
+            except Exception as e:  # a broker down, or a bug: never end the thread silently or spin
+                log.debug("transaction check poll at %s failed: %s", addr, e, exc_info=not isinstance(e, ClientError))
                 if self._stop.wait(POLL_RETRY_S):
                     return
                 continue
@@ -489,8 +495,8 @@ class AsyncTransactionProducer:
                 checks = await inst.drive(core.poll_op(addr, self._client_id))
             except ClientClosedError:
                 return
-            except ClientError as e:
-                log.debug("transaction check poll at %s failed: %s", addr, e)
+            except Exception as e:  # a broker down, or a bug: never end the task silently or spin
+                log.debug("transaction check poll at %s failed: %s", addr, e, exc_info=not isinstance(e, ClientError))
                 await asyncio.sleep(POLL_RETRY_S)
                 continue
             for check in checks:

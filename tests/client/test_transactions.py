@@ -32,11 +32,11 @@ from client import (
     TransactionProducer,
 )
 from client.cluster import LocalCluster
-from client.errors import NoPermissionError
+from client.errors import ClientClosedError, MessageIllegalError, NoPermissionError
 from client.lowlevel import BrokerClient
 from client.protocol.codec import decode_records
 from client.protocol.message import MessageQueue
-from tests.waiting import poll_until
+from tests.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,6 +52,7 @@ class Decisions:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.checked: dict[str, int] = {}
+        self.topics: set[str] = set()
 
     @staticmethod
     def _state(code: str) -> LocalTransactionState:
@@ -64,6 +65,7 @@ class Decisions:
         body = msg.body.decode()
         with self.lock:
             self.checked[body] = self.checked.get(body, 0) + 1
+            self.topics.add(msg.topic)
         return self._state(body.split("-")[1])
 
 
@@ -114,14 +116,16 @@ def test_commit_rollback_and_checks_with_sync_and_async_producers(
         assert all(r.msg_id == r.transaction_id and r.message_queue.topic == topic for r in results)
 
         async def async_part() -> None:
-            async with AsyncTransactionProducer("txn-group", cluster.namesrv_addr, decisions, topics=[topic],
+            # Its own group: the check of its UNKNOW transaction can only be answered by it.
+            async with AsyncTransactionProducer("txn-group-async", cluster.namesrv_addr, decisions, topics=[topic],
                                                 check_poll_s=1.0) as ap:
                 await ap.send_message_in_transaction(Message(topic, b"C-C-async-commit"))
                 await ap.send_message_in_transaction(Message(topic, b"U-C-async-check-commit"))
                 await ap.send_message_in_transaction(Message(topic, b"R-R-async-rollback"))
+                await wait_until(lambda: ap.answered_checks or None, 15, "the async producer answers its check")
 
         asyncio.run(async_part())
-        # Both checked transactions are answered (by this producer: the async one is closed).
+        # The sync producer answers the checks of its group.
         poll_until(lambda: all(decisions.checked.get(b) for b in ("U-C-check-commit", "U-R-check-rollback",
                                                                     "U-C-async-check-commit")) or None,
                    15, "the three UNKNOW transactions checked back")
@@ -144,6 +148,13 @@ def test_commit_rollback_and_checks_with_sync_and_async_producers(
     assert sorted(m.body.decode() for m in decode_records(raw.records)) == sorted(seen), "the slave's view"
     for broker_id in (0, 1):
         assert_half_topics_hidden(cluster, broker_id)
+    assert decisions.topics == {topic}, "a check shows the message under its real topic"
+    # The check service runs on the master only, and a slave hands out no checks.
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    assert master.runtime()["transactions"]["running"] and not slave.runtime()["transactions"]["running"]
+    started = time.monotonic()
+    r = httpx.get(f"http://{slave.addr}/transaction/checks", params={"group": "txn-group", "timeoutMs": 5000})
+    assert (r.status_code, r.json()) == (200, {"checks": []}) and time.monotonic() - started < 2
 
 
 def test_a_producer_killed_mid_transaction_is_covered_by_another_of_its_group(
@@ -201,3 +212,22 @@ def test_a_broker_killed_between_prepare_and_commit_resolves_by_check_after_rest
         (mq,) = consumer.fetch_subscribe_message_queues(topic)
         seen = drain(consumer, mq, "C-C-sentinel")
     assert seen == ["C-C-crashed", "C-C-sentinel"]
+
+
+class _NoChecks:
+    def execute_local_transaction(self, msg: Message, arg: object) -> LocalTransactionState:
+        raise AssertionError("no local transaction may run for a refused message")
+
+
+def test_misuse_is_refused_before_any_io() -> None:
+    with pytest.raises(TypeError, match="check_local_transaction"):
+        TransactionProducer("g", "127.0.0.1:1", _NoChecks())  # type: ignore[arg-type]
+    producer = TransactionProducer("g", "127.0.0.1:1", Decisions())
+    with pytest.raises(MessageIllegalError, match="delay level"):
+        producer.send_message_in_transaction(Message("T", b"x", delay_level=2))
+    with pytest.raises(MessageIllegalError, match="reserved"):
+        producer.send_message_in_transaction(Message("RMQ_SYS_TRANS_HALF_TOPIC", b"x"))
+    producer.close()
+    producer.close()
+    with pytest.raises(ClientClosedError):
+        producer.send_message_in_transaction(Message("T", b"x"))
