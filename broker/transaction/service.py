@@ -74,6 +74,8 @@ ENDED_MAX = 100_000
 ROUND_HALVES_MAX = 10_000
 #: Op records one round reads, at most.
 ROUND_OPS_MAX = 100_000
+#: Op records read at start from before the check service's op offset (transactions settled just before).
+RECALL_AT_START = 10_000
 _READ_BATCH = 256
 _READ_MAX_BYTES = 8 << 20
 _TRANSACTION_BITS = int(SysFlag.TRANSACTION_ROLLBACK)
@@ -268,7 +270,12 @@ class TransactionalMessageService:
         if self.running:
             return
         self._catch_up()
-        start = self._offsets.query(SYSTEM_GROUP, OP_TOPIC, 0) or 0
+        # Also the op records just before the check service's op offset: a late end of a transaction settled
+        # shortly before a restart is still recognised.
+        store = self._store
+        op_offset = self._offsets.query(SYSTEM_GROUP, OP_TOPIC, 0) or 0
+        start = max(store.get_min_offset_in_queue(OP_TOPIC, 0),
+                    min(op_offset, store.get_max_offset_in_queue(OP_TOPIC, 0) - RECALL_AT_START))
         for op in self._read_ops(start):
             self._remember(op.transaction_id)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="broker-transaction-check")
