@@ -55,6 +55,7 @@ from broker.transaction.rules import (
 from client.errors import (
     InvalidParameterError,
     MessageIllegalError,
+    ProtocolViolationError,
     QueryNotFoundError,
     ServiceNotAvailableError,
 )
@@ -181,7 +182,7 @@ class TransactionalMessageService:
         while len(ended) > ENDED_MAX:
             ended.popitem(last=False)
 
-    def find_half(self, req: EndTransactionRequest) -> tuple[MessageExt, bytes]:
+    def find_half(self, req: EndTransactionRequest) -> MessageExt:
         """The half message an end request names, checked against it.
 
         Raises:
@@ -191,12 +192,11 @@ class TransactionalMessageService:
         record = self._store.look_message_by_offset(req.commit_log_offset)
         msg = None
         if record is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(ProtocolViolationError, IndexError):
                 msg = decode_records(record)[0]
         if msg is None or msg.topic != HALF_TOPIC:
             raise QueryNotFoundError(f"no half message of transaction {req.transaction_id} at commit-log offset "
                                      f"{req.commit_log_offset} (prepared transaction message not found)")
-        assert record is not None
         props = msg.properties
         for what, got, want in (("transactionId", props.get(UNIQ_KEY, ""), req.transaction_id),
                                 ("group", props.get(PGROUP, ""), req.group),
@@ -204,7 +204,7 @@ class TransactionalMessageService:
             if got != want:
                 raise InvalidParameterError(f"the half message at commit-log offset {req.commit_log_offset} has "
                                             f"{what} {got!r}, the end request says {want!r}")
-        return msg, record
+        return msg
 
     def end(self, req: EndTransactionRequest) -> EndOutcome:
         """Commit or roll back (``endMessageTransaction``): write the real message on commit, then the op record.
@@ -213,7 +213,7 @@ class TransactionalMessageService:
             QueryNotFoundError / InvalidParameterError: see :meth:`find_half`.
             MessageIllegalError: the half message's ``REAL_TOPIC`` / ``REAL_QID`` are unreadable.
         """
-        msg, _record = self.find_half(req)
+        msg = self.find_half(req)
         txid = req.transaction_id
         if txid in self._ended:
             log.info("transaction %s of group %s already ended; %s%s ignored", txid, req.group,
@@ -226,13 +226,16 @@ class TransactionalMessageService:
             except ValueError as e:
                 raise MessageIllegalError(f"transaction {txid}: {e}") from None
         self._catch_up()
-        half_end = self._store.get_max_offset_in_queue(HALF_TOPIC, 0)
+        # Every copy of the transaction lies below this (the one named is, even if dispatch is still behind).
+        half_end = max(self._store.get_max_offset_in_queue(HALF_TOPIC, 0), msg.queue_offset + 1)
         offset_msg_id = ""
         # No await from here on: the real message and its op record are written back to back.
         if real is not None:
             topic, queue_id, props = real
-            last = self._put(topic, queue_id, msg, props)
-            offset_msg_id = create_offset_msg_id(self._store_host, last.wrote_offset)
+            committed = self._put(topic, queue_id, msg, props)
+            # Remembered at once: should the op record fail (disk full), a retried end must not commit again.
+            self._remember(txid)
+            offset_msg_id = create_offset_msg_id(self._store_host, committed.wrote_offset)
         last = self._put(OP_TOPIC, 0, None, op_properties(txid, half_end), body=str(msg.queue_offset).encode())
         self._remember(txid)
         log.debug("transaction %s of group %s: %s%s", txid, req.group, req.resolution.value,
@@ -241,8 +244,9 @@ class TransactionalMessageService:
 
     def _put(self, topic: str, queue_id: int, msg: MessageExt | None, props: dict[str, str], *,
              body: bytes | None = None) -> AppendResult:
-        """One write; raises the store's refusal as a broker error (nothing of the end is half-written:
-        a failed real-message put stops before the op record)."""
+        """One write; raises the store's refusal as a broker error. A failed real-message put stops an end before
+        its op record; a failed op record after a committed message leaves the transaction remembered (never
+        committed twice) and its half message checked again, up to ``transactionCheckMax``."""
         now = self._clock_ms()
         if msg is not None:
             result = self._store.put_message(
