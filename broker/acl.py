@@ -8,6 +8,13 @@ queries need SUB on the topic and the group they name; heartbeats, unregistratio
 need SUB on the consumer groups (a ``%RETRY%G`` / ``%DLQ%G`` topic is group G's, see :mod:`client.protocol.acl`);
 metadata, status and operations need ``admin``. ``GET /message`` (by commit-log offset) names no topic before it reads the
 record, so it needs admin.
+
+Transactions (issue 17): ``POST /transaction/end`` needs PUB on its ``topic`` argument, as the send of the
+message did -- the broker checks that the half message it ends has that ``REAL_TOPIC``, so an account cannot end
+a transaction of a topic it may not publish to; the producer group is not checked, as RocketMQ does not permission
+producer groups. ``GET /transaction/checks`` hands out the half messages of a producer group whatever their
+topics, so it needs the group itself with PUB (``groupPerms = ["G=PUB"]``; a consumer group's usual ``SUB``
+is not enough).
 """
 
 from __future__ import annotations
@@ -74,6 +81,12 @@ def _queue_lock(principal: Principal, request: Request) -> None:
         principal.need_topic(topic, SUB)
 
 
+def _producer_group(principal: Principal, request: Request) -> None:
+    group = request.query.get("group")
+    if group is not None:
+        principal.need_group(group, PUB)
+
+
 _TOPIC_SUB = topic_arg("topic", SUB)
 
 #: ``{(method, path): rule}`` for every broker endpoint.
@@ -82,6 +95,8 @@ BROKER_RULES: Mapping[tuple[str, str], Rule] = {
     ("POST", "/send"): topic_arg("topic", PUB),
     ("GET", "/pull"): all_of(_TOPIC_SUB, group_arg("group")),
     ("POST", "/consumer/sendback"): _sendback,
+    ("POST", "/transaction/end"): topic_arg("topic", PUB),
+    ("GET", "/transaction/checks"): _producer_group,
     # clients and consumer groups
     ("POST", "/heartbeat"): _heartbeat,
     ("POST", "/client/unregister"): _unregister,

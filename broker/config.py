@@ -201,6 +201,12 @@ class BrokerConfig:
     """``aclNonceCacheMax``: signatures the replay guard remembers at most (past it: SYSTEM_BUSY)."""
     acl_metrics_token: str = attrs.field(default="", repr=False)
     """``aclMetricsToken``: ``Authorization: Bearer <token>`` opens ``GET /metrics`` to a scraper ('' = admin only)."""
+    transaction_check_interval_ms: int = 60_000
+    """``transactionCheckInterval``: milliseconds between check rounds of half messages (master only)."""
+    transaction_time_out_ms: int = 6000
+    """``transactionTimeOut``: a half message younger than this (by born time) is not checked back yet."""
+    transaction_check_max: int = 15
+    """``transactionCheckMax``: check-backs of one transaction before it moves to TRANS_CHECK_MAX_TIME_TOPIC."""
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> BrokerConfig:
@@ -560,6 +566,9 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "aclTimestampToleranceMs": ("acl_timestamp_tolerance_ms", _P),
     "aclNonceCacheMax": ("acl_nonce_cache_max", _P),
     "aclMetricsToken": ("acl_metrics_token", _str),
+    "transactionCheckInterval": ("transaction_check_interval_ms", _P),
+    "transactionTimeOut": ("transaction_time_out_ms", _NN),
+    "transactionCheckMax": ("transaction_check_max", _P),
 }
 
 
@@ -670,6 +679,9 @@ KEY_DOCS: dict[str, str] = {
     "aclTimestampToleranceMs": "ACL: milliseconds a signed request's timestamp may differ from the broker's clock; older or later is refused.",
     "aclNonceCacheMax": "ACL: signed requests the replay guard remembers at most within the window; past it new requests get SYSTEM_BUSY.",
     "aclMetricsToken": "ACL: a token that opens `GET /metrics` as `Authorization: Bearer <token>` (scrapers cannot sign); empty: admin only.",
+    "transactionCheckInterval": "Milliseconds between rounds of the master's transaction check service, which asks producer groups about half messages without an end.",
+    "transactionTimeOut": "Milliseconds after its born time before a half (prepared) message is checked back with its producer group.",
+    "transactionCheckMax": "Check-backs of one transaction before its half message is moved to `TRANS_CHECK_MAX_TIME_TOPIC` (and logged) instead of checked again.",
 }
 
 @attrs.frozen

@@ -57,6 +57,7 @@ from broker.processor.pull import PullProcessor
 from broker.processor.queue_lock import QueueLockProcessor
 from broker.processor.send import SendProcessor
 from broker.processor.sendback import SendBackProcessor
+from broker.processor.transaction import TransactionProcessor
 from broker.rebalance_lock import RebalanceLockTable
 from broker.registration import BrokerIdentity, RegisterResult, Registrar, build_register_body
 from broker.retention_driver import RetentionDriver
@@ -66,6 +67,7 @@ from broker.slave_sync import SlaveSynchronizer
 from broker.store.api import AppendResult, MessageStore
 from broker.store.config import parse_delay_levels
 from broker.timer import TimerMessageService
+from broker.transaction import HALF_TOPIC, CheckQueues, CheckRules, TransactionalMessageService
 from client.errors import InvalidParameterError, ServiceNotAvailableError
 from client.protocol.acl_gate import AclFileWatcher, AclGate
 from client.protocol.asgi import Router
@@ -200,6 +202,11 @@ class BrokerController:
                 store, clock_ms=self._clock_ms, progress_path=cfg_dir / "timerProgress.json",
                 window_ms=config.timer_roll_window_slot * 1000, max_entries=config.timer_max_in_memory,
                 on_put=self._on_schedule_put)
+        self.transactions = TransactionalMessageService(
+            store, self.offsets, CheckQueues(),
+            rules=CheckRules(timeout_ms=config.transaction_time_out_ms, check_max=config.transaction_check_max),
+            interval_ms=config.transaction_check_interval_ms, clock_ms=self._clock_ms, store_host=self.store_host,
+            catch_up_dispatch=self.dispatch.catch_up, on_put=self._on_schedule_put)
         self.router = self._build_router()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -241,6 +248,7 @@ class BrokerController:
         await self.schedule.start()
         if self.timer is not None:
             await self.timer.start()
+        await self.transactions.start()
         self._set_registered_id()
         await self.register_now()
 
@@ -249,6 +257,7 @@ class BrokerController:
         if self.timer is not None:
             await self.timer.stop()
         self.queue_locks.clear()  # locks live on the master only; the next master starts empty
+        await self.transactions.stop()
         self._set_registered_id()
         self.request_registration()
 
@@ -263,7 +272,8 @@ class BrokerController:
         send = SendProcessor(cfg, addr=addr, store_host=self.store_host, store=store, topics=topics, groups=groups,
                              metrics=metrics, durability=self.durability,
                              request_registration=self.request_registration, role=self.role,
-                             clock_ms=self._clock_ms)
+                             clock_ms=self._clock_ms,
+                             half_item=TransactionalMessageService.half_item, half_topic=HALF_TOPIC)
         pull = PullProcessor(cfg, addr=addr, store=store, topics=topics, groups=groups, offsets=self.offsets,
                              hold=self.hold, catch_up_dispatch=self.dispatch.catch_up,
                              master_link_up=self.master_link_up, last_pulls=self.last_pulls, metrics=metrics,
@@ -282,8 +292,11 @@ class BrokerController:
                                                   self.dledger_status if self.dledger else None,
                                                   self._transfer_leadership if self.dledger else None))
         queue_locks = QueueLockProcessor(cfg, addr=addr, role=self.role, table=self.queue_locks)
+        transactions = TransactionProcessor(self.transactions, durability=self.durability, role=self.role,
+                                            broker_name=cfg.broker_name, addr=addr,
+                                            permission=lambda: cfg.broker_permission)
         routes = {("POST", "/send"): send.handle, ("GET", "/pull"): pull.handle, **send_back.routes(),
-                  **consumers.routes(), **admin.routes(), **queue_locks.routes()}
+                  **consumers.routes(), **admin.routes(), **queue_locks.routes(), **transactions.routes()}
         return Router(routes, max_body_bytes=cfg.max_request_body_bytes,
                       max_inflight_body_bytes=max(cfg.max_inflight_request_body_bytes, cfg.max_request_body_bytes),
                       identity=lambda: (self.addr, self.role_name),
@@ -354,6 +367,7 @@ class BrokerController:
             await self.schedule.start()  # only a master redelivers delayed messages (SEMANTICS.md 8.2)
             if self.timer is not None:
                 await self.timer.start()
+            await self.transactions.start()  # and checks half messages back
         if dledger is None:
             ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
             self.ha_addr = f"{cfg.ha_ip}:{ha_port}"
@@ -393,6 +407,7 @@ class BrokerController:
             return
         self._stopped = True
         self.hold.close()
+        self.transactions.checks.close()
         tasks = [*self._tasks, *([self._register_task] if self._register_task else [])]
         for t in tasks:
             t.cancel()
@@ -404,6 +419,7 @@ class BrokerController:
         await self.schedule.stop()
         if self.timer is not None:
             await self.timer.stop()
+        await self.transactions.stop()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop_network(), STOP_NETWORK_TIMEOUT_S)
         self._persist_all()
@@ -574,6 +590,7 @@ class BrokerController:
             "retentionBytesReclaimed": cleaner.stats.bytes_reclaimed,
             "putTps": self.put_rate.per_second(),
             "parkedPulls": self.hold.parked_count,
+            "transactions": self.transactions.status(),
             "topicCount": len(self.topics),
             "masterAddr": self.master_addr,
             "masterLinkUp": self.master_link_up() if self.role.is_slave else None,

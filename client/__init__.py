@@ -32,6 +32,13 @@ from client._rebalance import (
 )
 from client._requests import PullResult, SendResult
 from client._routing import FindBrokerResult
+from client._transaction import (
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from client.protocol.codes import PullStatus, SendStatus
 from client.protocol.message import Message, MessageExt, MessageQueue
 from client.protocol.signing import Credentials
@@ -44,6 +51,7 @@ __all__ = [
     "AsyncGroupConsumer",
     "AsyncProducer",
     "AsyncPullConsumer",
+    "AsyncTransactionProducer",
     "ClientConfig",
     "ClientInstance",
     "ClientState",
@@ -54,6 +62,7 @@ __all__ = [
     "FindBrokerResult",
     "GroupConsumer",
     "GroupConsumerConfig",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageModel",
@@ -66,5 +75,8 @@ __all__ = [
     "QueueProgress",
     "SendResult",
     "SendStatus",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "errors",
 ]

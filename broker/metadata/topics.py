@@ -2,7 +2,7 @@
 
 System topics exist from the start: ``TBW102`` (the auto-create template, perm 7 = inherit + read + write, only
 when ``autoCreateTopicEnable``), ``SCHEDULE_TOPIC_XXXX`` (one queue per delay level) and
-``OFFSET_MOVED_EVENT``. Every change bumps the DataVersion, which the nameserver and slaves compare.
+``OFFSET_MOVED_EVENT`` and the three topics of transactional messages. Every change bumps the DataVersion, which the nameserver and slaves compare.
 """
 
 from __future__ import annotations
@@ -27,9 +27,16 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 OFFSET_MOVED_EVENT = "OFFSET_MOVED_EVENT"
 #: Where timed messages wait (RocketMQ 5's name; see :mod:`broker.timer`).
 TIMER_TOPIC = "rmq_sys_wheel_timer"
-SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC, SCHEDULE_TOPIC, OFFSET_MOVED_EVENT, TIMER_TOPIC})
+#: Transactional messages (:mod:`broker.transaction`): half messages, op records, and half messages checked
+#: ``transactionCheckMax`` times. Half and op records are write-only for clients (perm 2: a pull is refused).
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC, SCHEDULE_TOPIC, OFFSET_MOVED_EVENT, TIMER_TOPIC, TRANS_HALF_TOPIC,
+                           TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})
 #: Topics producers may not send to directly (RocketMQ's ``NOT_ALLOWED_SEND_TOPIC_SET``, the parts we have).
-NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, OFFSET_MOVED_EVENT, TIMER_TOPIC})
+NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, OFFSET_MOVED_EVENT, TIMER_TOPIC, TRANS_HALF_TOPIC,
+                                     TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})
 
 
 class TopicConfigManager(VersionedTable[TopicConfig]):
@@ -63,6 +70,9 @@ class TopicConfigManager(VersionedTable[TopicConfig]):
         self._table[SCHEDULE_TOPIC] = TopicConfig(SCHEDULE_TOPIC, delay_level_count, delay_level_count)
         self._table[OFFSET_MOVED_EVENT] = TopicConfig(OFFSET_MOVED_EVENT, 1, 1)
         self._table[TIMER_TOPIC] = TopicConfig(TIMER_TOPIC, 1, 1)
+        for topic in (TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC):
+            self._table[topic] = TopicConfig(topic, 1, 1, int(Perm.WRITE))
+        self._table[TRANS_CHECK_MAX_TIME_TOPIC] = TopicConfig(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1)
 
     table_key = "topicConfigTable"
 

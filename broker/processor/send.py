@@ -42,7 +42,7 @@ from client.errors import (
 )
 from client.protocol.asgi import Request, Response
 from client.protocol.codec import BatchItem, decode_batch, pack_host, record_size
-from client.protocol.codes import Perm, ResponseCode
+from client.protocol.codes import Perm, ResponseCode, SysFlag
 from client.protocol.properties import validate_topic
 from client.protocol.requests import SendRequestHeader
 from client.protocol.route import TopicConfig
@@ -53,6 +53,7 @@ __all__ = ["SendProcessor"]
 log = logging.getLogger(__name__)
 
 _LOOPBACK_HOST = pack_host("127.0.0.1", 0)
+_PREPARED = int(SysFlag.TRANSACTION_PREPARED)
 
 _FAILURES: dict[PutMessageStatus, type[BrokerError]] = {
     PutMessageStatus.MESSAGE_ILLEGAL: MessageIllegalError,
@@ -99,13 +100,19 @@ class SendProcessor:
         request_registration: asks for a registration soon (after a topic was created).
         role: the broker's current role and id (DLedger mode changes them; default: the configuration's).
         clock_ms: wall clock in ms (timed messages' delays count from it).
+        half_item: turns a prepared (transactional) send into the half message stored in ``half_topic``
+            (:meth:`broker.transaction.TransactionalMessageService.half_item`); None refuses prepared sends.
     """
 
     def __init__(self, config: BrokerConfig, *, addr: str, store_host: bytes, store: MessageStore,
                  topics: TopicConfigManager, groups: SubscriptionGroupManager, metrics: BrokerMetrics,
                  durability: Durability, request_registration: Callable[[], None],
-                 role: RoleState | None = None, clock_ms: Callable[[], int] | None = None) -> None:
+                 role: RoleState | None = None, clock_ms: Callable[[], int] | None = None,
+                 half_item: Callable[[str, int, str, list[BatchItem]], BatchItem] | None = None,
+                 half_topic: str = "") -> None:
         self._config = config
+        self._half_item = half_item
+        self._half_topic = half_topic
         self._role = role or RoleState(config.broker_role, config.broker_id)
         self._addr = addr
         self._store_host = store_host
@@ -147,7 +154,12 @@ class SendProcessor:
                 f"broker {cfg.broker_name} ({self._addr})"
             )
         reply_queue_id = queue_id
-        if cfg.timer_wheel_enable and has_timer(items):  # a byte search; parsed only when a timer may be there
+        if any(item.sys_flag & _PREPARED for item in items):  # checked once the real topic and queue are valid
+            if self._half_item is None:
+                raise MessageIllegalError(f"broker {cfg.broker_name} does not take transactional messages")
+            items = [self._half_item(topic, queue_id, req.group, items)]
+            topic, queue_id = self._half_topic, 0
+        elif cfg.timer_wheel_enable and has_timer(items):  # a byte search; parsed only when a timer may be there
             timed = route_timer_send(topic, queue_id, items, self._clock_ms(), cfg.timer_max_delay_sec)
             if timed is not None:
                 topic, queue_id, items = timed

@@ -290,6 +290,7 @@ def encode_batch(
     born_timestamp_ms: int,
     uniq_keys: Sequence[str | None] | None = None,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    sys_flag: int = 0,
 ) -> bytes:
     """Encode messages as one send body (see the module docstring).
 
@@ -298,6 +299,7 @@ def encode_batch(
         born_timestamp_ms: producer clock for every item.
         uniq_keys: a ``UNIQ_KEY`` per message (None entries add none).
         max_message_size: limit on each message's stored record size.
+        sys_flag: SYSFLAG of every item (``SysFlag.TRANSACTION_PREPARED`` for a transaction's half message).
 
     Raises:
         MessageIllegalError: a message would exceed ``max_message_size`` or its properties 32767 bytes.
@@ -314,7 +316,7 @@ def encode_batch(
                 f"{max_message_size}"
             )
         item_size = BATCH_FIXED_SIZE + len(body) + len(props)
-        parts.append(head(item_size, BATCH_MAGIC, body_crc(body), msg.flag, 0, born_timestamp_ms, len(body)))
+        parts.append(head(item_size, BATCH_MAGIC, body_crc(body), msg.flag, sys_flag, born_timestamp_ms, len(body)))
         parts.append(body)
         parts.append(_U16.pack(len(props)))
         parts.append(props)

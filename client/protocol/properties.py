@@ -24,10 +24,13 @@ __all__ = [
     "MAX_PROPERTIES_BYTES",
     "MAX_TOPIC_LENGTH",
     "NO_PROPERTIES",
+    "PGROUP",
     "TAGS",
     "TIMER_DELAY_MS",
     "TIMER_DELAY_SEC",
     "TIMER_DELIVER_MS",
+    "TRANSACTION_CHECK_TIMES",
+    "TRAN_MSG",
     "UNIQ_KEY",
     "WAIT",
     "PropertyScan",
@@ -56,6 +59,11 @@ MAX_OFFSET = "MAX_OFFSET"
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 TIMER_DELAY_MS = "TIMER_DELAY_MS"
+#: Transactional messages (issue 17): ``TRAN_MSG=true`` marks a prepared (half) message, ``PGROUP`` names its
+#: producer group (whose producers answer check-backs), ``TRANSACTION_CHECK_TIMES`` counts the broker's checks.
+TRAN_MSG = "TRAN_MSG"
+PGROUP = "PGROUP"
+TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 
 NAME_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"

@@ -27,6 +27,7 @@ admin = true
 accessKey = "pub"
 secretKey = "pub-secret"
 topicPerms = ["T=PUB"]
+groupPerms = ["P=PUB"]
 
 [[accounts]]
 accessKey = "sub"
@@ -46,6 +47,9 @@ TABLE: list[tuple[str, str, dict[str, str], Any, set[str], str]] = [
     ("POST", "/send", {"topic": "%RETRY%G", "queueId": "0"}, RETRY_BATCH, SUB, "SUB permission on group G"),
     ("GET", "/pull", {**Q, "group": "G", "offset": "0"}, None, SUB, "SUB permission on"),
     ("POST", "/consumer/sendback", {}, {"group": "G", "offset": 0}, SUB, "SUB permission on group G"),
+    ("POST", "/transaction/end", {"group": "P", "topic": "T", "transactionId": "X1", "commitLogOffset": "0",
+                                  "commitOrRollback": "COMMIT"}, None, PUB, "PUB permission on topic T"),
+    ("GET", "/transaction/checks", {"group": "P", "timeoutMs": "0"}, None, PUB, "PUB permission on group P"),
     ("POST", "/heartbeat", {}, {"clientId": "c", "consumerGroups": [
         {"group": "G", "subscriptions": [{"topic": "T", "expression": "*"}]}]}, SUB, "SUB permission on"),
     ("POST", "/heartbeat", {}, {"clientId": "c", "producerGroups": ["P"]}, ALL, ""),

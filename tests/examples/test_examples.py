@@ -33,6 +33,8 @@ CASES: dict[str, tuple[list[str], str]] = {
     "sync_vs_async_master": (["--messages", "128"], r"sync_vs_async_master: the SYNC_MASTER took"),
     "delayed_message": (["--messages", "3"], r"delayed_message: 3 of 3 delayed messages arrived"),
     "timed_delivery": (["--messages", "4"], r"timed_delivery: 4 of 4 timed messages arrived within 1 s"),
+    "transaction": (["--messages", "6"], r"transaction: 4 of 4 committed messages consumed, 2 rolled back never "
+                                         r"seen, 2 answered check"),
     "admin_and_ha_status": (["--messages", "12"], r"admin_and_ha_status: 2 broker groups, 4 queues"),
     "group_consumer": (["--messages", "40"], r"group_consumer: 80 of 80 messages consumed"),
     "push_consumer": (["--messages", "20"], r"push_consumer: 20 of 20 messages consumed, 2 after a retry"),
