@@ -34,6 +34,7 @@ from client._requests import PullResult, SendResult
 from client._routing import FindBrokerResult
 from client.protocol.codes import PullStatus, SendStatus
 from client.protocol.message import Message, MessageExt, MessageQueue
+from client.protocol.selector import MessageSelector
 
 __all__ = [
     "Admin",
@@ -56,6 +57,7 @@ __all__ = [
     "MessageExt",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "Producer",
     "PullConsumer",
     "PullResult",

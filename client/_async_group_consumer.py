@@ -25,6 +25,7 @@ from client._offset_store import LocalFileOffsetStore
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset
 from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
 from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.selector import MessageSelector
 
 __all__ = ["AsyncGroupConsumer"]
 
@@ -130,7 +131,7 @@ class AsyncGroupConsumer:
 
     # --- subscription ---
 
-    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
+    def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
         """See :meth:`client.GroupConsumer.subscribe`."""
         self.core.subscribe(topic, sub_expression)
         if self._state is ClientState.OPENED:
@@ -269,7 +270,7 @@ class AsyncGroupConsumer:
         _, puller = self._open()
         gen, offset = pq.generation, pq.next_pull_offset
         began = time.monotonic()
-        r = await puller.pull(pq.mq, offset, cfg.pull_batch_size, self.core.filter_of(pq.mq.topic).expression,
+        r = await puller.pull(pq.mq, offset, cfg.pull_batch_size, self.core.filter_of(pq.mq.topic).selector,
                               suspend_timeout_s=cfg.pull_suspend_s or None)
         added, delay = self.core.after_pull(pq, gen, offset, r, time.monotonic() - began, self.group)
         if added:

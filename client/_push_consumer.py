@@ -48,6 +48,7 @@ from client.protocol.properties import (
     TAGS,
     UNIQ_KEY,
 )
+from client.protocol.selector import MessageSelector
 
 __all__ = ["ConsumeStatus", "InvalidConsumeStatusError", "PushConsumer", "check_consume_status",
            "retry_message_properties"]
@@ -185,8 +186,8 @@ class PushConsumer:
     def client(self) -> ClientInstance:
         return self._engine.check_open()[0]
 
-    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
-        """Consume ``topic`` (``*`` or ``TagA || TagB``)."""
+    def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
+        """Consume ``topic``: ``*``, ``TagA || TagB``, or a :class:`MessageSelector` (``MessageSelector.sql(...)``)."""
         self._engine.core.subscribe(topic, sub_expression)
         if self.state is ClientState.OPENED:
             self.client.consumer_uses_topic(self.group, topic)
