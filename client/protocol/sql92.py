@@ -675,7 +675,6 @@ class SqlFilter:
         return f"SqlFilter({self.expression!r})"
 
 
-@functools.lru_cache(maxsize=1024)
 def compile_sql(expression: str) -> SqlFilter:
     """Parse ``expression`` once into a filter (cached by expression text: compile per subscription, never per
     message).
@@ -690,6 +689,11 @@ def compile_sql(expression: str) -> SqlFilter:
     if len(expression) > MAX_SQL_LENGTH:
         raise SqlFilterError(f"SQL92 expression is {len(expression)} characters, more than "
                              f"MAX_SQL_LENGTH={MAX_SQL_LENGTH}")
+    return _compile(expression)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(expression: str) -> SqlFilter:
     if not expression.strip():
         raise SqlFilterError("SQL92 expression is empty")
     try:
