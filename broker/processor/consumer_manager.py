@@ -21,9 +21,18 @@ from typing import Any
 from broker.clients import ClientInfo, ClientTable, LastPulls
 from broker.config import BrokerConfig
 from broker.metadata import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
-from broker.processor.args import INT32_MAX, INT64_MAX, ArgumentError, checked_name, json_field, queue_args
+from broker.processor.args import (
+    INT32_MAX,
+    INT64_MAX,
+    ArgumentError,
+    broker_where,
+    checked_name,
+    json_field,
+    queue_args,
+)
 from broker.retry import retry_topic
 from broker.role import RoleState
+from broker.tag_filter import check_expression
 from client.errors import QueryNotFoundError
 from client.protocol.asgi import Request, Response, json_response
 from client.protocol.codes import Perm
@@ -155,11 +164,24 @@ class ConsumerManageProcessor:
     async def heartbeat(self, request: Request) -> Response:
         """``{"clientId", "producerGroups", "consumerGroups": [{"group", "subscriptions"}], "heartbeatTimeoutMs"}``."""
         client_id, producers, consumers, timeout_ms = _check_heartbeat(request.json())
+        self._check_sql_subscriptions(consumers)
         self._clients.heartbeat(client_id, producers, consumers, timeout_ms)
         if ensure_retry_topics(consumers, config=self._config, role=self._role, topics=self._topics,
                                groups=self._groups):
             self._request_registration()
         return json_response({})
+
+    def _check_sql_subscriptions(self, consumers: list[Any]) -> None:
+        """Refuse a heartbeat announcing an SQL92 subscription this broker would refuse to serve (RocketMQ's
+        ``checkClientConfig``): the error reaches the client before its first pull."""
+        for c in consumers:
+            for s in c.get("subscriptions") or ():
+                kind = s.get("expressionType", "TAG")
+                if kind not in ("TAG", "SQL92"):
+                    raise ArgumentError(f"subscription expressionType must be TAG or SQL92, got {str(kind)[:40]!r}")
+                if kind == "SQL92":
+                    check_expression(str(s.get("expression", "")), kind, enabled=self._config.enable_property_filter,
+                                     where=broker_where(self._config, self._addr, self._role))
 
     async def last_pulls(self, request: Request) -> Response:
         """``{"lastPullTimestamp": {"QUEUE_ID": ms}}``: the group's last pull of each queue of ``topic`` here."""

@@ -94,3 +94,27 @@ def test_tag_pulls_never_decode_properties(tmp_path: Path, monkeypatch: pytest.M
         assert len(msgs) == 1 and len(decoded) == 2  # once per candidate record
 
     run_with_broker(tmp_path, scenario, enable_property_filter=True)
+
+
+def test_heartbeat_with_an_sql_subscription_is_checked(tmp_path: Path) -> None:
+    from tests.broker.fakes import run_with_broker
+
+    def body(expression: str, kind: str = "SQL92") -> dict[str, Any]:
+        return {"clientId": "c1", "consumerGroups": [{"group": "cg", "subscriptions": [
+            {"topic": "T", "expression": expression, "expressionType": kind}]}]}
+
+    async def on(ctrl: Any, client: Any) -> None:
+        assert (await client.post("/heartbeat", json=body("a > 1"))).status_code == 200
+        r = await client.post("/heartbeat", json=body("a >"))
+        assert (r.status_code, r.json()["code"]) == (400, 23)
+        r = await client.post("/heartbeat", json=body("a", kind="XPATH"))
+        assert (r.status_code, r.json()["code"]) == (400, 29)
+
+    async def off(ctrl: Any, client: Any) -> None:
+        r = await client.post("/heartbeat", json=body("a > 1"))
+        assert (r.status_code, r.json()["code"]) == (403, 16)
+        assert "enablePropertyFilter" in r.json()["remark"]
+        assert (await client.post("/heartbeat", json=body("TagA", kind="TAG"))).status_code == 200
+
+    run_with_broker(tmp_path / "on", on, enable_property_filter=True)
+    run_with_broker(tmp_path / "off", off)
