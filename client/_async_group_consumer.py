@@ -94,7 +94,7 @@ class AsyncGroupConsumer:
             self._store = LocalFileOffsetStore(self.config.offset_store_dir, "DEFAULT", self.group)
             self._store.load()
         for topic in self.core.topics():
-            self._puller.client.consumer_uses_topic(self.group, topic)
+            self._puller.client.consumer_uses_topic(self.group, topic, self.core.filter_of(topic).selector)
         self._state = ClientState.OPENED
         self._next_auto_commit = time.monotonic() + self.config.auto_commit_interval_s
         self._bg = asyncio.get_running_loop().create_task(self._background(), name=f"splitmq-{self.group}")
@@ -133,9 +133,9 @@ class AsyncGroupConsumer:
 
     def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
         """See :meth:`client.GroupConsumer.subscribe`."""
-        self.core.subscribe(topic, sub_expression)
+        flt = self.core.subscribe(topic, sub_expression)
         if self._state is ClientState.OPENED:
-            self.client.consumer_uses_topic(self.group, topic)
+            self.client.consumer_uses_topic(self.group, topic, flt.selector)
             self._wake.set()
 
     def unsubscribe(self, topic: str) -> None:

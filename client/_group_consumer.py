@@ -237,7 +237,7 @@ class SyncEngine:
             if self._retry:
                 self.core.subscriptions.setdefault(retry_topic(self.group), self.core.filter_of(""))
             for topic in self.core.topics():
-                client.consumer_uses_topic(self.group, topic)
+                client.consumer_uses_topic(self.group, topic, self.core.filter_of(topic).selector)
             self.state = ClientState.OPENED
         self._spawn(self._background, "rebalance")
         for i in range(self.config.pull_thread_nums):
@@ -603,9 +603,9 @@ class GroupConsumer:
     def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
         """Consume ``topic``: ``*``, ``TagA || TagB``, or a :class:`MessageSelector` (``MessageSelector.sql(...)``:
         the broker filters on message properties); queues come from rebalancing."""
-        self._engine.core.subscribe(topic, sub_expression)
+        flt = self._engine.core.subscribe(topic, sub_expression)
         if self.state is ClientState.OPENED:
-            self.client.consumer_uses_topic(self.group, topic)
+            self.client.consumer_uses_topic(self.group, topic, flt.selector)
             self._engine.wake_rebalance()
 
     def unsubscribe(self, topic: str) -> None:

@@ -188,9 +188,9 @@ class PushConsumer:
 
     def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
         """Consume ``topic``: ``*``, ``TagA || TagB``, or a :class:`MessageSelector` (``MessageSelector.sql(...)``)."""
-        self._engine.core.subscribe(topic, sub_expression)
+        flt = self._engine.core.subscribe(topic, sub_expression)
         if self.state is ClientState.OPENED:
-            self.client.consumer_uses_topic(self.group, topic)
+            self.client.consumer_uses_topic(self.group, topic, flt.selector)
             self._engine.wake_rebalance()
 
     def assignment(self) -> set[MessageQueue]:

@@ -103,18 +103,24 @@ def test_heartbeat_with_an_sql_subscription_is_checked(tmp_path: Path) -> None:
         return {"clientId": "c1", "consumerGroups": [{"group": "cg", "subscriptions": [
             {"topic": "T", "expression": expression, "expressionType": kind}]}]}
 
+    def ids(ctrl: Any) -> list[str]:
+        return sorted(ctrl.clients.consumers.get("cg", {}))
+
     async def on(ctrl: Any, client: Any) -> None:
-        assert (await client.post("/heartbeat", json=body("a > 1"))).status_code == 200
+        r = await client.post("/heartbeat", json=body("a > 1"))
+        assert (r.status_code, r.json(), ids(ctrl)) == (200, {}, ["c1"])
         r = await client.post("/heartbeat", json=body("a >"))
-        assert (r.status_code, r.json()["code"]) == (400, 23)
+        assert r.status_code == 200 and [x["code"] for x in r.json()["refusedSubscriptions"]] == [23]
         r = await client.post("/heartbeat", json=body("a", kind="XPATH"))
         assert (r.status_code, r.json()["code"]) == (400, 29)
 
     async def off(ctrl: Any, client: Any) -> None:
         r = await client.post("/heartbeat", json=body("a > 1"))
-        assert (r.status_code, r.json()["code"]) == (403, 16)
-        assert "enablePropertyFilter" in r.json()["remark"]
-        assert (await client.post("/heartbeat", json=body("TagA", kind="TAG"))).status_code == 200
+        # Kept (the client stays in its group), with the error every pull of it gets.
+        assert (r.status_code, ids(ctrl)) == (200, ["c1"])
+        [refused] = r.json()["refusedSubscriptions"]
+        assert (refused["topic"], refused["code"]) == ("T", 16) and "enablePropertyFilter" in refused["remark"]
+        assert (await client.post("/heartbeat", json=body("TagA", kind="TAG"))).json() == {}
 
     run_with_broker(tmp_path / "on", on, enable_property_filter=True)
     run_with_broker(tmp_path / "off", off)

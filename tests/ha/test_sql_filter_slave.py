@@ -4,6 +4,8 @@ SQL92 subscription consumes exactly those too."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from client import (
@@ -16,7 +18,7 @@ from client import (
     PullConsumer,
     PullStatus,
 )
-from client.errors import BrokerError
+from client.errors import BrokerError, NoPermissionError
 from client.lowlevel import BrokerClient
 from tests.ha.support import create_topic, get_json, ha_cluster, poll_until, wait_slave_linked
 
@@ -86,3 +88,27 @@ def test_sql_subscription_read_from_the_slave(cluster_factory) -> None:
 
         poll_until(consumed, 30, "the group consumed every matching message")
     assert seen == expected()
+
+
+def test_a_broker_with_the_filter_off_refuses_sql_subscriptions(cluster_factory,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    cluster = ha_cluster(cluster_factory, config={"enablePropertyFilter": "false"}, broker_groups=1,
+                         slaves_per_group=0)
+    create_topic(cluster, TOPIC, queue_nums=1)
+    with Producer("sql-pg", cluster.namesrv_addr) as p:
+        p.send(Message(TOPIC, b"m0", properties={"region": "EU"}))
+    mq = MessageQueue(TOPIC, "broker-a", 0)
+    with PullConsumer("sql-off", cluster.namesrv_addr) as c:
+        with pytest.raises(NoPermissionError, match="enablePropertyFilter=false"):
+            c.pull(mq, 0, sub_expression=MessageSelector.sql("region = 'EU'"))
+        assert c.pull(mq, 0, sub_expression="*").pull_status is PullStatus.FOUND  # TAG pulls are served
+    # A consumer group hears it from its heartbeat (and from every pull), rather than consuming nothing quietly.
+    caplog.set_level(logging.WARNING, logger="client._requests")
+    with GroupConsumer("sql-off-group", cluster.namesrv_addr, heartbeat_interval_s=0.2) as g:
+        g.subscribe(TOPIC, MessageSelector.sql("region = 'EU'"))
+
+        def warned() -> bool:
+            g.poll(timeout_s=0.05)
+            return any("enablePropertyFilter=false" in r.getMessage() for r in caplog.records)
+
+        poll_until(warned, 15, "a warning naming enablePropertyFilter")
