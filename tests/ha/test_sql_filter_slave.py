@@ -4,19 +4,25 @@ SQL92 subscription consumes exactly those too."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 
 import pytest
 
 from client import (
+    AsyncGroupConsumer,
     ConsumeFromWhere,
+    ConsumeStatus,
     GroupConsumer,
     Message,
+    MessageExt,
     MessageQueue,
     MessageSelector,
     Producer,
     PullConsumer,
     PullStatus,
+    PushConsumer,
 )
 from client.errors import BrokerError, NoPermissionError
 from client.lowlevel import BrokerClient
@@ -88,6 +94,35 @@ def test_sql_subscription_read_from_the_slave(cluster_factory) -> None:
 
         poll_until(consumed, 30, "the group consumed every matching message")
     assert seen == expected()
+
+    # The push consumer and the asyncio group consumer take the same selector.
+    pushed: set[bytes] = set()
+    lock = threading.Lock()
+
+    def on_messages(msgs: list[MessageExt]) -> ConsumeStatus:
+        with lock:
+            pushed.update(m.body for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    push = PushConsumer("sql-push", cluster.namesrv_addr, on_messages, consume_from_where="FIRST_OFFSET",
+                        pull_suspend_s=0.5)
+    push.subscribe(TOPIC, MessageSelector.sql(EXPR))
+    with push:
+        poll_until(lambda: pushed >= expected(), 30, "the push consumer consumed every matching message")
+    assert pushed == expected()
+
+    async def consume_async() -> set[bytes]:
+        got: set[bytes] = set()
+        a = AsyncGroupConsumer("sql-async", cluster.namesrv_addr, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+                               rebalance_interval_s=0.5)  # its first round misses its own heartbeat (routes unknown)
+        a.subscribe(TOPIC, MessageSelector.sql(EXPR))
+        async with a:
+            deadline = asyncio.get_running_loop().time() + 30
+            while got < expected() and asyncio.get_running_loop().time() < deadline:
+                got.update(m.body for m in await a.poll(timeout_s=0.2))
+        return got
+
+    assert asyncio.run(consume_async()) == expected()
 
 
 def test_a_broker_with_the_filter_off_refuses_sql_subscriptions(cluster_factory,
