@@ -26,6 +26,7 @@ from client import (
 )
 from client.errors import BrokerError, NoPermissionError
 from client.lowlevel import BrokerClient
+from client.protocol.sql92 import MAX_SQL_LENGTH
 from tests.ha.support import create_topic, get_json, ha_cluster, poll_until, wait_slave_linked
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha]
@@ -75,6 +76,18 @@ def test_sql_subscription_read_from_the_slave(cluster_factory) -> None:
                 offset = r.next_begin_offset
     assert sorted(got) == sorted(expected())
     assert len(got) == len(set(got))
+
+    # An expression near MAX_SQL_LENGTH travels in the query string and is served too.
+    long_expr = (EXPR + " AND (" + " OR ".join(f"amount = {i * 3}" for i in range(0, N, 2)) + ")"
+                 + " AND region <> '" + "é%&?" * 600 + "'")
+    assert 2000 < len(long_expr) < MAX_SQL_LENGTH
+    with PullConsumer("sql-slave-long", cluster.namesrv_addr, connect_broker_by_user=True, default_broker_id=1) as c:
+        found: list[bytes] = []
+        for mq in c.fetch_subscribe_message_queues(TOPIC):
+            r = c.pull(mq, 0, max_nums=N, sub_expression=MessageSelector.sql(long_expr))
+            assert r.served_by_broker_id == 1
+            found += [m.body for m in r.msg_found_list]
+    assert sorted(found) == sorted(b for b in expected() if int(b[1:]) % 2 == 0)
 
     # A bad expression that skipped the SDK's check is refused by the slave itself.
     with BrokerClient(cluster.namesrv_addr) as raw:
