@@ -447,10 +447,7 @@ def _int_literal(t: _Tok) -> int:
 
 
 def _float_literal(t: _Tok) -> float:
-    try:
-        v = float(t.text)
-    except OverflowError:  # pragma: no cover - float() answers inf rather than raising
-        v = math.inf
+    v = float(t.text)  # inf when too large, as Java's Double
     if v > 1.7976931348623157e308:
         raise SqlFilterError(f"decimal {t.text[:40]} at {t.pos} is larger than a double")
     if v < _DOUBLE_MIN:
@@ -653,11 +650,8 @@ class SqlFilter:
         self._ev = ev
 
     def evaluate(self, properties: Props) -> bool | None:
-        """TRUE, FALSE or None (unknown) for a message with these properties.
-
-        Raises:
-            SqlFilterError: never; a failed conversion answers FALSE (RocketMQ logs it and does not match).
-        """
+        """TRUE, FALSE or None (unknown) for a message with these properties; a failed conversion answers
+        FALSE (RocketMQ throws, logs it and does not match). Never raises."""
         try:
             v = self._ev(properties)
         except _Mismatch:
