@@ -68,6 +68,8 @@ class BrokerConfig:
     mapped_file_size_commit_log: int = 1 << 30
     mapped_file_size_consume_queue: int = 6_000_000
     slave_read_enable: bool = False
+    enable_property_filter: bool = False
+    """``enablePropertyFilter``: accept SQL92 subscriptions (RocketMQ's key and default)."""
     access_message_in_memory_max_ratio: int = 40
     sync_flush_timeout_ms: int = 2000
     """``syncFlushTimeout``: bound of a SYNC_FLUSH wait and of a SYNC_MASTER wait for a slave ack. 2000 ms, not
@@ -481,6 +483,7 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "mappedFileSizeCommitLog": ("mapped_file_size_commit_log", _int(4096)),
     "mappedFileSizeConsumeQueue": ("mapped_file_size_consume_queue", _int(20)),
     "slaveReadEnable": ("slave_read_enable", _bool),
+    "enablePropertyFilter": ("enable_property_filter", _bool),
     "accessMessageInMemoryMaxRatio": ("access_message_in_memory_max_ratio", _int(0, 100)),
     "syncFlushTimeout": ("sync_flush_timeout_ms", _P),
     "haSendHeartbeatInterval": ("ha_send_heartbeat_interval_ms", _P),
@@ -592,6 +595,7 @@ KEY_DOCS: dict[str, str] = {
     "mappedFileSizeConsumeQueue": "Size in bytes of each consume-queue file (rounded up to a multiple of the 20-byte unit).",
     "slaveReadEnable": "Slaves serve pulls, and a master sends consumers that fall behind to a slave (false: RocketMQ's "
                        "default; `LocalCluster` and `splitmq cluster up` set true).",
+    "enablePropertyFilter": "Accept SQL92 property filters (`MessageSelector.sql`) on pulls and heartbeats; false refuses them with NO_PERMISSION naming this key.",
     "accessMessageInMemoryMaxRatio": "Percent of RAM: a pull further than this behind the newest message counts as cold (suggest a slave).",
     "syncFlushTimeout": "Milliseconds a send waits for a SYNC_FLUSH fsync or SYNC_MASTER slave acks before answering FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT.",
     "haSendHeartbeatInterval": "Milliseconds between a slave's idle offset reports and the master's heartbeat frames.",

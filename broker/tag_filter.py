@@ -1,19 +1,28 @@
-"""Tag subscriptions: ``*`` or ``TagA || TagB`` -> a filter on consume-queue tag codes (Java string hashes).
+"""Subscription filters: TAG expressions on consume-queue tag codes, SQL92 expressions on stored records.
 
-Like RocketMQ's ``FilterAPI.buildSubscriptionData``: ``*`` or an empty expression subscribes to everything;
-otherwise the expression is split on ``||`` and trimmed. Hash collisions pass the consume-queue filter, as in
-RocketMQ (the client re-checks tags).
+TAG (``*`` or ``TagA || TagB``), like RocketMQ's ``FilterAPI.buildSubscriptionData``: ``*`` or an empty
+expression subscribes to everything; otherwise the expression is split on ``||`` and trimmed. Hash collisions
+pass the consume-queue filter, as in RocketMQ (the client re-checks tags).
+
+SQL92 (``expressionType=SQL92``), like RocketMQ's ``ExpressionMessageFilter.isMatchedByCommitLog``: only with
+``enablePropertyFilter=true``; the expression is compiled once (:func:`client.protocol.sql92.compile_sql`
+caches it by text) and each candidate record's properties are decoded once, by the read that would return it.
+Nothing of this runs for a TAG subscription.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from client.errors import BrokerError
-from client.protocol.codec import tags_hash
+from client.errors import BrokerError, NoPermissionError, ProtocolViolationError
+from client.protocol.codec import record_layout, tags_hash
 from client.protocol.codes import ResponseCode
+from client.protocol.properties import decode_properties
+from client.protocol.selector import SQL92
+from client.protocol.sql92 import SqlFilter, SqlFilterError, compile_sql
 
-__all__ = ["MAX_EXPRESSION_LENGTH", "SubscriptionParseError", "build_tag_filter", "parse_tags"]
+__all__ = ["MAX_EXPRESSION_LENGTH", "SubscriptionParseError", "build_record_filter", "build_tag_filter",
+           "check_expression", "parse_tags"]
 
 #: Longest subscription expression accepted (a bound on the work of one pull).
 MAX_EXPRESSION_LENGTH = 4096
@@ -61,3 +70,51 @@ def build_tag_filter(expression: str | None) -> Callable[[int], bool] | None:
         return None
     codes = frozenset(tags_hash(t) for t in tags)
     return codes.__contains__
+
+
+def _sql_filter(expression: str, *, enabled: bool, where: str) -> SqlFilter:
+    if not enabled:
+        raise NoPermissionError(f"{where} refuses SQL92 subscriptions: enablePropertyFilter=false (set "
+                                f"enablePropertyFilter=true in the broker's properties)")
+    try:
+        return compile_sql(expression)
+    except SqlFilterError as e:
+        raise SubscriptionParseError(str(e)) from None
+
+
+def build_record_filter(expression: str, *, enabled: bool, where: str) -> Callable[[bytes], bool]:
+    """A filter on stored records for an SQL92 expression: decodes the record's properties and evaluates.
+
+    Args:
+        expression: the SQL92 expression.
+        enabled: the broker's ``enablePropertyFilter``.
+        where: the broker, as error messages name it.
+
+    Raises:
+        NoPermissionError: ``enabled`` is false (the message names ``enablePropertyFilter``).
+        SubscriptionParseError: the expression does not parse (the message says where and why).
+    """
+    flt = _sql_filter(expression, enabled=enabled, where=where)
+    matches = flt.matches
+
+    def record_matches(rec: bytes) -> bool:
+        try:
+            props_len_pos = record_layout(rec, 0, len(rec))[4]
+        except ProtocolViolationError:
+            return False
+        return matches(decode_properties(rec[props_len_pos + 2:]))
+
+    return record_matches
+
+
+def check_expression(expression: str, expression_type: str, *, enabled: bool, where: str) -> None:
+    """Refuse a subscription a pull would refuse (a heartbeat's subscriptions are checked with this).
+
+    Raises:
+        NoPermissionError: SQL92 while ``enablePropertyFilter`` is false.
+        SubscriptionParseError: the expression does not parse.
+    """
+    if expression_type == SQL92:
+        _sql_filter(expression, enabled=enabled, where=where)
+    else:
+        parse_tags(expression)

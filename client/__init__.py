@@ -41,6 +41,7 @@ from client._transaction import (
 )
 from client.protocol.codes import PullStatus, SendStatus
 from client.protocol.message import Message, MessageExt, MessageQueue
+from client.protocol.selector import MessageSelector
 from client.protocol.signing import Credentials
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "MessageExt",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "Producer",
     "PullConsumer",
     "PullResult",

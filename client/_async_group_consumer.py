@@ -25,6 +25,7 @@ from client._offset_store import LocalFileOffsetStore
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset
 from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
 from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.selector import MessageSelector
 from client.protocol.signing import Credentials
 
 __all__ = ["AsyncGroupConsumer"]
@@ -94,7 +95,7 @@ class AsyncGroupConsumer:
             self._store = LocalFileOffsetStore(self.config.offset_store_dir, "DEFAULT", self.group)
             self._store.load()
         for topic in self.core.topics():
-            self._puller.client.consumer_uses_topic(self.group, topic)
+            self._puller.client.consumer_uses_topic(self.group, topic, self.core.filter_of(topic).selector)
         self._state = ClientState.OPENED
         self._next_auto_commit = time.monotonic() + self.config.auto_commit_interval_s
         self._bg = asyncio.get_running_loop().create_task(self._background(), name=f"splitmq-{self.group}")
@@ -131,11 +132,11 @@ class AsyncGroupConsumer:
 
     # --- subscription ---
 
-    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
+    def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
         """See :meth:`client.GroupConsumer.subscribe`."""
-        self.core.subscribe(topic, sub_expression)
+        flt = self.core.subscribe(topic, sub_expression)
         if self._state is ClientState.OPENED:
-            self.client.consumer_uses_topic(self.group, topic)
+            self.client.consumer_uses_topic(self.group, topic, flt.selector)
             self._wake.set()
 
     def unsubscribe(self, topic: str) -> None:
@@ -270,7 +271,7 @@ class AsyncGroupConsumer:
         _, puller = self._open()
         gen, offset = pq.generation, pq.next_pull_offset
         began = time.monotonic()
-        r = await puller.pull(pq.mq, offset, cfg.pull_batch_size, self.core.filter_of(pq.mq.topic).expression,
+        r = await puller.pull(pq.mq, offset, cfg.pull_batch_size, self.core.filter_of(pq.mq.topic).selector,
                               suspend_timeout_s=cfg.pull_suspend_s or None)
         added, delay = self.core.after_pull(pq, gen, offset, r, time.monotonic() - began, self.group)
         if added:

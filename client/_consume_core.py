@@ -34,6 +34,7 @@ from client._routing import pull_refused
 from client.protocol.codes import PullStatus
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.properties import validate_group, validate_topic
+from client.protocol.selector import MessageSelector
 
 __all__ = ["GroupConsumerConfig", "GroupCore", "PulledBatch", "consume_timestamp_ms", "next_pull_delay_s"]
 
@@ -140,7 +141,7 @@ class GroupCore:
 
     # --- subscriptions ---
 
-    def subscribe(self, topic: str, sub_expression: str | None) -> TagFilter:
+    def subscribe(self, topic: str, sub_expression: str | MessageSelector | None) -> TagFilter:
         """Add or replace a topic subscription.
 
         Raises:

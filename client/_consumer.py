@@ -45,6 +45,7 @@ from client.protocol.codes import MASTER_ID
 from client.protocol.message import MessageQueue
 from client.protocol.properties import validate_group, validate_topic
 from client.protocol.requests import PullRequestHeader
+from client.protocol.selector import MessageSelector
 from client.protocol.signing import Credentials
 
 __all__ = ["AsyncPullConsumer", "ConsumerConfig", "PullConsumer"]
@@ -84,7 +85,7 @@ def _check_pull_args(mq: object, offset: int, max_nums: int) -> MessageQueue:
 
 
 @functools.lru_cache(maxsize=256)
-def _tag_filter(sub_expression: str) -> TagFilter:
+def _tag_filter(sub_expression: str | MessageSelector) -> TagFilter:
     try:
         return TagFilter.parse(sub_expression)
     except ValueError as e:
@@ -147,11 +148,14 @@ class _ConsumerBase:
         core.consumer_uses_topic(self.group, topic)
         return list((yield from core.subscribe_queues_op(topic)))
 
-    def _pull_op(self, core: _InstanceCore, mq: MessageQueue, offset: int, max_nums: int, sub_expression: str,
+    def _pull_op(self, core: _InstanceCore, mq: MessageQueue, offset: int, max_nums: int,
+                 sub_expression: str | MessageSelector,
                  timeout_s: float | None, suspend_timeout_s: float | None) -> Op[PullResult]:
         mq = _check_pull_args(mq, offset, max_nums)
+        flt = _tag_filter(sub_expression)
         header = PullRequestHeader.of(
-            self.group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
+            self.group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=flt.expression,
+            expression_type=flt.expression_type,
             commit_offset=self._committed.get(mq),
             suspend_timeout_ms=int(suspend_timeout_s * 1000) if suspend_timeout_s else None)
         timeout = (timeout_s if timeout_s is not None else self.config.pull_timeout_s) + (suspend_timeout_s or 0.0)
@@ -161,7 +165,7 @@ class _ConsumerBase:
                                  len(result.msg_found_list), result.max_offset, result.next_begin_offset)
         # The broker filters by tag hash, so a tag whose Java hash collides with a subscribed one gets through
         # (RocketMQ's processPullResult filters again).
-        tags = _tag_filter(sub_expression).tags
+        tags = flt.tags
         if tags is None or not result.msg_found_list:
             return result
         kept = [m for m in result.msg_found_list if m.tags in tags]
@@ -227,7 +231,8 @@ class PullConsumer(SyncLifecycle, _ConsumerBase):
         client = self._ensure_open()
         return client.drive(self._queues_op(client, topic))
 
-    def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, sub_expression: str = "*", *,
+    def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32,
+             sub_expression: str | MessageSelector = "*", *,
              timeout_s: float | None = None, suspend_timeout_s: float | None = None) -> PullResult:
         """Pull up to ``max_nums`` messages of ``mq`` from ``offset``.
 
@@ -235,7 +240,8 @@ class PullConsumer(SyncLifecycle, _ConsumerBase):
             mq: the queue.
             offset: first logical offset wanted.
             max_nums: messages at most.
-            sub_expression: ``*`` or ``TagA || TagB``.
+            sub_expression: ``*`` or ``TagA || TagB``, or a :class:`MessageSelector` (``MessageSelector.sql(...)``
+                for a property filter the broker evaluates).
             timeout_s: bound on the request (``pull_timeout_s`` when None).
             suspend_timeout_s: long polling: the broker holds the pull up to this long when nothing is new.
 
@@ -304,7 +310,8 @@ class AsyncPullConsumer(AsyncLifecycle, _ConsumerBase):
         client = self._ensure_open()
         return await client.drive(self._queues_op(client, topic))
 
-    async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, sub_expression: str = "*", *,
+    async def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32,
+             sub_expression: str | MessageSelector = "*", *,
                    timeout_s: float | None = None, suspend_timeout_s: float | None = None) -> PullResult:
         """See :meth:`PullConsumer.pull`."""
         client = self._ensure_open()

@@ -41,6 +41,7 @@ from client._rebalance import MessageModel, ProcessQueue, plan_start_offset, ret
 from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
 from client.protocol.codes import MASTER_ID, PullStatus
 from client.protocol.message import MessageExt, MessageQueue
+from client.protocol.selector import MessageSelector
 from client.protocol.signing import Credentials
 
 __all__ = ["GroupConsumer", "SyncEngine", "consumer_ids_url", "parse_consumer_ids"]
@@ -264,7 +265,7 @@ class SyncEngine:
             if self._retry:
                 self.core.subscriptions.setdefault(retry_topic(self.group), self.core.filter_of(""))
             for topic in self.core.topics():
-                client.consumer_uses_topic(self.group, topic)
+                client.consumer_uses_topic(self.group, topic, self.core.filter_of(topic).selector)
             self.state = ClientState.OPENED
         self._spawn(self._background, "rebalance")
         for i in range(self.config.pull_thread_nums):
@@ -586,7 +587,7 @@ class SyncEngine:
         began = time.monotonic()
         self.pull_count += 1
         try:
-            r = puller.pull(pq.mq, offset, cfg.pull_batch_size, flt.expression,
+            r = puller.pull(pq.mq, offset, cfg.pull_batch_size, flt.selector,
                             suspend_timeout_s=cfg.pull_suspend_s or None)
         except ClientError as e:
             log.info("pull of %s at %d failed: %s", pq.mq, offset, e)
@@ -674,11 +675,12 @@ class GroupConsumer:
 
     # --- subscription ---
 
-    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
-        """Consume ``topic`` (``*`` or ``TagA || TagB``); queues come from rebalancing."""
-        self._engine.core.subscribe(topic, sub_expression)
+    def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
+        """Consume ``topic``: ``*``, ``TagA || TagB``, or a :class:`MessageSelector` (``MessageSelector.sql(...)``:
+        the broker filters on message properties); queues come from rebalancing."""
+        flt = self._engine.core.subscribe(topic, sub_expression)
         if self.state is ClientState.OPENED:
-            self.client.consumer_uses_topic(self.group, topic)
+            self.client.consumer_uses_topic(self.group, topic, flt.selector)
             self._engine.wake_rebalance()
 
     def unsubscribe(self, topic: str) -> None:

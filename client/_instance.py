@@ -49,6 +49,7 @@ from client._transport import AsyncTransport, SyncTransport
 from client.errors import AccessDeniedError, ClientClosedError, ClientError, RouteNotFoundError
 from client.protocol.message import MessageQueue
 from client.protocol.route import TopicRouteData
+from client.protocol.selector import MessageSelector
 from client.protocol.signing import Credentials, SigningAuth, fresh_authorization
 
 __all__ = ["AsyncClientInstance", "ClientConfig", "ClientInstance", "ClientState", "with_credentials"]
@@ -172,6 +173,8 @@ class _InstanceCore:
         self.client_id = f"127.0.0.1@{os.getpid()}#{next(_client_ids)}"
         self.producer_groups: collections.Counter[str] = collections.Counter()
         self.consumer_groups: dict[str, set[str]] = {}
+        self.consumer_selectors: dict[str, dict[str, MessageSelector]] = {}
+        """group -> topic -> SQL92 selector, announced in heartbeats (TAG subscriptions are announced as ``*``)."""
         self.topics_in_use: set[str] = set()
         self.route_asked_ms: dict[str, int] = {}
         """When each topic's route was last asked of the nameservers (``clock_ms``), answered or not."""
@@ -224,9 +227,13 @@ class _InstanceCore:
         """Heartbeat ``group`` as a consumer group (and heartbeat slaves too from now on)."""
         self.consumer_groups.setdefault(group, set())
 
-    def consumer_uses_topic(self, group: str, topic: str) -> None:
-        """``group`` subscribes ``topic`` (announced in the heartbeats)."""
+    def consumer_uses_topic(self, group: str, topic: str, selector: MessageSelector | None = None) -> None:
+        """``group`` subscribes ``topic`` (announced in the heartbeats, with ``selector`` when it is SQL92)."""
         self.consumer_groups.setdefault(group, set()).add(topic)
+        if selector is not None and selector.is_sql:
+            self.consumer_selectors.setdefault(group, {})[topic] = selector
+        elif selector is not None:
+            self.consumer_selectors.get(group, {}).pop(topic, None)
 
     def heartbeat_targets(self) -> list[str]:
         """Masters for producers; masters and slaves once a consumer is registered (SEMANTICS.md 3.3)."""
@@ -235,7 +242,8 @@ class _InstanceCore:
     def heartbeat_body(self) -> bytes:
         """The ``POST /heartbeat`` body announcing this instance's groups."""
         return rq.heartbeat_body(self.client_id, self.producer_groups, self.consumer_groups,
-                                 heartbeat_timeout_ms=self.config.effective_heartbeat_timeout_ms)
+                                 heartbeat_timeout_ms=self.config.effective_heartbeat_timeout_ms,
+                                 selectors=self.consumer_selectors)
 
     def check_open(self) -> None:
         """Raise ClientClosedError once the instance is closed."""
@@ -324,12 +332,16 @@ class _InstanceCore:
             raise self.no_route_error(topic)
         return queues
 
-    def _each_broker_op(self, path: str, body: bytes, what: str, targets: list[str]) -> Op[int]:
+    def _each_broker_op(self, path: str, body: bytes, what: str, targets: list[str],
+                        on_answer: Callable[[rq.Answer, str], None] | None = None) -> Op[int]:
         """``POST path`` to each of ``targets``, best effort (each request bounded); how many answered."""
         ok = 0
         for addr in targets:
             try:
-                rq.raise_for_status((yield Exchange("POST", addr, path, body)), addr)
+                answer = yield Exchange("POST", addr, path, body)
+                rq.raise_for_status(answer, addr)
+                if on_answer is not None:
+                    on_answer(answer, addr)
                 ok += 1
             except (httpx.HTTPError, ClientError) as e:
                 log.debug("%s to %s failed: %s", what, addr, e)
@@ -338,13 +350,14 @@ class _InstanceCore:
     def heartbeat_op(self) -> Op[int]:
         """One heartbeat to each target; how many brokers answered."""
         return (yield from self._each_broker_op("/heartbeat", self.heartbeat_body(), "heartbeat",
-                                                self.heartbeat_targets()))
+                                                self.heartbeat_targets(), rq.warn_refused_subscriptions))
 
     def unregister_consumer_group_op(self, group: str) -> Op[None]:
         """Stop heartbeating ``group`` and leave it on every broker now, so the other instances rebalance without
         waiting for our heartbeat timeout."""
         targets = self.heartbeat_targets()
         self.consumer_groups.pop(group, None)
+        self.consumer_selectors.pop(group, None)
         body = rq.unregister_body(self.client_id, consumer_groups=[group])
         yield from self._each_broker_op("/client/unregister", body, f"unregister of {group}", targets)
 

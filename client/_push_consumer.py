@@ -51,6 +51,7 @@ from client.protocol.properties import (
     TAGS,
     UNIQ_KEY,
 )
+from client.protocol.selector import MessageSelector
 from client.protocol.signing import Credentials
 
 __all__ = ["ConsumeStatus", "InvalidConsumeStatusError", "PushConsumer", "check_consume_status",
@@ -192,11 +193,11 @@ class PushConsumer:
     def client(self) -> ClientInstance:
         return self._engine.check_open()[0]
 
-    def subscribe(self, topic: str, sub_expression: str = "*") -> None:
-        """Consume ``topic`` (``*`` or ``TagA || TagB``)."""
-        self._engine.core.subscribe(topic, sub_expression)
+    def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
+        """Consume ``topic``: ``*``, ``TagA || TagB``, or a :class:`MessageSelector` (``MessageSelector.sql(...)``)."""
+        flt = self._engine.core.subscribe(topic, sub_expression)
         if self.state is ClientState.OPENED:
-            self.client.consumer_uses_topic(self.group, topic)
+            self.client.consumer_uses_topic(self.group, topic, flt.selector)
             self._engine.wake_rebalance()
 
     def assignment(self) -> set[MessageQueue]:

@@ -23,6 +23,8 @@ import attrs
 
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.properties import RETRY_TOPIC
+from client.protocol.selector import SQL92, TAG, MessageSelector
+from client.protocol.sql92 import compile_sql
 
 __all__ = [
     "AllocateMessageQueueAveragely",
@@ -200,24 +202,32 @@ def plan_start_offset(where: ConsumeFromWhere, committed: int, topic: str) -> St
 
 @attrs.frozen
 class TagFilter:
-    """A parsed ``sub_expression``: ``*`` (everything) or ``TagA || TagB``."""
+    """A parsed ``sub_expression``: ``*`` (everything), ``TagA || TagB``, or an SQL92 filter (the broker's job)."""
 
     expression: str
     """The expression as sent to the broker."""
     tags: frozenset[str] | None
-    """The accepted tags; None accepts every message."""
+    """The accepted tags; None accepts every message (and every message an SQL92 filter let through)."""
+    expression_type: str = TAG
+    """``TAG`` or ``SQL92``."""
 
     @classmethod
-    def parse(cls, expression: str | None) -> TagFilter:
-        """Parse as RocketMQ's ``FilterAPI`` does (split on ``||``, trim, ``*`` or empty = all).
+    def parse(cls, expression: str | MessageSelector | None) -> TagFilter:
+        """Parse as RocketMQ's ``FilterAPI`` does (split on ``||``, trim, ``*`` or empty = all); an SQL92
+        selector is compiled once to refuse a bad one early, and filtered by the broker.
 
         Raises:
-            ValueError: not a str, a control character, or ``||`` with no tag between.
+            ValueError: not a str or selector, a control character, ``||`` with no tag between, or bad SQL92.
         """
+        if isinstance(expression, MessageSelector):
+            if expression.is_sql:
+                compile_sql(expression.expression)  # SqlFilterError is a ValueError naming the problem
+                return cls(expression.expression, None, SQL92)
+            expression = expression.expression
         if expression is None:
             expression = "*"
         if not isinstance(expression, str):
-            raise ValueError(f"sub_expression must be a str, got {type(expression).__name__}")
+            raise ValueError(f"sub_expression must be a str or a MessageSelector, got {type(expression).__name__}")
         expr = expression.strip()
         if not expr or expr == "*":
             return cls("*", None)
@@ -227,6 +237,11 @@ class TagFilter:
         if not tags:
             raise ValueError(f"sub_expression {expr[:60]!r} names no tag (expected '*' or 'TagA || TagB')")
         return cls(expr, tags)
+
+    @property
+    def selector(self) -> MessageSelector:
+        """What a pull sends."""
+        return MessageSelector(self.expression, self.expression_type)
 
     def matches(self, msg: MessageExt) -> bool:
         """True when the message's tag is accepted (the broker's hash filter can let collisions through)."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Generator, Iterable, Sequence
+import logging
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import attrs
@@ -31,10 +32,13 @@ from client.protocol.codes import PullStatus, ResponseCode, SendStatus
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.requests import SendRequestHeader, quote_arg
 from client.protocol.route import TopicRouteData
+from client.protocol.selector import MessageSelector
 
 __all__ = ["Answer", "Exchange", "Op", "PullResult", "RawPullResult", "RawSendResult", "SendResult", "call_op"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 #: A response as the data path reads it: ``status_code`` and ``content`` (httpx's, or the SDK transport's raw one).
 Answer = httpx.Response | RawResponse
@@ -225,18 +229,43 @@ def parse_route(resp: Answer, addr: str) -> TopicRouteData | None:
         raise ProtocolViolationError(f"nameserver {addr} answered a malformed route: {e}", broker_addr=addr) from None
 
 
+def _subscription(topic: str, selector: MessageSelector | None) -> dict[str, str]:
+    # TAG subscriptions are announced as "*" (the consumer filters its pulls); an SQL92 one with its expression
+    # and type, so the broker can say at once that it would refuse it.
+    if selector is not None and selector.is_sql:
+        return {"topic": topic, "expression": selector.expression, "expressionType": selector.expression_type}
+    return {"topic": topic, "expression": "*"}
+
+
 def heartbeat_body(client_id: str, producer_groups: Iterable[str], consumer_groups: dict[str, set[str]], *,
-                   heartbeat_timeout_ms: int | None = None) -> bytes:
+                   heartbeat_timeout_ms: int | None = None,
+                   selectors: Mapping[str, Mapping[str, MessageSelector]] | None = None) -> bytes:
+    sel = selectors or {}
     return dumps({
         "clientId": client_id,
         **({"heartbeatTimeoutMs": heartbeat_timeout_ms} if heartbeat_timeout_ms else {}),
         "producerGroups": sorted(producer_groups),
         "consumerGroups": [
             {"group": g, "messageModel": "CLUSTERING",
-             "subscriptions": [{"topic": t, "expression": "*"} for t in sorted(topics)]}
+             "subscriptions": [_subscription(t, sel.get(g, {}).get(t)) for t in sorted(topics)]}
             for g, topics in sorted(consumer_groups.items())
         ],
     })
+
+
+def warn_refused_subscriptions(resp: Answer, addr: str) -> None:
+    """Log what a heartbeat's answer says the broker will refuse to serve (an SQL92 subscription to a broker
+    with ``enablePropertyFilter=false``): the pulls fail with the same error, this says so once per heartbeat."""
+    if not resp.content or resp.content == b"{}":
+        return
+    try:
+        refused = json.loads(resp.content).get("refusedSubscriptions") or []
+    except (ValueError, AttributeError):
+        return
+    for r in refused[:8] if isinstance(refused, list) else ():
+        if isinstance(r, dict):
+            log.warning("broker %s will refuse the subscription of group %s to %s: [code=%s] %s", addr,
+                        r.get("group"), r.get("topic"), r.get("code"), r.get("remark"))
 
 
 def unregister_body(client_id: str, *, producer_groups: Iterable[str] = (), consumer_groups: Iterable[str] = ()

@@ -255,6 +255,7 @@ class BrokerHandle:
             "listenPort": "0",
             "haListenPort": "0",
             "storePathRootDir": str(self.store_dir),
+            "enablePropertyFilter": "true",  # SQL92 subscriptions (RocketMQ's default is false)
         }
         if c.commitlog_file_size_bytes:
             props["mappedFileSizeCommitLog"] = str(c.commitlog_file_size_bytes)

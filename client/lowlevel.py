@@ -82,6 +82,7 @@ from client.protocol.codes import PullStatus
 from client.protocol.message import MessageQueue
 from client.protocol.requests import PullRequestHeader, SendRequestHeader
 from client.protocol.route import TopicRouteData
+from client.protocol.selector import MessageSelector
 from client.protocol.signing import Credentials
 
 __all__ = [
@@ -133,6 +134,15 @@ def raw_pull_refused(result: RawPullResult, requested_offset: int) -> bool:
         return False
     return pull_refused(PullResult(result.status, result.next_begin_offset, result.min_offset, result.max_offset, [],
                                    result.suggest_which_broker_id, result.served_by_broker_id), requested_offset)
+
+
+def _pull_header(mq: MessageQueue, offset: int, group: str, max_nums: int, max_bytes: int | None,
+                 sub_expression: str | MessageSelector, commit_offset: int | None, suspend_timeout_ms: int | None
+                 ) -> PullRequestHeader:
+    selector = MessageSelector.of(sub_expression)
+    return PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=selector.expression,
+                                expression_type=selector.expression_type, commit_offset=commit_offset,
+                                suspend_timeout_ms=suspend_timeout_ms, max_bytes=max_bytes)
 
 
 class _LowLevelCore:
@@ -212,22 +222,20 @@ class _LowLevelCore:
         return RawSendResult(mq, reply)
 
     def _pull_op(self, mq: MessageQueue, offset: int, group: str, max_nums: int, max_bytes: int | None,
-                 sub_expression: str, timeout_s: float, commit_offset: int | None, suspend_timeout_ms: int | None
-                 ) -> Op[RawPullResult]:
-        header = PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
-                                      commit_offset=commit_offset, suspend_timeout_ms=suspend_timeout_ms,
-                                      max_bytes=max_bytes)
+                 sub_expression: str | MessageSelector, timeout_s: float, commit_offset: int | None,
+                 suspend_timeout_ms: int | None) -> Op[RawPullResult]:
+        header = _pull_header(mq, offset, group, max_nums, max_bytes, sub_expression, commit_offset,
+                              suspend_timeout_ms)
         timeout = timeout_s + (suspend_timeout_ms or 0) / 1000
         return (yield from pull_op(self._core, self._pull_nodes, mq, header, timeout, rq.parse_pull_raw,
                                    raw_pull_refused))
 
     @staticmethod
     def _pull_from_op(addr: str, mq: MessageQueue, offset: int, group: str, max_nums: int, max_bytes: int | None,
-                      sub_expression: str, timeout_s: float, commit_offset: int | None,
+                      sub_expression: str | MessageSelector, timeout_s: float, commit_offset: int | None,
                       suspend_timeout_ms: int | None) -> Op[RawPullResult]:
-        header = PullRequestHeader.of(group, mq.topic, mq.queue_id, offset, max_nums, sub_expression=sub_expression,
-                                      commit_offset=commit_offset, suspend_timeout_ms=suspend_timeout_ms,
-                                      max_bytes=max_bytes)
+        header = _pull_header(mq, offset, group, max_nums, max_bytes, sub_expression, commit_offset,
+                              suspend_timeout_ms)
         return (yield from call_op("GET", addr, header.target(), f"pull of {mq} at {offset} from {addr}",
                                    lambda resp, a: rq.parse_pull_raw(resp, a, mq),
                                    timeout=timeout_s + (suspend_timeout_ms or 0) / 1000))
@@ -352,7 +360,7 @@ class BrokerClient(_LowLevelCore):
         return self._inst.drive(self._send_op(topic, body, count, group, queue, timeout_s, retries))
 
     def pull_raw(self, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
-                 max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
+                 max_bytes: int | None = None, sub_expression: str | MessageSelector = "*", timeout_s: float = 5.0,
                  commit_offset: int | None = None, suspend_timeout_ms: int | None = None) -> RawPullResult:
         """Pull from the member the SDK's read/write-split rules choose (module docstring); the records stay raw.
 
@@ -362,7 +370,8 @@ class BrokerClient(_LowLevelCore):
             group: consumer group.
             max_nums: messages at most.
             max_bytes: stored bytes at most (the broker's default when None).
-            sub_expression: ``*`` or ``TagA || TagB`` (filtered by tag hash: recheck the tags when it matters).
+            sub_expression: ``*`` or ``TagA || TagB`` (filtered by tag hash: recheck the tags when it matters), or
+                a :class:`~client.protocol.selector.MessageSelector` (``MessageSelector.sql``: the broker filters).
             timeout_s: bound on each request (plus ``suspend_timeout_ms`` when long polling).
             commit_offset: the group's offset to store, sent only to a master.
             suspend_timeout_ms: long polling: the broker holds the pull this long when nothing is new.
@@ -379,7 +388,7 @@ class BrokerClient(_LowLevelCore):
                                               commit_offset, suspend_timeout_ms))
 
     def pull_raw_from(self, addr: str, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
-                      max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
+                      max_bytes: int | None = None, sub_expression: str | MessageSelector = "*", timeout_s: float = 5.0,
                       commit_offset: int | None = None, suspend_timeout_ms: int | None = None) -> RawPullResult:
         """One pull from the member at ``addr`` chosen by the caller; no routing state is read or changed.
 
@@ -468,14 +477,14 @@ class AsyncBrokerClient(_LowLevelCore):
         return await self._inst.drive(self._send_op(topic, body, count, group, queue, timeout_s, retries))
 
     async def pull_raw(self, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
-                       max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
+                       max_bytes: int | None = None, sub_expression: str | MessageSelector = "*", timeout_s: float = 5.0,
                        commit_offset: int | None = None, suspend_timeout_ms: int | None = None) -> RawPullResult:
         """See :meth:`BrokerClient.pull_raw`."""
         return await self._inst.drive(self._pull_op(mq, offset, group, max_nums, max_bytes, sub_expression,
                                                     timeout_s, commit_offset, suspend_timeout_ms))
 
     async def pull_raw_from(self, addr: str, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
-                            max_bytes: int | None = None, sub_expression: str = "*", timeout_s: float = 5.0,
+                            max_bytes: int | None = None, sub_expression: str | MessageSelector = "*", timeout_s: float = 5.0,
                             commit_offset: int | None = None, suspend_timeout_ms: int | None = None
                             ) -> RawPullResult:
         """See :meth:`BrokerClient.pull_raw_from`."""

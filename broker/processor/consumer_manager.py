@@ -21,12 +21,22 @@ from typing import Any
 from broker.clients import ClientInfo, ClientTable, LastPulls
 from broker.config import BrokerConfig
 from broker.metadata import ConsumerOffsetManager, SubscriptionGroupManager, TopicConfigManager
-from broker.processor.args import INT32_MAX, INT64_MAX, ArgumentError, checked_name, json_field, queue_args
+from broker.processor.args import (
+    INT32_MAX,
+    INT64_MAX,
+    ArgumentError,
+    broker_where,
+    checked_name,
+    json_field,
+    queue_args,
+)
 from broker.retry import retry_topic
 from broker.role import RoleState
-from client.errors import QueryNotFoundError
+from broker.tag_filter import check_expression
+from client.errors import BrokerError, QueryNotFoundError
 from client.protocol.asgi import Request, Response, json_response
 from client.protocol.codes import Perm
+from client.protocol.selector import EXPRESSION_TYPES, SQL92, TAG
 
 __all__ = ["CLIENT_EXPIRE_MS", "MAX_OFFSETS_PER_COMMIT", "ConsumerManageProcessor", "ensure_retry_topics",
            "live_client_ids"]
@@ -155,11 +165,41 @@ class ConsumerManageProcessor:
     async def heartbeat(self, request: Request) -> Response:
         """``{"clientId", "producerGroups", "consumerGroups": [{"group", "subscriptions"}], "heartbeatTimeoutMs"}``."""
         client_id, producers, consumers, timeout_ms = _check_heartbeat(request.json())
+        refused = self._check_sql_subscriptions(consumers)
         self._clients.heartbeat(client_id, producers, consumers, timeout_ms)
         if ensure_retry_topics(consumers, config=self._config, role=self._role, topics=self._topics,
                                groups=self._groups):
             self._request_registration()
+        if refused:
+            log.warning("client %s subscribes what this broker refuses to serve: %s", client_id, refused)
+            return json_response({"refusedSubscriptions": refused})
         return json_response({})
+
+    def _check_sql_subscriptions(self, consumers: list[Any]) -> list[dict[str, Any]]:
+        """The SQL92 subscriptions of a heartbeat this broker would refuse to serve (a bad expression, or
+        ``enablePropertyFilter=false``), each with the code and remark its pulls get.
+
+        The heartbeat itself is kept, as RocketMQ keeps it: refusing it would take the client out of its group
+        here, and a group whose members vanish is assigned nothing -- the silent failure this check exists to
+        avoid. The pulls are refused with these errors.
+
+        Raises:
+            ArgumentError: an ``expressionType`` other than TAG or SQL92 (a malformed heartbeat).
+        """
+        refused: list[dict[str, Any]] = []
+        for c in consumers:
+            for s in c.get("subscriptions") or ():
+                kind = s.get("expressionType", TAG)
+                if kind not in EXPRESSION_TYPES:
+                    raise ArgumentError(f"subscription expressionType must be TAG or SQL92, got {str(kind)[:40]!r}")
+                if kind != SQL92:
+                    continue
+                try:
+                    check_expression(str(s.get("expression", "")), kind, enabled=self._config.enable_property_filter,
+                                     where=broker_where(self._config, self._addr, self._role))
+                except BrokerError as e:
+                    refused.append({"group": c["group"], "topic": s["topic"], "code": e.code, "remark": str(e)})
+        return refused
 
     async def last_pulls(self, request: Request) -> Response:
         """``{"lastPullTimestamp": {"QUEUE_ID": ms}}``: the group's last pull of each queue of ``topic`` here."""

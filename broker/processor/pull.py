@@ -4,7 +4,9 @@ Arguments are read by :meth:`client.protocol.requests.PullRequestHeader.from_que
 the bad one). Pre-checks in order: broker readable (NO_PERMISSION), subscription group (auto-created, else
 SUBSCRIPTION_GROUP_NOT_EXIST; ``consumeEnable=false`` -> NO_PERMISSION), topic exists (TOPIC_NOT_EXIST),
 topic readable (NO_PERMISSION), ``queueId`` in ``[0, readQueueNums)`` (INVALID_PARAMETER), subscription
-expression (SUBSCRIPTION_PARSE_FAILED). Then the store is read when this broker serves the pull
+expression (SUBSCRIPTION_PARSE_FAILED; an SQL92 one with ``enablePropertyFilter=false``: NO_PERMISSION). An SQL92
+subscription filters the records the store would return by their properties (:mod:`broker.tag_filter`); a TAG
+one costs what it always did. Then the store is read when this broker serves the pull
 (:attr:`broker.read_split.PullContext.serves`), and :func:`broker.read_split.plan_pull_answer` plans the answer
 (code, suggested broker, a slave's offset rewrite) in one call. Before a read answers "no message", what is pending is
 dispatched (read-your-writes). A PULL_NOT_FOUND with the suspend flag is parked in
@@ -29,8 +31,8 @@ from broker.metrics import BrokerMetrics
 from broker.processor.args import broker_where
 from broker.read_split import PullContext, plan_pull_answer
 from broker.role import RoleState
-from broker.store.api import GetMessageResult, GetMessageStatus, MessageStore, TagFilter
-from broker.tag_filter import build_tag_filter
+from broker.store.api import GetMessageResult, GetMessageStatus, MessageStore, RecordFilter, TagFilter
+from broker.tag_filter import build_record_filter, build_tag_filter
 from client.errors import (
     InvalidParameterError,
     NoPermissionError,
@@ -40,6 +42,7 @@ from client.errors import (
 from client.protocol.asgi import Request, Response
 from client.protocol.codes import Perm, PullSysFlag, ResponseCode
 from client.protocol.requests import PullRequestHeader
+from client.protocol.selector import SQL92
 from client.protocol.wire import encode_pull_header
 
 __all__ = ["PullProcessor"]
@@ -92,8 +95,14 @@ class PullProcessor:
     async def handle(self, request: Request) -> Response:
         req = PullRequestHeader.from_query(request.query)
         group = self._check(req)
-        tag_filter = build_tag_filter(req.sub_expression)
-        body = await self._process(req, group, tag_filter)
+        tag_filter: TagFilter | None = None
+        record_filter: RecordFilter | None = None
+        if req.expression_type == SQL92:
+            record_filter = build_record_filter(req.sub_expression, enabled=self._config.enable_property_filter,
+                                                where=broker_where(self._config, self._addr, self._role))
+        else:
+            tag_filter = build_tag_filter(req.sub_expression)
+        body = await self._process(req, group, tag_filter, record_filter)
         return Response(body)
 
     def _check(self, req: PullRequestHeader) -> SubscriptionGroupConfig:
@@ -126,8 +135,8 @@ class PullProcessor:
             )
         return group
 
-    async def _process(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None
-                       ) -> bytes:
+    async def _process(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None,
+                       record_filter: RecordFilter | None) -> bytes:
         if (req.sys_flag & PullSysFlag.COMMIT_OFFSET and req.commit_offset >= 0 and not self._role.is_slave):
             # The piggy-backed offset repeats the client's last commit. One below the stored offset is stale: a
             # pull of the queue's previous owner that was on its way while that owner committed and handed the
@@ -136,12 +145,12 @@ class PullProcessor:
             if stored is None or req.commit_offset > stored:
                 self._offsets.commit(req.group, req.topic, req.queue_id, req.commit_offset)
         allow_suspend = bool(req.sys_flag & PullSysFlag.SUSPEND)
-        body = self._run_once(req, group, tag_filter, allow_suspend)
+        body = self._run_once(req, group, tag_filter, record_filter, allow_suspend)
         if body is not None:
             return body
         woken = await self._hold.wait(req.topic, req.queue_id, req.offset, self._hold_timeout_s(req))
         log.debug("parked pull %s/%d@%d %s", req.topic, req.queue_id, req.offset, "woken" if woken else "expired")
-        body = self._run_once(req, group, tag_filter, allow_suspend=False)
+        body = self._run_once(req, group, tag_filter, record_filter, allow_suspend=False)
         assert body is not None
         return body
 
@@ -152,7 +161,7 @@ class PullProcessor:
         return min(req.suspend_timeout_ms, cfg.max_suspend_timeout_ms) / 1000.0
 
     def _run_once(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None,
-                  allow_suspend: bool) -> bytes | None:
+                  record_filter: RecordFilter | None, allow_suspend: bool) -> bytes | None:
         """One pass over the store; None when the pull should be parked."""
         cfg = self._config
         store = self._store
@@ -169,11 +178,11 @@ class PullProcessor:
                 store.get_max_offset_in_queue(req.topic, req.queue_id), plan.suggest_which_broker_id, self._role.broker_id, 0,
             )
         result: GetMessageResult = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums,
-                                                     req.max_bytes, tag_filter)
+                                                     req.max_bytes, tag_filter, record_filter)
         if result.status in _AT_QUEUE_END and store.dispatch_behind_bytes > 0:
             self._catch_up_dispatch()  # a stored message not yet in its queue must not read as "no message"
             result = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums, req.max_bytes,
-                                       tag_filter)
+                                       tag_filter, record_filter)
         self._last_pulls.record(req.group, req.topic, req.queue_id, self._clock_ms())
         plan = plan_pull_answer(ctx, result.status, req.offset,
                                 suggest_pulling_from_slave=result.suggest_pulling_from_slave)

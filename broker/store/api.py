@@ -138,6 +138,9 @@ class QueryResult:
 
 #: ``(topic, queue_id, tags_code_or_none) -> bool``: consume-queue filter for ``get_message``.
 TagFilter = Callable[[int], bool]
+#: ``record -> bool``: a filter on a stored record (an SQL92 subscription reads its properties), applied after
+#: the tag filter to the records a read would return; None costs nothing.
+RecordFilter = Callable[[bytes], bool]
 
 
 class MessageStore(Protocol):
@@ -238,9 +241,11 @@ class MessageStore(Protocol):
         max_nums: int,
         max_bytes: int,
         tag_filter: TagFilter | None = None,
+        record_filter: RecordFilter | None = None,
     ) -> GetMessageResult:
         """Read up to ``max_nums`` messages / ``max_bytes`` from a queue (statuses and next-offset rules of
-        SEMANTICS.md 3.1, including the slave rule that suppresses offset corrections)."""
+        SEMANTICS.md 3.1, including the slave rule that suppresses offset corrections). A record refused by
+        ``record_filter`` is skipped like a tag mismatch: it counts toward no limit."""
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
 

@@ -23,6 +23,7 @@ from broker.store.api import (
     GetMessageResult,
     PutMessageStatus,
     QueryResult,
+    RecordFilter,
     StoreError,
     TagFilter,
 )
@@ -463,12 +464,13 @@ class FileMessageStore:
         max_nums: int,
         max_bytes: int,
         tag_filter: TagFilter | None = None,
+        record_filter: RecordFilter | None = None,
     ) -> GetMessageResult:
         """Read from a queue with the statuses and next-offset rules of SEMANTICS.md 3.1."""
         # A slave keeps the consumer's offset unless offsetCheckInSlave (SEMANTICS.md 3.1, nextOffsetCorrection).
         correct = self._role is not BrokerRole.SLAVE or self.config.offset_check_in_slave
         return reader.get_message(self.commitlog, self.cqs, self.config, topic, queue_id, offset, max_nums, max_bytes,
-                                  tag_filter, correct_offsets=correct)
+                                  tag_filter, record_filter, correct_offsets=correct)
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.cqs.get(topic, queue_id)

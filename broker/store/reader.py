@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from broker.store.api import GetMessageResult, GetMessageStatus, QueryResult, TagFilter
+from broker.store.api import GetMessageResult, GetMessageStatus, QueryResult, RecordFilter, TagFilter
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import BLANK_SIZE, CQ_UNIT, UNIT_SIZE, ConsumeQueueTable
@@ -29,7 +29,8 @@ def _result(status: GetMessageStatus, next_offset: int, min_o: int, max_o: int) 
 
 def get_message(
     cl: CommitLog, cqs: ConsumeQueueTable, cfg: StoreConfig, topic: str, queue_id: int, offset: int, max_nums: int,
-    max_bytes: int, tag_filter: TagFilter | None, *, correct_offsets: bool,
+    max_bytes: int, tag_filter: TagFilter | None, record_filter: RecordFilter | None = None, *,
+    correct_offsets: bool,
 ) -> GetMessageResult:
     """See :meth:`broker.store.api.MessageStore.get_message`.
 
@@ -102,6 +103,9 @@ def get_message(
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
             if size != BLANK_SIZE:
                 next_phy_file_start = cl.roll_next_file(phy)
+            p += UNIT_SIZE
+            continue
+        if record_filter is not None and not record_filter(rec):
             p += UNIT_SIZE
             continue
         records.append(rec)

@@ -5,10 +5,11 @@ The SDK and the Spark connector build a request's path and query with :meth:`Pul
 argument and raises :class:`ArgumentError` (answered as INVALID_PARAMETER) naming the first bad one::
 
     GET  /pull?group=G&topic=T&queueId=Q&offset=O&maxNums=N&sysFlag=F&subExpression=E
-               [&maxBytes=B][&commitOffset=C][&suspendTimeoutMs=S]
+               [&maxBytes=B][&commitOffset=C][&suspendTimeoutMs=S][&expressionType=SQL92]
     POST /send?topic=T&queueId=Q[&group=G][&reconsumeTimes=R][&defaultTopicQueueNums=N]
 
-Optional arguments are written only when they differ from the broker's default (or, for ``commitOffset`` and
+Optional arguments are written only when they differ from the broker's default (``expressionType`` only for
+``SQL92``; TAG is the default), or, for ``commitOffset`` and
 ``suspendTimeoutMs``, when the flag bit that uses them is set), so ``from_query(parse(to_query(h))) == h``.
 Queries are built as plain strings: httpx's ``params=`` cost about 50 µs a request on the data path.
 
@@ -27,6 +28,7 @@ import attrs
 from client.errors import ClientError, MessageIllegalError
 from client.protocol.codes import PullSysFlag, ResponseCode
 from client.protocol.properties import validate_group, validate_topic
+from client.protocol.selector import EXPRESSION_TYPES, TAG
 
 __all__ = [
     "DEFAULT_PULL_MAX_BYTES",
@@ -172,12 +174,14 @@ class PullRequestHeader:
     suspend_timeout_ms: int = DEFAULT_SUSPEND_TIMEOUT_MS
     """Long-poll bound when ``SUSPEND`` is set (the broker caps it with ``maxSuspendTimeoutMs``)."""
     sub_expression: str = "*"
-    """``*`` or ``TagA || TagB``."""
+    """``*`` or ``TagA || TagB``; an SQL92 filter when ``expression_type`` is ``SQL92``."""
+    expression_type: str = TAG
+    """``TAG`` or ``SQL92`` (:mod:`client.protocol.selector`)."""
 
     @classmethod
     def of(cls, group: str, topic: str, queue_id: int, offset: int, max_nums: int = DEFAULT_PULL_MAX_NUMS, *,
            sub_expression: str = "*", commit_offset: int | None = None, suspend_timeout_ms: int | None = None,
-           max_bytes: int | None = None) -> PullRequestHeader:
+           max_bytes: int | None = None, expression_type: str = TAG) -> PullRequestHeader:
         """A consumer's pull, with the flag bits derived from what it carries (SEMANTICS.md 3.3).
 
         Args:
@@ -186,11 +190,12 @@ class PullRequestHeader:
             queue_id: the queue's id.
             offset: first offset wanted.
             max_nums: messages at most.
-            sub_expression: tag filter.
+            sub_expression: tag filter, or SQL92 filter with ``expression_type="SQL92"``.
             commit_offset: the group's offset to store on the master (sets ``COMMIT_OFFSET`` when >= 0; a pull
                 to a slave must not carry one).
             suspend_timeout_ms: long polling up to this long (sets ``SUSPEND`` when > 0).
             max_bytes: stored bytes at most (the broker's default when None).
+            expression_type: ``TAG`` or ``SQL92``.
 
         Returns:
             The header; ``SUBSCRIPTION`` is always set.
@@ -205,7 +210,7 @@ class PullRequestHeader:
             flag |= PullSysFlag.SUSPEND
             suspend = suspend_timeout_ms
         return cls(group, topic, queue_id, offset, max_nums, DEFAULT_PULL_MAX_BYTES if max_bytes is None else max_bytes,
-                   int(flag), commit, suspend, sub_expression)
+                   int(flag), commit, suspend, sub_expression, expression_type)
 
     def to_query(self) -> str:
         """The query string (without ``?``); see the module docstring for which arguments are written."""
@@ -218,6 +223,8 @@ class PullRequestHeader:
             query += f"&commitOffset={self.commit_offset}"
         if self.sys_flag & PullSysFlag.SUSPEND:
             query += f"&suspendTimeoutMs={self.suspend_timeout_ms}"
+        if self.expression_type != TAG:
+            query += f"&expressionType={quote_arg(self.expression_type)}"
         return query
 
     def target(self) -> str:
@@ -248,7 +255,16 @@ class PullRequestHeader:
             commit_offset=query_int(query, "commitOffset", -1, lo=-1, hi=INT64_MAX),
             suspend_timeout_ms=query_int(query, "suspendTimeoutMs", DEFAULT_SUSPEND_TIMEOUT_MS, lo=0, hi=INT32_MAX),
             sub_expression=query.get("subExpression", "*"),
+            expression_type=_expression_type(query),
         )
+
+
+def _expression_type(query: Mapping[str, str]) -> str:
+    value = query.get("expressionType", TAG)
+    if value not in EXPRESSION_TYPES:
+        raise ArgumentError(f"query argument 'expressionType' must be one of {sorted(EXPRESSION_TYPES)}, "
+                            f"got {value[:40]!r}")
+    return value
 
 
 @attrs.frozen

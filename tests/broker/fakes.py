@@ -18,6 +18,7 @@ from broker.store.api import (
     GetMessageStatus,
     PutMessageStatus,
     QueryResult,
+    RecordFilter,
     TagFilter,
 )
 from broker.store.retention import CleanDecision, DeletedFile, DiskState, DiskUsage, RetentionStats
@@ -134,7 +135,8 @@ class FakeStore:
 
     # reads
     def get_message(self, group: str, topic: str, queue_id: int, offset: int, max_nums: int, max_bytes: int,
-                    tag_filter: TagFilter | None = None) -> GetMessageResult:
+                    tag_filter: TagFilter | None = None, record_filter: RecordFilter | None = None
+                    ) -> GetMessageResult:
         units = self.queues.get((topic, queue_id), [])
         mx = len(units)
         if mx == 0:
@@ -154,7 +156,10 @@ class FakeStore:
             i += 1
             if tag_filter is not None and not tag_filter(tags):
                 continue
-            records.append(bytes(self.log[phy:phy + size]))
+            rec = bytes(self.log[phy:phy + size])
+            if record_filter is not None and not record_filter(rec):
+                continue
+            records.append(rec)
             qoffs.append(i - 1)
             total += size
         status = GetMessageStatus.FOUND if records else GetMessageStatus.NO_MATCHED_MESSAGE

@@ -126,7 +126,8 @@ def test_public_names_are_pinned() -> None:
         "Admin", "AllocateMessageQueueAveragely", "AllocateMessageQueueAveragelyByCircle", "AsyncClientInstance",
         "AsyncGroupConsumer", "AsyncProducer", "AsyncPullConsumer", "ClientConfig", "ClientInstance",
         "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "Credentials", "FindBrokerResult",
-        "GroupConsumer", "GroupConsumerConfig", "Message", "MessageExt", "MessageModel", "MessageQueue", "Producer",
+        "GroupConsumer", "GroupConsumerConfig", "Message", "MessageExt", "MessageModel", "MessageQueue",
+        "MessageSelector", "Producer",
         "PullConsumer", "PullResult", "PullStatus", "PushConsumer", "QueueProgress", "SendResult", "SendStatus",
         "errors",
     ]

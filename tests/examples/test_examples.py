@@ -39,6 +39,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "group_consumer": (["--messages", "40"], r"group_consumer: 80 of 80 messages consumed"),
     "push_consumer": (["--messages", "20"], r"push_consumer: 20 of 20 messages consumed, 2 after a retry"),
     "ordered": (["--messages", "100"], r"ordered: 100 of 100 messages consumed, 10 of 10 keys in send order"),
+    "sql_filter": (["--messages", "30"], r"sql_filter: 6 of 6 matching messages consumed, 0 others"),
     "dledger_failover": (["--messages", "100"], r"dledger_failover: the new leader took writes \d+\.\d+ s after the "
                                                 r"kill; 100 of 100 messages acknowledged and read back, 0 missing; "
                                                 r"n\d rejoined as a follower"),
