@@ -124,12 +124,12 @@ def test_public_names_are_pinned() -> None:
     assert client.__all__ == sorted(client.__all__)
     assert client.__all__ == [
         "Admin", "AllocateMessageQueueAveragely", "AllocateMessageQueueAveragelyByCircle", "AsyncClientInstance",
-        "AsyncGroupConsumer", "AsyncProducer", "AsyncPullConsumer", "ClientConfig", "ClientInstance",
-        "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "Credentials", "FindBrokerResult",
-        "GroupConsumer", "GroupConsumerConfig", "Message", "MessageExt", "MessageModel", "MessageQueue",
-        "MessageSelector", "Producer",
-        "PullConsumer", "PullResult", "PullStatus", "PushConsumer", "QueueProgress", "SendResult", "SendStatus",
-        "errors",
+        "AsyncGroupConsumer", "AsyncProducer", "AsyncPullConsumer", "AsyncTransactionProducer", "ClientConfig",
+        "ClientInstance", "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "Credentials",
+        "FindBrokerResult", "GroupConsumer", "GroupConsumerConfig", "LocalTransactionState", "Message", "MessageExt",
+        "MessageModel", "MessageQueue", "MessageSelector", "Producer", "PullConsumer", "PullResult", "PullStatus",
+        "PushConsumer", "QueueProgress", "SendResult", "SendStatus", "TransactionListener", "TransactionProducer",
+        "TransactionSendResult", "errors",
     ]
     for name in client.__all__:
         assert getattr(client, name) is not None
