@@ -45,6 +45,7 @@ from client.protocol import codec
 from client.protocol.codes import SendStatus, SysFlag
 from client.protocol.message import Message, MessageExt, MessageQueue
 from client.protocol.properties import PGROUP, TRAN_MSG, validate_group
+from client.protocol.signing import Credentials
 from client.protocol.transaction import (
     CHECKS_PATH,
     MAX_CHECKS_PER_POLL,
@@ -251,16 +252,18 @@ class TransactionProducer:
         send_timeout_s / retries: of the half message's send (as ``Producer.send``).
         check_poll_s: how long a broker holds a check poll with nothing to hand out.
         client_config: timeouts and connection bounds of the SDK's HTTP client.
+        credentials: with the ACL on, the account that signs every request (PUB on the topics, and on the
+            producer group for the check polls).
     """
 
     def __init__(self, group: str, namesrv_addr: str, listener: TransactionListener, *, topics: Iterable[str] = (),
                  send_timeout_s: float = 3.0, retries: int = 2, check_poll_s: float = 5.0,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
-                 client_config: ClientConfig | None = None) -> None:
+                 client_config: ClientConfig | None = None, credentials: Credentials | None = None) -> None:
         self._core = _TransactionCore(group, listener, topics, send_timeout_s=send_timeout_s, retries=retries,
                                       check_poll_s=check_poll_s, max_message_size=max_message_size)
         self._listener = listener
-        self._low = BrokerClient(namesrv_addr, config=client_config)
+        self._low = BrokerClient(namesrv_addr, config=client_config, credentials=credentials)
         self._client_id = f"{self._low._inst.client_id}@{group}"
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -406,11 +409,11 @@ class AsyncTransactionProducer:
     def __init__(self, group: str, namesrv_addr: str, listener: TransactionListener, *, topics: Iterable[str] = (),
                  send_timeout_s: float = 3.0, retries: int = 2, check_poll_s: float = 5.0,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
-                 client_config: ClientConfig | None = None) -> None:
+                 client_config: ClientConfig | None = None, credentials: Credentials | None = None) -> None:
         self._core = _TransactionCore(group, listener, topics, send_timeout_s=send_timeout_s, retries=retries,
                                       check_poll_s=check_poll_s, max_message_size=max_message_size)
         self._listener = listener
-        self._low = AsyncBrokerClient(namesrv_addr, config=client_config)
+        self._low = AsyncBrokerClient(namesrv_addr, config=client_config, credentials=credentials)
         self._client_id = f"{self._low._inst.client_id}@{group}"
         self._pollers: dict[str, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None

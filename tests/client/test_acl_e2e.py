@@ -234,3 +234,31 @@ def test_acl_properties_carry_the_account_and_the_cluster_secret(tmp_path: Path)
                                     "secretKey": acl.admin_credentials.secret_key, "haAuthSecret": acl.ha_auth_secret}
     other = LocalCluster(tmp_path / "other", acl=True)  # every cluster its own random account and secret
     assert other.admin_credentials != acl.admin_credentials and other.ha_auth_secret != acl.ha_auth_secret
+
+
+def test_a_transaction_producer_signs_its_half_message_and_its_commit(cluster: LocalCluster, admin: Credentials,
+                                                                    topic: str) -> None:
+    from client import LocalTransactionState, TransactionProducer
+
+    class Commit:
+        def execute_local_transaction(self, msg: Message, arg: object) -> LocalTransactionState:
+            return LocalTransactionState.COMMIT_MESSAGE
+
+        def check_local_transaction(self, msg: object) -> LocalTransactionState:
+            return LocalTransactionState.COMMIT_MESSAGE
+
+    body = f"txn {uuid.uuid4()}".encode()
+    with TransactionProducer("acl_txn", cluster.namesrv_addr, Commit(), topics=[topic], credentials=admin) as p:
+        p.send_message_in_transaction(Message(topic, body), None)
+    with PullConsumer("acl_txn_cg", cluster.namesrv_addr, credentials=admin) as c:
+        def committed() -> bool:
+            for q in c.fetch_subscribe_message_queues(topic):
+                r = c.pull(q, 0, max_nums=64)
+                if r.pull_status is PullStatus.FOUND and body in [m.body for m in r.msg_found_list]:
+                    return True
+            return False
+
+        poll_until(committed, 20, "the committed transactional message in its topic")
+    with pytest.raises(AccessDeniedError), TransactionProducer("acl_txn", cluster.namesrv_addr, Commit(),
+                                                               topics=[topic]) as anonymous:
+        anonymous.send_message_in_transaction(Message(topic, b"unsigned"), None)
