@@ -329,6 +329,10 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                 t.cancel()
             open_conns.discard(writer)
             writer.close()
+            # Until the transport has closed its socket: a loop that ends right after (a stopping member, a test)
+            # would otherwise drop an open socket (a ResourceWarning, a descriptor until the GC runs).
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
 
     if sock is not None:
         ps.server = await asyncio.start_server(conn, sock=sock)
