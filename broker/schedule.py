@@ -24,10 +24,7 @@ for the copy (it cannot be, since only this service writes there during the batc
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +32,7 @@ from typing import Any
 from broker.metadata.delay_offsets import DelayOffsetManager
 from broker.metadata.json_file import JsonFile
 from broker.metadata.topics import SCHEDULE_TOPIC
+from broker.pass_loop import PassLoop
 from broker.redelivery import Delivery, put_copy, settled_prefix
 from broker.store.api import AppendResult, GetMessageStatus, MessageStore, PutMessageStatus
 from client.errors import ProtocolViolationError
@@ -171,10 +169,8 @@ class ScheduleMessageService:
         """Per level: when its head unit is due; None = caught up, wait for a notification."""
         self._backoff_ms: dict[int, int] = dict.fromkeys(self.levels, 0)
         self._dirty: set[int] = set(self.levels)
-        self._wake: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._task: asyncio.Task[None] | None = None
+        self._passes = PassLoop("broker-schedule", self.deliver_due, self.wait_ms, on_error=self._back_off,
+                                on_timeout=self._rescan_caught_up)
         self.delivered = 0
         """Messages put back since creation."""
 
@@ -184,7 +180,7 @@ class ScheduleMessageService:
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self._passes.running
 
     def delay_ms(self, level: int) -> int:
         return self._levels[level - 1] if 1 <= level <= len(self._levels) else DEFAULT_UNKNOWN_LEVEL_DELAY_MS
@@ -199,23 +195,16 @@ class ScheduleMessageService:
         """
         if self.running:
             raise RuntimeError("ScheduleMessageService already running")
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._wake = asyncio.Event()
         self.recover()
         self.correct_delay_offsets()
         self._dirty.update(self.levels)
-        self._task = self._loop.create_task(self._run(), name="broker-schedule")
+        self._passes.start()
         log.info("schedule service started: %d delay levels, offsets %s", len(self._levels),
                  self._offsets.table())
 
     async def stop(self) -> None:
         """Stop the task and persist the offsets. Idempotent; safe when never started."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._passes.stop()
         self._persist_offsets()
 
     def notify_dispatched(self, queue_id: int, max_offset: int) -> None:
@@ -225,34 +214,17 @@ class ScheduleMessageService:
         if level not in self._next_due:
             return
         self._dirty.add(level)
-        wake, loop = self._wake, self._loop
-        if wake is None or loop is None:
-            return
-        if threading.get_ident() == self._loop_thread:
-            wake.set()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(wake.set)
+        self._passes.wake()
 
-    async def _run(self) -> None:
-        wake = self._wake
-        assert wake is not None
-        while True:
-            wake.clear()
-            try:
-                self.deliver_due()
-            except Exception:  # one bad pass (disk error...) must not end redelivery
-                log.exception("schedule pass failed; retrying in %d ms", self._max_retry_wait_ms)
-                for level in self.levels:
-                    self._next_due[level] = self._clock_ms() + self._max_retry_wait_ms
-            wait_ms = self.wait_ms()
-            if wait_ms <= 0:
-                await asyncio.sleep(0)  # more is due: let requests in between passes
-                continue
-            try:
-                await asyncio.wait_for(wake.wait(), wait_ms / 1000.0)
-            except TimeoutError:
-                # The safety net: look at caught-up levels too, in case a dispatch notification was lost.
-                self._dirty.update(level for level, due in self._next_due.items() if due is None)
+    def _back_off(self) -> None:
+        """After a failed pass: every level waits ``max_retry_wait_ms``."""
+        for level in self.levels:
+            self._next_due[level] = self._clock_ms() + self._max_retry_wait_ms
+
+    def _rescan_caught_up(self) -> None:
+        """The safety net of a sleep that ran out: look at caught-up levels too, in case a dispatch notification
+        was lost."""
+        self._dirty.update(level for level, due in self._next_due.items() if due is None)
 
     def wait_ms(self) -> int:
         """How long the task may sleep: until the earliest due head, at most ``max_wait_ms``; 0 when a level

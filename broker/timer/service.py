@@ -20,15 +20,13 @@ old leader are delivered again (none is lost).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from broker.metadata.json_file import JsonFile
+from broker.pass_loop import PassLoop
 from broker.redelivery import Delivery, put_copy, settled_prefix
 from broker.store.api import AppendResult, GetMessageStatus, MessageStore, PutMessageStatus
 from broker.timer.index import Entry, TimerIndex
@@ -84,15 +82,12 @@ class TimerMessageService:
         self.index = TimerIndex(window_ms=window_ms, max_entries=max_entries)
         self._dirty = True
         self._retry_at = 0
-        self._wake: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._task: asyncio.Task[None] | None = None
+        self._passes = PassLoop("broker-timer", self.run_once, self.wait_ms, on_error=self._back_off)
         self.delivered = 0
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self._passes.running
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -104,50 +99,24 @@ class TimerMessageService:
         """
         if self.running:
             raise RuntimeError("TimerMessageService already running")
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._wake = asyncio.Event()
         self.recover()
         self._dirty = True
-        self._task = self._loop.create_task(self._run(), name="broker-timer")
+        self._passes.start()
         log.info("timer service started at offset %d (%d done above it)", self.index.commit, len(self.index.done))
 
     async def stop(self) -> None:
         """Stop the task and persist the progress. Idempotent."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if await self._passes.stop():
             self._save(None)
 
     def notify_dispatched(self, queue_id: int, max_offset: int) -> None:
         """New units reached the timer queue (thread-safe)."""
         self._dirty = True
-        wake, loop = self._wake, self._loop
-        if wake is None or loop is None:
-            return
-        if threading.get_ident() == self._loop_thread:
-            wake.set()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(wake.set)
+        self._passes.wake()
 
-    async def _run(self) -> None:
-        wake = self._wake
-        assert wake is not None
-        while True:
-            wake.clear()
-            try:
-                self.run_once()
-            except Exception:  # one bad pass (disk error...) must not end delivery
-                log.exception("timer pass failed; retrying in %d ms", self._retry_wait_ms)
-                self._retry_at = self._clock_ms() + self._retry_wait_ms
-            wait_ms = self.wait_ms()
-            if wait_ms <= 0:
-                await asyncio.sleep(0)
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), wait_ms / 1000.0)
+    def _back_off(self) -> None:
+        """After a failed pass: wait ``retry_wait_ms`` before the next."""
+        self._retry_at = self._clock_ms() + self._retry_wait_ms
 
     def wait_ms(self) -> int:
         """How long the task may sleep: until the earliest due time or rescan, at most ``max_wait_ms``."""
