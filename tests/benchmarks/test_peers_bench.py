@@ -6,6 +6,8 @@ The peers are benchmark peers, not product dependencies: a machine without them 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import __main__ as bench_main
@@ -81,3 +83,11 @@ def test_every_peer_side_by_side_when_installed() -> None:
         "Redis XREAD COUNT 1000, replica", "NATS fetch(1000), R1", "NATS fetch(1000), R3",
     ]
     assert all(r.value > 0 for r in rows)
+
+
+def test_the_read_row_uses_the_slave_settings_the_docs_recommend() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    spark, bench = (docs / "SPARK.md").read_text(), (docs / "BENCHMARKS.md").read_text()
+    for key, value in peers_bench.SLAVE_READ_SETTINGS.items():
+        assert f"`{key}={value}`" in bench, key
+        assert key == "slaveReadEnable" or f"\n{key}={value}\n" in spark, key
