@@ -1,17 +1,11 @@
 """SplitMQ side by side with Redis Streams and NATS JetStream (issue 15): ``python -m benchmarks peers [--quick]``.
 
 Every side runs on this machine, 1 KiB messages, Python clients, one thread (the NATS client is asyncio, one
-coroutine unless said):
-
-================================  =======================================  ===============================  ==============================
-workload                          SplitMQ (public SDK)                     Redis Streams (redis-py+hiredis)  NATS JetStream (nats-py)
-================================  =======================================  ===============================  ==============================
-single send                       ``Producer.send``, ASYNC_MASTER + slave  ``XADD``                          ``js.publish``, R1
-``send_batch`` 64                 ``Producer.send_batch`` of 64            pipeline of 64 ``XADD``           64 publishes awaited together, R1
-SYNC single send                  ``Producer.send``, SYNC_MASTER + slave   ``XADD`` + ``WAIT 1`` pipelined   ``js.publish``, R3
-SYNC ``send_batch`` 64            ``send_batch`` 64, SYNC_MASTER + slave   pipeline of 64 + ``WAIT 1``       64 publishes together, R3
-read the slave, 1000 per pull     ``PullConsumer.pull`` on broker id 1     ``XREAD COUNT 1000`` on replica   pull consumer ``fetch(1000)``
-================================  =======================================  ===============================  ==============================
+coroutine unless said). The workloads, SplitMQ's against each peer's (docs/BENCHMARKS.md has them as a table):
+single send (``Producer.send`` / ``XADD`` / ``js.publish`` R1); a batch of 64 (``send_batch`` / a pipeline of 64
+``XADD`` / 64 publishes awaited together, R1); the same two replicated before the answer (SYNC_MASTER /
+``WAIT 1`` in the pipeline / an R3 stream); and reading the slave 1000 per pull (``PullConsumer.pull`` pinned to
+broker id 1 / ``XREAD COUNT 1000`` on the replica / a pull consumer's ``fetch(1000)``, R1 and R3).
 
 SplitMQ runs as ``LocalCluster`` (one nameserver, one broker group with one slave) with no broker settings of
 its own: the broker's defaults (RocketMQ's, message index on, ASYNC_FLUSH) plus what every ``LocalCluster``
@@ -47,6 +41,7 @@ import attrs
 
 from benchmarks import Row
 from benchmarks._peer_servers import NatsServers, RedisPair, nats_missing, redis_missing
+from benchmarks.client_bench import CpuMeter
 from client import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 
@@ -128,10 +123,11 @@ class _SplitMQ:
             admin.create_topic(self.read_topic, queue_nums=1)
         self.producer = Producer(f"peers_bench_{suffix}", self.ns).start()
         self.batch = [Message(self.topic, BODY) for _ in range(BATCH)]
-        self.pull_answers = self.pulled = 0
-        """Pull answers the slave reader got, and the messages in them (their ratio is the broker's cap)."""
+        self.largest_answer = 0
+        """Messages in the largest pull answer the slave reader got (shows the broker's cap in effect)."""
         self.producer.send_batch(self.batch)  # route cached, connection open, commit-log file created
         self.settle()
+        CpuMeter(cluster.broker("broker-a", 0).pid).settle()  # the next commit-log file is pre-faulted meanwhile
 
     def settle(self) -> None:
         """Until the slave has the master's commit log and both brokers dispatched it (no work left behind)."""
@@ -194,10 +190,8 @@ class _SplitMQ:
                                            f"{r.served_by_broker_id}")
                     got += sum(len(m.body) > 0 for m in r.msg_found_list)  # a consumer reads every body
                     offset = r.next_begin_offset
-                    self.pull_answers += 1
-                elapsed = time.perf_counter() - t0
-                self.pulled += got
-                return got, elapsed
+                    self.largest_answer = max(self.largest_answer, len(r.msg_found_list))
+                return got, time.perf_counter() - t0
 
             yield lap
 
@@ -543,7 +537,7 @@ def measure(profile: Profile) -> list[Row]:
                                        _read_run(readers.enter_context(nats.fetcher(n)), r), ahead))
             rows += _rows(_contest(f"read the slave, {PULL_NUMS} per pull", reads,
                                    profile.rounds))
-            _note(f"SplitMQ's slave answered {mq.pulled / max(1, mq.pull_answers):.0f} messages per pull on average")
+            _note(f"SplitMQ's slave answered up to {mq.largest_answer} messages per pull")
     return rows
 
 

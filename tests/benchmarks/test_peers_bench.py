@@ -62,6 +62,7 @@ def test_peers_not_installed_prints_the_hint_and_splitmq_rows_only(monkeypatch: 
     out = capsys.readouterr().out
     assert "peers: Redis Streams skipped: redis-server not installed; install with: apt-get install" in out
     assert "peers: NATS JetStream skipped: nats-server not installed" in out
+    assert "SplitMQ's slave answered up to 256 messages per pull" in out  # the read settings, not the cap of 32
     table = out[out.index("== peers =="):].splitlines()[3:]
     assert [line.split(":")[0] for line in table] == [
         "single send", "batch of 64", "batch of 64, replicated", "single send, replicated", "read the slave, 1000 per pull"]
