@@ -62,10 +62,12 @@ def test_peers_not_installed_prints_the_hint_and_splitmq_rows_only(monkeypatch: 
     out = capsys.readouterr().out
     assert "peers: Redis Streams skipped: redis-server not installed; install with: apt-get install" in out
     assert "peers: NATS JetStream skipped: nats-server not installed" in out
-    assert "SplitMQ's slave answered up to 256 messages per pull" in out  # the read settings, not the cap of 32
+    assert "with slave read settings, SplitMQ's slave answered up to 256 messages per pull" in out
+    assert "with broker defaults, SplitMQ's slave answered up to 32 messages per pull" in out  # RocketMQ's cap
     table = out[out.index("== peers =="):].splitlines()[3:]
     assert [line.split(":")[0] for line in table] == [
-        "single send", "batch of 64", "batch of 64, replicated", "single send, replicated", "read the slave, 1000 per pull"]
+        "single send", "batch of 64", "single send, replicated", "batch of 64, replicated",
+        "read the slave, 1000 per pull, slave read settings", "read the slave, 1000 per pull, broker defaults"]
     assert not any("Redis" in line or "NATS" in line or "ratio per round" in line for line in table)
 
 
@@ -79,9 +81,10 @@ def test_every_peer_side_by_side_when_installed() -> None:
     assert baselines == [
         "Redis XADD", "NATS publish, R1",
         "Redis pipeline 64 XADD", "NATS 64 publishes gathered, R1",
-        "Redis pipeline 64 XADD + WAIT 1", "NATS 64 publishes gathered, R3",
         "Redis XADD + WAIT 1", "NATS publish, R3",
+        "Redis pipeline 64 XADD + WAIT 1", "NATS 64 publishes gathered, R3",
         "Redis XREAD COUNT 1000, replica", "NATS fetch(1000), R1", "NATS fetch(1000), R3",
+        "Redis XREAD COUNT 1000, replica",
     ]
     assert all(r.value > 0 for r in rows)
 
