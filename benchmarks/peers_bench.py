@@ -11,7 +11,7 @@ slave read settings and once, against Redis alone, with the broker defaults.
 SplitMQ runs as ``LocalCluster`` (one nameserver, one broker group with one slave) with no broker settings of
 its own: the broker's defaults (RocketMQ's, message index on, ASYNC_FLUSH) plus what every ``LocalCluster``
 sets (64 MiB commit-log files, smaller index files, ``slaveReadEnable=true``, a slave copies topics every
-second). The read row alone adds the slave read settings documented in docs/SPARK.md ("Tuning brokers for
+second). The "slave read settings" row alone adds the slave read settings documented in docs/SPARK.md ("Tuning brokers for
 analytical reads"), :data:`SLAVE_READ_SETTINGS`; without them a broker answers at most 32 messages per pull
 (``maxTransferCountOnMessageInMemory``), whatever the consumer asks for, as the last row shows. Redis runs with its built-in defaults
 (a master and a ``--replicaof`` replica); NATS with its defaults, file storage, one server (R1) or three in a
