@@ -8,14 +8,14 @@ single send (``Producer.send`` / ``XADD`` / ``js.publish`` R1); a batch of 64 (`
 broker id 1 / ``XREAD COUNT 1000`` on the replica / a pull consumer's ``fetch(1000)``, R1 and R3), once with the
 slave read settings and once, against Redis alone, with the broker defaults.
 
-SplitMQ runs as ``LocalCluster`` (one nameserver, one broker group with one slave) with no broker settings of
-its own: the broker's defaults (RocketMQ's, message index on, ASYNC_FLUSH) plus what every ``LocalCluster``
-sets (64 MiB commit-log files, smaller index files, ``slaveReadEnable=true``, a slave copies topics every
-second). The "slave read settings" row alone adds the slave read settings documented in docs/SPARK.md ("Tuning brokers for
+SplitMQ runs as ``LocalCluster`` (one nameserver, one broker group with one slave) with no broker settings of its
+own: the broker's defaults (RocketMQ's, message index on, ASYNC_FLUSH) plus what every ``LocalCluster`` sets
+(64 MiB commit-log files, smaller index files, ``slaveReadEnable=true``, a slave copies topics every second). The
+"slave read settings" row alone adds the slave read settings documented in docs/SPARK.md ("Tuning brokers for
 analytical reads"), :data:`SLAVE_READ_SETTINGS`; without them a broker answers at most 32 messages per pull
-(``maxTransferCountOnMessageInMemory``), whatever the consumer asks for, as the last row shows. Redis runs with its built-in defaults
-(a master and a ``--replicaof`` replica); NATS with its defaults, file storage, one server (R1) or three in a
-cluster (R3, set against the SYNC_MASTER group: both answer a send once a second node has it).
+(``maxTransferCountOnMessageInMemory``), whatever the consumer asks for, as the last row shows. Redis runs with
+its built-in defaults (a master and a ``--replicaof`` replica); NATS with its defaults, file storage, one server
+(R1) or three in a cluster (R3, set against the SYNC_MASTER group: both answer a send once a second node has it).
 
 Each workload runs its sides in turn, several rounds, the order rotating each round so a noisy neighbour weighs
 on all alike; a send run lasts a fixed time, a read run re-reads a pre-filled queue / stream / consumer. After
@@ -525,7 +525,8 @@ def _send_rows(mq: _SplitMQ, role: str, redis: _Redis | None, nats: _Nats | None
     batch = [_Side(f"SplitMQ send_batch 64, {role}", lambda: mq.send_batch(s))]
     wait = " + WAIT 1" if sync else ""
     if redis is not None:
-        single.append(_Side(f"Redis XADD{wait}", functools.partial(redis.xadd, s, wait=sync), "" if sync else ">= 1.0x"))
+        single.append(_Side(f"Redis XADD{wait}", functools.partial(redis.xadd, s, wait=sync),
+                            "" if sync else ">= 1.0x"))
         batch.append(_Side(f"Redis pipeline 64 XADD{wait}", functools.partial(redis.pipeline, s, wait=sync),
                            ">= 1.5x"))
     if nats is not None:
@@ -542,7 +543,8 @@ def _read_rows(mq: _SplitMQ, settings: str, redis: _Redis | None, nats: list[_Na
     """Read the slave 1000 per pull against the replica / the streams; ``settings`` names the brokers'."""
     n, r = profile.read_messages, profile.read_s
     with ExitStack() as readers:
-        reads = [_Side(f"SplitMQ pull {PULL_NUMS}, slave", _read_run(readers.enter_context(mq.slave_reader(n)), r))]
+        reads = [_Side(f"SplitMQ pull {PULL_NUMS}, slave",
+                       _read_run(readers.enter_context(mq.slave_reader(n)), r))]
         if redis is not None:
             reads.append(_Side(f"Redis XREAD COUNT {PULL_NUMS}, replica",
                                _read_run(readers.enter_context(redis.replica_reader(n)), r),
