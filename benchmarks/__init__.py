@@ -28,6 +28,7 @@ ENTRIES: dict[str, str] = {
     "fresh": "benchmarks.fresh_bench:run",
     "fuzz": "benchmarks.fuzz_bench:run",
     "ha": "benchmarks.ha_bench:run_rows",
+    "peers": "benchmarks.peers_bench:run",
     "replication": "benchmarks.replication_bench:run",
     "retention": "benchmarks.soak_bench:run_cleaner_overhead",
     "soak": "benchmarks.soak_bench:run",
