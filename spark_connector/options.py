@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,13 +47,13 @@ _SOURCE_KEYS = {
         "failOnDataLoss", "pullFrom", "slaveFallback", "pullBatchSize", "pullMaxBytes", "pullConcurrency",
         "pullTimeoutMs", "pullRetries",
         "retryBackoffMs", "includeProperties", "group", "commitOffsetsToBroker", "maxBatchRows",
-        "maxBatchBytes", "path", "accessKey", "secretKey",
+        "maxBatchBytes", "path", "accessKey", "secretKey", "tlsCaFile",
     )
 }
 _SINK_KEYS = {
     k.lower(): k
     for k in ("nameserver", "namesrvAddr", "topic", "producerGroup", "sendTimeoutMs", "retries", "sendConcurrency",
-              "path", "accessKey", "secretKey")
+              "path", "accessKey", "secretKey", "tlsCaFile")
 }
 _CLIENT_PREFIX = "client."
 
@@ -128,6 +129,8 @@ class SourceOptions:
     """``client.*`` options with the prefix removed, passed through to the SDK."""
     credentials: Credentials | None = None
     """``accessKey``/``secretKey``: the account every request is signed with (its repr hides the secret)."""
+    tls_ca_file: str | None = None
+    """``tlsCaFile``: TLS on every connection, servers verified against this CA file (None: plain HTTP)."""
 
 
 @attrs.frozen
@@ -150,6 +153,8 @@ class SinkOptions:
     """``client.*`` options with the prefix removed."""
     credentials: Credentials | None = None
     """``accessKey``/``secretKey``: the account every request is signed with (its repr hides the secret)."""
+    tls_ca_file: str | None = None
+    """``tlsCaFile``: TLS on every connection, servers verified against this CA file (None: plain HTTP)."""
 
 
 class _Reader:
@@ -219,6 +224,15 @@ def _nameserver(r: _Reader) -> str:
     if not addrs:
         raise OptionError("option nameserver is empty")
     return ";".join(addrs)
+
+
+def _tls_ca_file(r: _Reader) -> str | None:
+    """``tlsCaFile``: a CA file that exists here (the driver); the executors need it at the same path."""
+    path = r.get_str("tlsCaFile")
+    if path is not None and not os.path.isfile(path):
+        raise OptionError(f"option tlsCaFile: no such file {path!r} (it must exist at that path on the driver and "
+                          f"on every executor)")
+    return path
 
 
 def _credentials(r: _Reader) -> Credentials | None:
@@ -364,6 +378,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
         max_batch_bytes=r.get_int("maxBatchBytes", 8 * 1024 * 1024, minimum=1024) or 8 * 1024 * 1024,
         client=r.client,
         credentials=_credentials(r),
+        tls_ca_file=_tls_ca_file(r),
     )
 
 
@@ -397,4 +412,5 @@ def parse_sink_options(options: Mapping[str, Any], *, app_name: str = "app") -> 
         send_concurrency=_concurrency(r, "sendConcurrency", DEFAULT_SEND_CONCURRENCY),
         client=r.client,
         credentials=_credentials(r),
+        tls_ca_file=_tls_ca_file(r),
     )
