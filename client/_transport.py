@@ -266,10 +266,12 @@ class _AsyncConnection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.got_bytes = False
         self.closed = False
+        self.tls = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCP transport is not registered as an asyncio.Transport subclass: no isinstance check here.
         self.transport = cast(asyncio.Transport, transport)
+        self.tls = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
         parser, waiter = self.parser, self.waiter
@@ -300,7 +302,12 @@ class _AsyncConnection(asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
-            self.transport.close()
+            if self.tls:
+                # A TLS close waits for the server's close_notify, which a loop about to stop never reads (the
+                # socket would leak); an idle HTTP connection has nothing to flush and its bodies carry lengths.
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     async def roundtrip(self, head: bytes, body: bytes, timeouts: Timeouts, no_body: bool) -> ResponseParser:
         read_t = timeouts[1]

@@ -70,10 +70,14 @@ def _probe(addr: str, timeout_s: float, tls_ca: str | None = None) -> None:
 def _probe_failure(addr: str, err: BaseException, timeout_s: float) -> str:
     if isinstance(err, TlsConfigError):
         return str(err)
-    cause = err.__cause__ or err.__context__
-    tls = describe_tls_failure(cause, addr, "--tls-ca") if cause is not None else None
-    if tls is not None:
-        return tls
+    cause: BaseException | None = err
+    for _ in range(8):  # httpx wraps httpcore's error, which wraps the ssl module's
+        if cause is None:
+            break
+        tls = describe_tls_failure(cause, addr, "--tls-ca")
+        if tls is not None:
+            return tls
+        cause = cause.__cause__ or cause.__context__
     if isinstance(err, httpx.RemoteProtocolError):
         return (f"nameserver {addr} closed the connection without answering: if the cluster has TLS on, pass "
                 f"--tls-ca (or SPLITMQ_TLS_CA)")
