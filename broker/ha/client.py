@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.ha import tls_io
+import broker.ha.tls_io as tls_io
 from broker.ha.channel import SocketChannel
 from broker.ha.config import HAConfig
 from broker.ha.progress import Backoff

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.ha import tls_io
+import broker.ha.tls_io as tls_io
 from broker.ha.admission import expired_pending, pending_to_evict, report_admitted
 from broker.ha.channel import Buffer, SocketChannel
 from broker.ha.config import HAConfig
