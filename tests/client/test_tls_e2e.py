@@ -210,3 +210,20 @@ def test_tls_properties_name_the_cluster_files(tmp_path: Path) -> None:
     tls = LocalCluster(tmp_path / "tls", tls=True)
     props = tls.tls_properties()
     assert props["tlsEnable"] == "true" and props["tlsCaFile"] == tls.tls_ca_file
+
+
+def test_the_dashboard_sees_a_tls_cluster(cluster: LocalCluster, config: ClientConfig) -> None:
+    from client.dashboard import DashboardServer
+    from tests.waiting import poll_until
+
+    server = DashboardServer(cluster.namesrv_addr, "127.0.0.1:0", request_timeout_s=2.0,
+                             credentials=config.credentials, tls_ca_file=cluster.tls_ca_file)
+    try:
+        def members_up() -> bool:
+            server.collector.sweep()
+            snap = server.collector.snapshot()
+            return bool(snap["ok"] and snap["groups"] and all(m["up"] for m in snap["groups"][0]["members"]))
+
+        poll_until(members_up, 20, "the TLS cluster's members up in the dashboard's snapshot")
+    finally:
+        server.close()
