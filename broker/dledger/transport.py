@@ -126,7 +126,9 @@ class PeerClient:
                                                    ssl_handshake_timeout=self._connect_timeout_s))
                 reader, writer = await asyncio.wait_for(opening, self._connect_timeout_s)
             except ssl.SSLError as e:  # an OSError too: say it is TLS, the usual cause is the CA or the name
-                raise PeerError(describe_tls_failure(e, self.addr, "tlsCaFile") or str(e)) from None
+                why = describe_tls_failure(e, self.addr, "tlsCaFile") or str(e)
+                self._auth_failures.note(f"peer {self.peer_id}: {why}; nothing sent to it")
+                raise PeerError(f"peer {self.peer_id}: {why}") from None
             except (TimeoutError, OSError) as e:
                 raise PeerError(f"cannot connect to peer {self.peer_id} at {self.addr}: {e or 'timeout'}") from None
             if self._secret:

@@ -193,6 +193,7 @@ class HAClient:
                 sock = await self._connect(addr)
             except ssl.SSLError as exc:  # the master is there but TLS failed: say so, it needs an operator
                 self.last_error = describe_tls_failure(exc, addr, "tlsCaFile") or str(exc)
+                self._received = False  # back off as after a failed handshake
                 self._auth_failures.note(f"HA client: {self.last_error}; nothing replicated, retrying")
             except (OSError, TimeoutError) as exc:
                 self.last_error = f"connect to {addr} failed: {exc or type(exc).__name__}"

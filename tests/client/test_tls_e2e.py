@@ -227,3 +227,26 @@ def test_the_dashboard_sees_a_tls_cluster(cluster: LocalCluster, config: ClientC
         poll_until(members_up, 20, "the TLS cluster's members up in the dashboard's snapshot")
     finally:
         server.close()
+
+
+def test_cli_cluster_up_tls_prints_the_ca_to_pass(tmp_path: Path) -> None:
+    import signal
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SPLITMQ_")}
+    with subprocess.Popen([sys.executable, "-m", "client.cli", "cluster", "up", "--root", str(tmp_path / "c"),
+                           "--slaves", "0", "--tls"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=REPO, env=base) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            namesrv = proc.stdout.readline().strip().removeprefix("namesrv=")
+            tls_line = proc.stdout.readline()
+            assert tls_line.startswith("tls: CA file "), tls_line
+            ca = tls_line.split()[3]
+            assert Path(ca).is_file()
+            created = _cli("--tls-ca", ca, "topic", "create", "-n", namesrv, "-t", "TlsUp", "-r", "1", "-w", "1",
+                           env=base)
+            assert created.returncode == 0, created.stderr
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
