@@ -158,3 +158,51 @@ def test_mutual_tls_refuses_a_slave_without_a_certificate(
                 await wait_until(lambda: good.max_physical_offset == master.max_physical_offset, "mutual TLS")
 
     run(scenario())
+
+
+def test_the_channel_moves_buffer_lists_through_small_socket_buffers_over_tls(tls_files: LocalTlsFiles) -> None:
+    """Tiny kernel buffers force partial record writes and refused writes (retried with the same bytes first, as
+    OpenSSL requires) on one side and reads that leave decrypted bytes inside OpenSSL on the other."""
+    import os
+    import socket
+
+    from broker.ha import tls_io
+    from broker.ha.channel import SocketChannel
+
+    # The last one is a single TLS record bigger than the receive buffer: its tail waits inside OpenSSL with
+    # nothing left on the socket to wake the reader.
+    chunks = [os.urandom(n) for n in (1, 12, 70_000, 5, 16_384, 16_385, 250_000, 3)] * 12 + [os.urandom(10_000)]
+    want = b"".join(chunks)
+
+    async def scenario() -> bytes:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        for s in (a, b):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        server = tls_io.wrap(server_context(tls_files.cert_file, tls_files.key_file), a, server_side=True)
+        client = tls_io.wrap(client_context(tls_files.ca_file), b, server_side=False, server_hostname="localhost")
+        await asyncio.gather(tls_io.handshake(server, 5.0), tls_io.handshake(client, 5.0))
+        got = bytearray()
+        rbuf = memoryview(bytearray(7000))
+        done = loop.create_future()
+
+        def on_data(n: int) -> None:
+            got.extend(rbuf[:n])
+            if len(got) >= len(want) and not done.done():
+                done.set_result(None)
+
+        sender = SocketChannel(loop, server, get_buffer=lambda: memoryview(bytearray(1)), on_data=lambda n: None,
+                               name="tls-sender")
+        receiver = SocketChannel(loop, client, get_buffer=lambda: rbuf, on_data=on_data, name="tls-receiver")
+        try:
+            bufs = [memoryview(c) if i % 2 else c for i, c in enumerate(chunks)]
+            rest = sender.send_some(bufs)
+            await sender.send_all(rest)
+            await asyncio.wait_for(done, 10.0)
+        finally:
+            sender.close("done")
+            receiver.close("done")
+        return bytes(got)
+
+    assert asyncio.run(scenario()) == want
