@@ -162,7 +162,8 @@ def generate_local_tls_files(directory: str | os.PathLike[str], *, days: int = 3
     key, csr, cert = out / "server.key", out / "server.csr", out / "server.pem"
     ext = out / "server.ext"
     ext.write_text(f"{_SAN}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
-                   "extendedKeyUsage=serverAuth,clientAuth\n", encoding="ascii")
+                   "extendedKeyUsage=serverAuth,clientAuth\nsubjectKeyIdentifier=hash\n"
+                   "authorityKeyIdentifier=keyid,issuer\n", encoding="ascii")
     steps = [
         [exe, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
          "-keyout", str(ca_key), "-out", str(ca_cert), "-days", str(days), "-subj", "/CN=SplitMQ local CA",
