@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from client import Credentials
+from client import ClientConfig, Credentials
 from spark_connector.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets_json
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,12 @@ class SourceOptions:
     """``accessKey``/``secretKey``: the account every request is signed with (its repr hides the secret)."""
     tls_ca_file: str | None = None
     """``tlsCaFile``: TLS on every connection, servers verified against this CA file (None: plain HTTP)."""
+
+    def client_config(self) -> ClientConfig | None:
+        """The SDK configuration of ``accessKey``/``secretKey`` and ``tlsCaFile`` (None when neither is set)."""
+        if self.credentials is None and self.tls_ca_file is None:
+            return None
+        return ClientConfig(credentials=self.credentials, tls_ca_file=self.tls_ca_file)
 
 
 @attrs.frozen

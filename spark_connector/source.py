@@ -85,7 +85,7 @@ class RocketMQBatchReader(DataSourceReader):
         route = client.route(opts.topic, refresh=True)
         keys = queue_keys(route, opts.topic)
         if opts.pull_from == "slave":
-            check_slave_reads(opts.nameserver, route_snapshot(route))
+            check_slave_reads(opts.nameserver, route_snapshot(route), client_config=opts.client_config())
         highs = fetch_offsets(client, route, keys, "max")
         starts = resolve_start(client, route, keys, opts, highs=highs)
         ends = resolve_end(client, route, keys, opts, highs=highs)
@@ -176,7 +176,7 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         client = self._client()
         route = client.route(opts.topic)
         if not self._slaves_checked:  # once per query run: the first micro-batch it plans
-            check_slave_reads(opts.nameserver, route_snapshot(route))
+            check_slave_reads(opts.nameserver, route_snapshot(route), client_config=opts.client_config())
             self._slaves_checked = True
         new = [k for k in stop if k not in begin]
         if new:

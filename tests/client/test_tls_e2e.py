@@ -12,6 +12,7 @@ TLS and the CA option (not a retry loop, not a generic timeout).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import subprocess
@@ -180,8 +181,10 @@ def test_cli_over_tls(cluster: LocalCluster, config: ClientConfig, other_ca: Loc
     assert wrong.returncode == 1 and "TLS verification" in wrong.stderr and "--tls-ca" in wrong.stderr, wrong.stderr
 
 
-def test_spark_connector_over_tls(cluster: LocalCluster, config: ClientConfig) -> None:
-    """The connector's driver work (planning) and executor work (write and read tasks) run here without Spark."""
+def test_spark_connector_over_tls(cluster: LocalCluster, config: ClientConfig,
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The connector's driver work (planning, the ``pullFrom=slave`` check) and executor work (write and read
+    tasks) run here without Spark."""
     pa = pytest.importorskip("pyarrow")
     pytest.importorskip("pyspark")
     from spark_connector.options import OptionError, parse_sink_options, parse_source_options
@@ -200,6 +203,10 @@ def test_spark_connector_over_tls(cluster: LocalCluster, config: ClientConfig) -
     bodies = [b for part in reader.partitions() for got in reader.read(part)
               for b in got.column(got.schema.get_field_index("body")).to_pylist()]
     assert sorted(bodies) == sorted(f"row {i}".encode() for i in range(10))
+    with caplog.at_level(logging.WARNING, logger="spark_connector"):
+        from_slave = RocketMQBatchReader(parse_source_options({**opts, "pullFrom": "slave"}, streaming=False))
+        assert sum(got.num_rows for part in from_slave.partitions() for got in from_slave.read(part)) == 10
+    assert not [r for r in caplog.records if "could not ask" in r.getMessage()], caplog.text
     with pytest.raises(OptionError, match="tlsCaFile"):
         parse_source_options({**opts, "tlsCaFile": "/nonexistent/ca.pem"}, streaming=False)
 
