@@ -35,6 +35,7 @@ ENTRIES: dict[str, str] = {
     "spark": "benchmarks.spark_bench:run",
     "store": "benchmarks.store_bench:run",
     "timer": "benchmarks.timer_bench:run",
+    "tls": "benchmarks.tls_bench:run",
 }
 
 

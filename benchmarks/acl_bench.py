@@ -28,10 +28,10 @@ import attrs
 
 from benchmarks import Row
 from benchmarks.client_bench import CpuMeter
-from client import Admin, Credentials, Message, Producer, PullConsumer, PullStatus
+from client import Admin, ClientConfig, Message, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 
-__all__ = ["AclFigures", "Profile", "measure", "run"]
+__all__ = ["AclFigures", "Profile", "Side", "measure", "run"]
 
 BODY = b"x" * 1024
 BATCH = 64
@@ -76,22 +76,23 @@ class AclFigures:
         return statistics.median(self.pull_on) / statistics.median(self.pull_off)
 
 
-class _Side:
-    """One cluster, its producer and its pull topic, the clients of the account (None: ACL off)."""
+class Side:
+    """One cluster, its producer and its pull topic; every client built with ``config`` (the ACL account, TLS;
+    None: the defaults). The TLS benchmark (:mod:`benchmarks.tls_bench`) uses it too."""
 
-    def __init__(self, namesrv_addr: str, credentials: Credentials | None, pull_messages: int,
-                 broker_pid: int | None) -> None:
+    def __init__(self, namesrv_addr: str, config: ClientConfig | None, pull_messages: int,
+                 broker_pid: int | None, name: str = "AclBench") -> None:
         self.ns = namesrv_addr
         self.meter = CpuMeter(broker_pid)
         self.cpu_s: dict[str, float] = {"send": 0.0, "pull": 0.0}
         self.messages: dict[str, int] = {"send": 0, "pull": 0}
-        self.credentials = credentials
+        self.config = config
         suffix = uuid.uuid4().hex[:8]
-        self.send_topic, self.pull_topic = f"AclBenchSend_{suffix}", f"AclBenchPull_{suffix}"
-        with Admin(namesrv_addr, credentials=credentials) as admin:
+        self.send_topic, self.pull_topic = f"{name}Send_{suffix}", f"{name}Pull_{suffix}"
+        with Admin(namesrv_addr, client_config=config) as admin:
             admin.create_topic(self.send_topic, queue_nums=QUEUES)
             admin.create_topic(self.pull_topic, queue_nums=QUEUES)
-        self.producer = Producer("acl_bench", namesrv_addr, credentials=credentials).start()
+        self.producer = Producer("acl_bench", namesrv_addr, client_config=config).start()
         self.batch = [Message(self.send_topic, BODY) for _ in range(BATCH)]
         per_queue = pull_messages // QUEUES
         for mq in self.producer.client.try_to_find_topic_publish_info(self.pull_topic).message_queues:
@@ -113,7 +114,7 @@ class _Side:
         return batches * BATCH / wall
 
     def pull(self) -> float:
-        with PullConsumer(f"acl_bench_{uuid.uuid4().hex[:6]}", self.ns, credentials=self.credentials) as c:
+        with PullConsumer(f"acl_bench_{uuid.uuid4().hex[:6]}", self.ns, client_config=self.config) as c:
             mqs = sorted(c.fetch_subscribe_message_queues(self.pull_topic))
             want = sum(c.max_offset(mq) for mq in mqs)
             got = 0
@@ -144,16 +145,16 @@ def measure(root: Path, profile: Profile) -> AclFigures:
     """
     with LocalCluster(root / "off", broker_groups=1, slaves_per_group=0) as off_cluster, \
             LocalCluster(root / "on", broker_groups=1, slaves_per_group=0, acl=True) as on_cluster:
-        off = _Side(off_cluster.namesrv_addr, None, profile.pull_messages, off_cluster.broker("broker-a", 0).pid)
-        on = _Side(on_cluster.namesrv_addr, on_cluster.admin_credentials, profile.pull_messages,
-                   on_cluster.broker("broker-a", 0).pid)
+        off = Side(off_cluster.namesrv_addr, None, profile.pull_messages, off_cluster.broker("broker-a", 0).pid)
+        on = Side(on_cluster.namesrv_addr, ClientConfig(credentials=on_cluster.admin_credentials),
+                  profile.pull_messages, on_cluster.broker("broker-a", 0).pid)
         try:
             for side in (off, on):  # a fresh commit-log file is pre-faulted in the background: not billed to a round
                 side.meter.settle()
             figures: dict[str, list[float]] = {"send_off": [], "send_on": [], "pull_off": [], "pull_on": []}
             for i in range(profile.rounds):
                 # Alternate which side goes first, so neither always runs right after the other's burst.
-                order: list[tuple[str, _Side]] = [("off", off), ("on", on)] if i % 2 == 0 else [("on", on),
+                order: list[tuple[str, Side]] = [("off", off), ("on", on)] if i % 2 == 0 else [("on", on),
                                                                                               ("off", off)]
                 for name, side in order:
                     figures[f"send_{name}"].append(side.send(profile.batches))

@@ -203,13 +203,18 @@ async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int
                                access_log=False, proxy_headers=False,
                                log_level="warning", log_config=None,
                                timeout_graceful_shutdown=int(HTTP_STOP_TIMEOUT_S))
+    if ctrl.tls is not None:
+        # uvicorn builds its context from files; ours (TLS 1.2+, no session tickets) replaces it after load()
+        uv_config.load()
+        uv_config.ssl = ctrl.tls.http_server
     server = _Server(uv_config)
     serve_task = loop.create_task(server.serve(sockets=[sock]), name="http")
     await _wait_started(server, serve_task)
     _freeze_startup_objects()
     dledger = f" dledger={dict(config.dleger_peers)[config.dleger_self_id]}" if ctrl.dledger is not None else ""
+    tls = " tls=on" if ctrl.tls is not None else ""
     print(f"broker ready name={config.broker_name} id={ctrl.role.broker_id} role={ctrl.role_name} "
-          f"listen={addr} ha={ctrl.ha_addr}{dledger}", flush=True)
+          f"listen={addr} ha={ctrl.ha_addr}{dledger}{tls}", flush=True)
     stop_wait = loop.create_task(stop.wait())
     await asyncio.wait((stop_wait, serve_task), return_when=asyncio.FIRST_COMPLETED)
     log.info("shutting down")

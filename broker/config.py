@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,9 @@ from broker.properties_file import PropertiesSyntaxError, parse_properties
 from broker.store.config import DEFAULT_DELAY_LEVELS, StoreConfig, parse_delay_levels
 from broker.store.retention import RetentionConfig, parse_delete_when
 from client.protocol.codes import BrokerRole, FlushDiskType, Perm
+from client.tls import TlsConfigError, client_context, server_context
 
-__all__ = ["BrokerConfig", "ConfigError", "LoadedConfig", "load_config", "parse_set_options"]
+__all__ = ["BrokerConfig", "BrokerTls", "ConfigError", "LoadedConfig", "load_config", "parse_set_options"]
 
 
 class ConfigError(ValueError):
@@ -209,6 +211,17 @@ class BrokerConfig:
     """``transactionTimeOut``: a half message younger than this (by born time) is not checked back yet."""
     transaction_check_max: int = 15
     """``transactionCheckMax``: check-backs of one transaction before it moves to TRANS_CHECK_MAX_TIME_TOPIC."""
+    tls_enable: bool = False
+    """``tlsEnable`` (SplitMQ): the HTTP, HA and DLedger peer ports speak TLS only, and so do the broker's own
+    connections (nameservers, its master, its peers)."""
+    tls_cert_file: str = ""
+    """``tlsCertFile``: PEM certificate chain the broker's ports present (its SANs cover the advertised IPs)."""
+    tls_key_file: str = ""
+    """``tlsKeyFile``: the certificate's private key (PEM, unencrypted)."""
+    tls_ca_file: str = ""
+    """``tlsCaFile``: CA the broker verifies nameservers, its master and its peers against ('' = system store)."""
+    tls_peer_client_auth: bool = False
+    """``tlsPeerClientAuth``: mutual TLS on the HA and DLedger ports (peers present ``tlsCertFile``)."""
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> BrokerConfig:
@@ -314,11 +327,34 @@ class BrokerConfig:
             raise ConfigError("aclEnable=true needs aclFile (the accounts file)")
         if bool(self.access_key) != bool(self.secret_key):
             raise ConfigError("accessKey and secretKey go together: set both or neither")
+        if self.tls_enable:
+            try:
+                self.tls_contexts()
+            except TlsConfigError as e:
+                raise ConfigError(f"tlsEnable=true: {e}") from None
         try:
             self.to_store_config(b"\x7f\x00\x00\x01\x00\x00\x00\x00")
             self.to_ha_config()
         except (ValueError, TypeError) as e:
             raise ConfigError(f"invalid configuration: {e}") from None
+
+    def tls_contexts(self) -> BrokerTls | None:
+        """The broker's TLS contexts with ``tlsEnable``, else None (see :class:`BrokerTls`).
+
+        Raises:
+            TlsConfigError: a file is missing or unusable (the message names the key).
+        """
+        if not self.tls_enable:
+            return None
+        if not self.tls_cert_file or not self.tls_key_file:
+            raise TlsConfigError("tlsCertFile and tlsKeyFile are needed")
+        ca = self.tls_ca_file or None
+        http = server_context(self.tls_cert_file, self.tls_key_file)
+        peer = (server_context(self.tls_cert_file, self.tls_key_file, ca_file=ca, require_client_cert=True)
+                if self.tls_peer_client_auth else http)
+        mine = (self.tls_cert_file, self.tls_key_file) if self.tls_peer_client_auth else (None, None)
+        return BrokerTls(http_server=http, peer_server=peer,
+                         client=client_context(ca, cert_file=mine[0], key_file=mine[1], ca_option="tlsCaFile"))
 
     def to_ha_config(self) -> HAConfig:
         """The HA service's configuration."""
@@ -335,6 +371,20 @@ class BrokerConfig:
             min_in_sync_replicas=self.min_in_sync_replicas,
             enable_auto_in_sync_replicas=self.enable_auto_in_sync_replicas,
         )
+
+
+@attrs.frozen(eq=False)
+class BrokerTls:
+    """The TLS contexts of a broker with ``tlsEnable`` (built once at start)."""
+
+    http_server: ssl.SSLContext
+    """The HTTP port's: presents ``tlsCertFile``; clients are not asked for a certificate."""
+    peer_server: ssl.SSLContext
+    """The HA and DLedger ports': as ``http_server``, and with ``tlsPeerClientAuth`` it demands a peer
+    certificate signed by ``tlsCaFile``."""
+    client: ssl.SSLContext
+    """The broker's own connections (nameservers, master HTTP and HA, DLedger peers): verifies against
+    ``tlsCaFile``, presenting ``tlsCertFile`` with ``tlsPeerClientAuth``."""
 
 
 # --- conversion ------------------------------------------------------------------------------------------
@@ -572,6 +622,11 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "transactionCheckInterval": ("transaction_check_interval_ms", _P),
     "transactionTimeOut": ("transaction_time_out_ms", _NN),
     "transactionCheckMax": ("transaction_check_max", _P),
+    "tlsEnable": ("tls_enable", _bool),
+    "tlsCertFile": ("tls_cert_file", _str),
+    "tlsKeyFile": ("tls_key_file", _str),
+    "tlsCaFile": ("tls_ca_file", _str),
+    "tlsPeerClientAuth": ("tls_peer_client_auth", _bool),
 }
 
 
@@ -686,6 +741,11 @@ KEY_DOCS: dict[str, str] = {
     "transactionCheckInterval": "Milliseconds between rounds of the master's transaction check service, which asks producer groups about half messages without an end.",
     "transactionTimeOut": "Milliseconds after its born time before a half (prepared) message is checked back with its producer group.",
     "transactionCheckMax": "Check-backs of one transaction before its half message is moved to `TRANS_CHECK_MAX_TIME_TOPIC` (and logged) instead of checked again.",
+    "tlsEnable": "TLS: the HTTP, HA and DLedger peer ports accept TLS only, and the broker's own connections (nameservers, master, peers) use it; every server of the cluster must agree. See docs/SECURITY.md.",
+    "tlsCertFile": "TLS: PEM certificate chain of the broker's ports; its subjectAltNames must cover `brokerIP1`/`brokerIP2` (clients verify the address they dial).",
+    "tlsKeyFile": "TLS: the private key of `tlsCertFile` (PEM, unencrypted; keep it mode 0600).",
+    "tlsCaFile": "TLS: PEM CA the broker verifies nameservers, its master and its DLedger peers against (empty: the system trust store).",
+    "tlsPeerClientAuth": "TLS: mutual TLS on the HA and DLedger ports: a connecting peer must present a certificate signed by `tlsCaFile` (brokers present `tlsCertFile`).",
 }
 
 @attrs.frozen

@@ -131,6 +131,8 @@ class BrokerController:
         self.role = RoleState(config.broker_role, config.broker_id)
         """The current role and id, read by the processors (DLedger mode: they follow the election)."""
         self.dledger: DLedgerNode | None = None
+        self.tls = config.tls_contexts()
+        """The TLS contexts with ``tlsEnable`` (HTTP, HA and DLedger ports, outbound calls), else None."""
         cfg_dir = config.config_dir
         self.topics = TopicConfigManager(
             cfg_dir, auto_create_topic_enable=config.auto_create_topic_enable,
@@ -161,6 +163,8 @@ class BrokerController:
         )
         if ha_service is None:
             ha_config = config.to_ha_config()
+            if self.tls is not None:
+                ha_config = attrs.evolve(ha_config, tls_server=self.tls.peer_server, tls_client=self.tls.client)
             ha_service = HAService(store, ha_config)
             if config.is_slave and ha_client is None and not config.enable_dleger_commit_log:
                 ha_client = HAClient(store, ha_config, config.ha_master_address,
@@ -183,7 +187,9 @@ class BrokerController:
         # The broker's own account signs its calls to the nameservers and to its master (a refused signature
         # there is a 403 in the registration or sync log, never a silent unsigned call).
         auth = SigningAuth(Credentials(config.access_key, config.secret_key)) if config.access_key else None
-        self.http = http_client or httpx.AsyncClient(timeout=config.register_broker_timeout_ms / 1000.0, auth=auth)
+        self.http = http_client or httpx.AsyncClient(timeout=config.register_broker_timeout_ms / 1000.0, auth=auth,
+                                                     verify=self.tls.client if self.tls is not None else True)
+        self._scheme = "https" if self.tls is not None else "http"
         self.acl_gate: AclGate | None = None
         """The ACL hook of the router (None when ``aclEnable=false``: no check runs per request)."""
         if config.acl_enable:
@@ -230,7 +236,9 @@ class BrokerController:
                                  max_pending=cfg.max_pending_requests_num, max_wait_ack_ms=cfg.max_wait_ack_time_ms,
                                  max_push_timeout_ms=cfg.max_push_time_out_ms,
                                  preferred_leader_id=cfg.preferred_leader_id or None,
-                                 auth_secret=cfg.ha_auth_secret.encode())
+                                 auth_secret=cfg.ha_auth_secret.encode(),
+                                 tls_server=self.tls.peer_server if self.tls is not None else None,
+                                 tls_client=self.tls.client if self.tls is not None else None)
         roles = self.dledger_roles = RoleHandler(
             role=self.role, follower_id=cfg.dledger_broker_id,
             leading=lambda term: self.dledger is not None and self.dledger.leads(term),
@@ -376,7 +384,7 @@ class BrokerController:
         identity = self._identity()
         self.registrar = Registrar(cfg.namesrv_addr, identity, self._register_body,
                                    timeout_s=cfg.register_broker_timeout_ms / 1000.0,
-                                   on_result=self._on_register_result, client=self.http)
+                                   on_result=self._on_register_result, client=self.http, scheme=self._scheme)
         self._spawn(self._periodic(cfg.flush_consumer_offset_interval_ms / 1000.0, self.offsets.persist_if_dirty),
                     "persist-offsets")
         self._spawn(self._periodic(cfg.flush_delay_offset_interval_ms / 1000.0, self._persist_delay), "persist-delay")
@@ -392,7 +400,7 @@ class BrokerController:
             self.slave_sync = SlaveSynchronizer(
                 master_addr=lambda: self.master_addr if self.role.is_slave else None, own_addr=self.addr,
                 topics=self.topics, offsets=self.offsets, groups=self.groups, delay_offsets=self.delay_offsets,
-                client=self.http,
+                client=self.http, scheme=self._scheme,
             )
             self._spawn(self.slave_sync.run_periodic(cfg.slave_metadata_sync_interval_ms / 1000.0), "slave-sync")
         if dledger is not None:

@@ -77,7 +77,8 @@ class CoalescingHttpToolsProtocol(LimitedHttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.transport = _CoalescingTransport(transport)  # type: ignore[assignment]
+        # Wraps what the base left (a TLS connection's closing wrapper, or the transport itself).
+        self.transport = _CoalescingTransport(self.transport)  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
         transport = self.transport

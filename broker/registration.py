@@ -101,8 +101,10 @@ class Registrar:
 
     def __init__(self, namesrv_addrs: tuple[str, ...], identity: BrokerIdentity,
                  body_factory: Callable[[], dict[str, Any]], *, timeout_s: float,
-                 on_result: Callable[[RegisterResult], None], client: httpx.AsyncClient) -> None:
+                 on_result: Callable[[RegisterResult], None], client: httpx.AsyncClient,
+                 scheme: str = "http") -> None:
         self._addrs = namesrv_addrs
+        self._scheme = scheme  # "https" with tlsEnable (the client verifies the nameservers then)
         self.identity = identity
         self._body_factory = body_factory
         self._timeout_s = timeout_s
@@ -113,7 +115,7 @@ class Registrar:
         self.failures = 0
 
     async def _post(self, addr: str, path: str, body: dict[str, Any]) -> Any:
-        r = await self._client.post(f"http://{addr}{path}", json=body, timeout=self._timeout_s)
+        r = await self._client.post(f"{self._scheme}://{addr}{path}", json=body, timeout=self._timeout_s)
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
         return r.json()

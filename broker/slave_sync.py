@@ -80,8 +80,10 @@ class SlaveSynchronizer:
 
     def __init__(self, *, master_addr: Callable[[], str | None], own_addr: str, topics: TopicConfigManager,
                  offsets: ConsumerOffsetManager, groups: SubscriptionGroupManager,
-                 delay_offsets: DelayOffsetManager, client: httpx.AsyncClient, timeout_s: float = 3.0) -> None:
+                 delay_offsets: DelayOffsetManager, client: httpx.AsyncClient, timeout_s: float = 3.0,
+                 scheme: str = "http") -> None:
         self._master_addr = master_addr
+        self._scheme = scheme  # "https" with tlsEnable
         self._own_addr = own_addr
         self._topics = topics
         self._offsets = offsets
@@ -93,7 +95,7 @@ class SlaveSynchronizer:
         self.failures = 0
 
     async def _get(self, addr: str, path: str) -> dict[str, Any]:
-        r = await self._client.get(f"http://{addr}{path}", timeout=self._timeout_s)
+        r = await self._client.get(f"{self._scheme}://{addr}{path}", timeout=self._timeout_s)
         if r.status_code != 200:
             raise RuntimeError(f"GET {path} answered HTTP {r.status_code}: {r.text[:200]}")
         obj = r.json()

@@ -11,8 +11,8 @@ from typing import Generic, Protocol, TypeVar
 import httpx
 
 __all__ = [
-    "Conn", "HostPool", "Incomplete", "RawResponse", "ResponseParser", "Timeouts", "check_target", "encode_head",
-    "origin_of", "raw_head", "retry_or_raise", "timeouts_of",
+    "Conn", "HostPool", "Incomplete", "RawResponse", "ResponseParser", "Timeouts", "TlsHandshakeError", "check_target",
+    "encode_head", "origin_of", "raw_head", "retry_or_raise", "timeouts_of",
 ]
 
 _CRLF2 = b"\r\n\r\n"
@@ -178,13 +178,21 @@ def origin_of(request: httpx.Request) -> tuple[str, int]:
     return url.host, url.port or 80
 
 
+class TlsHandshakeError(httpx.ConnectError):
+    """The TLS handshake with a server failed (its message says why and which option fixes it); the SDK maps it
+    to :class:`client.errors.TlsError`, which is not retried."""
+
+
 def retry_or_raise(e: Incomplete, reused: bool, attempt: int, origin: tuple[str, int]) -> None:
     """Return when the request may go again on a new connection: the server closed an idle keep-alive
     connection under us before answering anything (first attempt only); else raise."""
     if reused and not e.got_bytes and attempt == 0:
         return
+    hint = ("" if reused or e.got_bytes else
+            " (a new connection closed before any answer: a server with TLS on does that to plain HTTP; "
+            "set tls_ca_file if so)")
     raise httpx.RemoteProtocolError(
-        f"{origin[0]}:{origin[1]} closed the connection without a complete response"
+        f"{origin[0]}:{origin[1]} closed the connection without a complete response{hint}"
     ) from None
 
 

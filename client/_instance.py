@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import random
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -46,11 +47,12 @@ from client._routing import (
     TopicPublishInfo,
 )
 from client._transport import AsyncTransport, SyncTransport
-from client.errors import AccessDeniedError, ClientClosedError, ClientError, RouteNotFoundError
+from client.errors import AccessDeniedError, ClientClosedError, ClientError, RouteNotFoundError, TlsError
 from client.protocol.message import MessageQueue
 from client.protocol.route import TopicRouteData
 from client.protocol.selector import MessageSelector
 from client.protocol.signing import Credentials, SigningAuth, fresh_authorization
+from client.tls import client_context
 
 __all__ = ["AsyncClientInstance", "ClientConfig", "ClientInstance", "ClientState", "with_credentials"]
 
@@ -106,6 +108,25 @@ class ClientConfig:
     meter_provider: Any = None
     """The OpenTelemetry ``MeterProvider`` of the metrics; None: the global one (the API's no-op until the
     application sets one). Needs the ``otel`` extra (``opentelemetry-api``)."""
+    tls_ca_file: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str)))
+    """PEM file of the CA that signed the servers' certificates (docs/SECURITY.md, TLS). Setting it turns TLS on
+    for every connection of the client (nameservers and brokers alike: a cluster is all TLS or not at all),
+    verifying each server's certificate and address against it. Part of the shared instance's key."""
+    tls: bool = False
+    """TLS on every connection, verified against the system trust store (implied by ``tls_ca_file``)."""
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls or self.tls_ca_file is not None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of this client's connections, or None without TLS.
+
+        Raises:
+            client.tls.TlsConfigError: ``tls_ca_file`` is missing or not a PEM CA file.
+        """
+        return client_context(self.tls_ca_file) if self.tls_enabled else None
 
     @property
     def effective_heartbeat_timeout_ms(self) -> int:
@@ -144,7 +165,10 @@ def with_credentials(client_config: ClientConfig | None, credentials: Credential
 
 
 def _instance_key(namesrv_addr: str, config: ClientConfig | None) -> tuple[str, Credentials | None]:
-    """Shared instances are per nameserver list and account (an instance signs every request it makes)."""
+    """Shared instances are per nameserver list and account (an instance signs every request it makes), and per
+    TLS setting (a client with another CA must not borrow connections another CA verified)."""
+    if config is not None and config.tls_enabled:
+        return f"{_registry_key(namesrv_addr)}|tls:{config.tls_ca_file or ''}", config.credentials
     return _registry_key(namesrv_addr), config.credentials if config is not None else None
 
 
@@ -275,6 +299,8 @@ class _InstanceCore:
             self.nameservers.settle(addr)
             self.last_nameserver_error = None
             return route
+        if isinstance(self.last_nameserver_error, TlsError):
+            raise self.last_nameserver_error  # a TLS setting to fix, not a route to wait for: say so at once
         return None
 
     def update_route_op(self, topic: str) -> Op[bool]:
@@ -386,7 +412,8 @@ class ClientInstance(_InstanceCore):
                  transport: httpx.BaseTransport | None = None, **kwargs: Any) -> None:
         super().__init__(namesrv_addr, config or ClientConfig(), **kwargs)
         cfg = self.config
-        transport = transport or SyncTransport(max_connections_per_host=cfg.max_connections_per_host)
+        transport = transport or SyncTransport(max_connections_per_host=cfg.max_connections_per_host,
+                                               ssl_context=cfg.ssl_context())
         auth = SigningAuth(cfg.credentials) if cfg.credentials is not None else None
         self.http = httpx.Client(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies(), auth=auth)
         self._raw = transport if isinstance(transport, SyncTransport) else None
@@ -407,7 +434,7 @@ class ClientInstance(_InstanceCore):
         with cls._registry_lock:
             inst = cls._registry.get(key)
             if inst is None or inst.state is not ClientState.OPENED:
-                inst = cls(key[0], config, transport=transport)
+                inst = cls(namesrv_addr, config, transport=transport)
                 inst._start()
                 cls._registry[key] = inst
             inst.refcount += 1
@@ -419,7 +446,7 @@ class ClientInstance(_InstanceCore):
             self.refcount -= 1
             if self.refcount > 0:
                 return
-            key = (self.namesrv_addr, self.config.credentials)
+            key = _instance_key(self.namesrv_addr, self.config)
             if self._registry.get(key) is self:
                 del self._registry[key]
         self.close()
@@ -540,7 +567,8 @@ class AsyncClientInstance(_InstanceCore):
                  transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
         super().__init__(namesrv_addr, config or ClientConfig(), **kwargs)
         cfg = self.config
-        transport = transport or AsyncTransport(max_connections_per_host=cfg.max_connections_per_host)
+        transport = transport or AsyncTransport(max_connections_per_host=cfg.max_connections_per_host,
+                                                ssl_context=cfg.ssl_context())
         auth = SigningAuth(cfg.credentials) if cfg.credentials is not None else None
         self.http = httpx.AsyncClient(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies(), auth=auth)
         self._raw = transport if isinstance(transport, AsyncTransport) else None
@@ -557,7 +585,7 @@ class AsyncClientInstance(_InstanceCore):
         key = (*_instance_key(namesrv_addr, config), id(loop))
         inst = cls._registry.get(key)
         if inst is None or inst.state is not ClientState.OPENED:
-            inst = cls(key[0], config, transport=transport)
+            inst = cls(namesrv_addr, config, transport=transport)
             inst._loop_key = id(loop)
             inst._task = loop.create_task(inst._background(), name=f"splitmq-client-{inst.client_id}")
             cls._registry[key] = inst
@@ -569,7 +597,7 @@ class AsyncClientInstance(_InstanceCore):
         self.refcount -= 1
         if self.refcount > 0:
             return
-        key = (self.namesrv_addr, self.config.credentials, self._loop_key)
+        key = (*_instance_key(self.namesrv_addr, self.config), self._loop_key)
         if self._registry.get(key) is self:
             del self._registry[key]
         await self.aclose()

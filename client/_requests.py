@@ -19,13 +19,14 @@ from typing import Any, NamedTuple, TypeVar
 import attrs
 import httpx
 
-from client._http11 import RawResponse
+from client._http11 import RawResponse, TlsHandshakeError
 from client.errors import (
     BrokerConnectError,
     BrokerError,
     ClientError,
     ProtocolViolationError,
     RequestTimeoutError,
+    TlsError,
 )
 from client.protocol import codec, wire
 from client.protocol.codes import PullStatus, ResponseCode, SendStatus
@@ -143,6 +144,8 @@ def map_transport_error(exc: httpx.HTTPError, addr: str, what: str) -> ClientErr
     """A client error for an httpx failure talking to ``addr`` (``what`` names the peer and request)."""
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         return RequestTimeoutError(f"{what}: {exc}", broker_addr=addr)
+    if isinstance(exc, TlsHandshakeError):
+        return TlsError(f"{what}: {exc}", broker_addr=addr)
     return BrokerConnectError(f"{what}: {type(exc).__name__}: {exc}", broker_addr=addr)
 
 

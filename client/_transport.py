@@ -15,6 +15,12 @@ servers speak and no more:
 
 Failures map onto httpx's exceptions (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout``,
 ``PoolTimeout``, ``RemoteProtocolError``, ``ReadError``), so the layers above see the same errors as with httpcore.
+
+With an ``ssl_context`` every connection is TLS whatever the URL's scheme says (the SDK's addresses are
+``host:port``; TLS is a property of the client, as Kafka's ``security.protocol``): the handshake runs once per
+new connection, bounded by the connect timeout, and verifies the server against the context. A failed handshake
+raises :class:`~client._http11.TlsHandshakeError` (an ``httpx.ConnectError``) with a sentence naming the CA
+option. Without a context nothing here differs from a plain transport.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 import select
 import socket
+import ssl
 import threading
 from collections import deque
 from typing import cast
@@ -35,6 +42,7 @@ from client._http11 import (
     RawResponse,
     ResponseParser,
     Timeouts,
+    TlsHandshakeError,
     check_target,
     encode_head,
     origin_of,
@@ -42,6 +50,7 @@ from client._http11 import (
     retry_or_raise,
     timeouts_of,
 )
+from client.tls import describe_tls_failure
 
 __all__ = ["AsyncTransport", "RawResponse", "SyncTransport"]
 
@@ -113,9 +122,12 @@ class SyncTransport(httpx.BaseTransport):
     Args:
         max_connections_per_host: open connections to one ``host:port`` at most.
         max_idle_per_host: idle connections kept per ``host:port``.
+        ssl_context: make every connection TLS with this context (None: plain TCP).
     """
 
-    def __init__(self, *, max_connections_per_host: int = 64, max_idle_per_host: int = 16) -> None:
+    def __init__(self, *, max_connections_per_host: int = 64, max_idle_per_host: int = 16,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self._ssl = ssl_context
         self._pools: dict[tuple[str, int], _SyncHostPool] = {}
         self._lock = threading.Lock()
         self._max_conn = max_connections_per_host
@@ -154,6 +166,13 @@ class SyncTransport(httpx.BaseTransport):
             self._release_slot(pool)
             raise httpx.ConnectError(f"connect to {origin[0]}:{origin[1]} failed: {e}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._ssl is not None:
+            try:  # the handshake runs under the connect timeout create_connection set on the socket
+                sock = self._ssl.wrap_socket(sock, server_hostname=origin[0])
+            except BaseException as e:
+                sock.close()
+                self._release_slot(pool)
+                raise _connect_failure(e, origin, connect_t) from None
         return _SyncConnection(sock), False
 
     def _release_slot(self, pool: _SyncHostPool) -> None:
@@ -225,6 +244,18 @@ class SyncTransport(httpx.BaseTransport):
 # --- async -----------------------------------------------------------------------------------------------
 
 
+def _connect_failure(exc: BaseException, origin: tuple[str, int], connect_t: float | None) -> BaseException:
+    """The httpx error for a TLS connection that could not be set up."""
+    addr = f"{origin[0]}:{origin[1]}"
+    if isinstance(exc, TimeoutError):
+        return httpx.ConnectTimeout(f"TLS handshake with {addr} timed out ({connect_t} s)")
+    if isinstance(exc, ssl.SSLError):
+        return TlsHandshakeError(describe_tls_failure(exc, addr) or str(exc))
+    if isinstance(exc, OSError):
+        return httpx.ConnectError(f"TLS handshake with {addr} failed: {exc} (does the server speak TLS?)")
+    return exc
+
+
 class _AsyncConnection(asyncio.Protocol):
     """One connection as an asyncio Protocol: cheaper than StreamReader/StreamWriter on the hot path."""
 
@@ -235,10 +266,12 @@ class _AsyncConnection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.got_bytes = False
         self.closed = False
+        self.tls = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCP transport is not registered as an asyncio.Transport subclass: no isinstance check here.
         self.transport = cast(asyncio.Transport, transport)
+        self.tls = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
         parser, waiter = self.parser, self.waiter
@@ -269,7 +302,12 @@ class _AsyncConnection(asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
-            self.transport.close()
+            if self.tls:
+                # A TLS close waits for the server's close_notify, which a loop about to stop never reads (the
+                # socket would leak); an idle HTTP connection has nothing to flush and its bodies carry lengths.
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     async def roundtrip(self, head: bytes, body: bytes, timeouts: Timeouts, no_body: bool) -> ResponseParser:
         read_t = timeouts[1]
@@ -307,7 +345,9 @@ class _AsyncHostPool(HostPool[_AsyncConnection]):
 class AsyncTransport(httpx.AsyncBaseTransport):
     """httpx async transport over asyncio Protocols (see the module docstring). Use it from one event loop."""
 
-    def __init__(self, *, max_connections_per_host: int = 64, max_idle_per_host: int = 16) -> None:
+    def __init__(self, *, max_connections_per_host: int = 64, max_idle_per_host: int = 16,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self._ssl = ssl_context
         self._pools: dict[tuple[str, int], _AsyncHostPool] = {}
         self._max_conn = max_connections_per_host
         self._max_idle = max_idle_per_host
@@ -343,10 +383,16 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             finally:
                 with contextlib.suppress(ValueError):
                     pool.waiters.remove(fut)
+        if self._ssl is None:
+            opening = loop.create_connection(lambda: _AsyncConnection(loop), origin[0], origin[1])
+        else:
+            opening = loop.create_connection(lambda: _AsyncConnection(loop), origin[0], origin[1], ssl=self._ssl,
+                                             server_hostname=origin[0], ssl_handshake_timeout=connect_t)
         try:
-            _, new = await asyncio.wait_for(
-                loop.create_connection(lambda: _AsyncConnection(loop), origin[0], origin[1]), connect_t
-            )
+            _, new = await asyncio.wait_for(opening, connect_t)
+        except ssl.SSLError as e:
+            self._release_slot(pool)
+            raise _connect_failure(e, origin, connect_t) from None
         except TimeoutError:
             self._release_slot(pool)
             raise httpx.ConnectTimeout(f"connect to {origin[0]}:{origin[1]} timed out ({connect_t} s)") from None

@@ -25,6 +25,7 @@ import re
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from client.protocol.signing import Credentials, fresh_authorization
+from client.tls import LocalTlsFiles, TlsConfigError, client_context, generate_local_tls_files
 
 __all__ = ["DLEDGER", "BrokerHandle", "ClusterError", "LocalCluster", "NameserverHandle"]
 
@@ -50,11 +52,12 @@ class ClusterError(RuntimeError):
     """A server of the local cluster failed to start, or a wait ran out."""
 
 
-def _http_json(addr: str, path: str, timeout_s: float = 2.0, credentials: Credentials | None = None) -> Any:
-    req = urllib.request.Request(f"http://{addr}{path}")
+def _http_json(addr: str, path: str, timeout_s: float = 2.0, credentials: Credentials | None = None,
+               tls: ssl.SSLContext | None = None) -> Any:
+    req = urllib.request.Request(f"{'https' if tls is not None else 'http'}://{addr}{path}")
     if credentials is not None:  # an ACL cluster: its own waits sign as the admin account
         req.add_header("Authorization", fresh_authorization(credentials, "GET", path, b""))
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+    with urllib.request.urlopen(req, timeout=timeout_s, context=tls) as resp:
         return json.loads(resp.read())
 
 
@@ -175,6 +178,8 @@ class NameserverHandle:
         self._timeout = start_timeout_s
         self.acl_file: Path | None = None
         """The accounts file the nameserver enforces (an ACL cluster), else None."""
+        self.tls_files: LocalTlsFiles | None = None
+        """The certificate it serves TLS with (a TLS cluster), else None."""
         self._proc = _Process(f"nameserver-{index}", root / "logs" / f"nameserver-{index}.log", _NAMESRV_READY)
 
     @property
@@ -186,6 +191,8 @@ class NameserverHandle:
         args = ["-m", "nameserver", "--listen", listen]
         if self.acl_file is not None:
             args += ["--acl-enable", "--acl-file", str(self.acl_file)]
+        if self.tls_files is not None:
+            args += ["--tls-cert", self.tls_files.cert_file, "--tls-key", self.tls_files.key_file]
         self._proc.spawn(args, self._root)
 
     def wait_ready(self) -> None:
@@ -269,6 +276,7 @@ class BrokerHandle:
             props.update(c.dledger_properties(self))
         props.update(LOCAL_BROKER_DEFAULTS)
         props.update(c.acl_properties())
+        props.update(c.tls_properties())
         props.update(c.broker_config)
         self.dir.mkdir(parents=True, exist_ok=True)
         # An ACL cluster's broker config holds the broker's secret key: readable by its owner only.
@@ -319,7 +327,8 @@ class BrokerHandle:
 
     def runtime(self) -> dict[str, Any]:
         """``GET /runtime`` of this broker (signed as the admin in an ACL cluster)."""
-        obj = _http_json(self.addr, "/runtime", credentials=self._cluster.admin_credentials)
+        obj = _http_json(self.addr, "/runtime", credentials=self._cluster.admin_credentials,
+                         tls=self._cluster.tls_context)
         assert isinstance(obj, dict)
         return obj
 
@@ -364,6 +373,10 @@ class LocalCluster:
             --acl-file`` and every broker with ``aclEnable``, ``aclFile``, the admin account as its own
             (``accessKey``/``secretKey``) and the cluster secret (``haAuthSecret``). Off by default: a local
             cluster binds loopback only.
+        tls: turn TLS on everywhere (docs/SECURITY.md): make a throwaway CA and a certificate for
+            ``127.0.0.1``/``localhost`` in ``tls/`` (needs the ``openssl`` tool), serve every nameserver, broker,
+            HA and DLedger port with it, and give every broker the CA (``tlsCaFile``) to verify the others.
+            Clients pass :attr:`tls_ca_file` (``ClientConfig(tls_ca_file=cluster.tls_ca_file)``).
     """
 
     def __init__(
@@ -380,6 +393,7 @@ class LocalCluster:
         start_timeout_s: float = 30.0,
         cluster_name: str = "DefaultCluster",
         acl: bool = False,
+        tls: bool = False,
     ) -> None:
         if mode not in ("async", "sync", "dledger"):
             raise ValueError(f"mode must be 'async', 'sync' or 'dledger', got {mode!r}")
@@ -415,6 +429,13 @@ class LocalCluster:
         """The cluster secret of the HA and DLedger ports (``haAuthSecret``) of an ACL cluster."""
         for ns in self.nameserver_handles:
             ns.acl_file = self.acl_file
+        self.tls = tls
+        self._tls_dir = self.root_dir / "tls"
+        self.tls_ca_file: str | None = str(self._tls_dir / "ca.pem") if tls else None
+        """The CA of a TLS cluster (``ClientConfig(tls_ca_file=...)``, ``splitmq --tls-ca``); None without TLS.
+        The file exists once the cluster has started."""
+        self.tls_context: ssl.SSLContext | None = None
+        """A client context trusting :attr:`tls_ca_file` (set at start of a TLS cluster)."""
         self._started = False
 
     def acl_properties(self) -> dict[str, str]:
@@ -426,6 +447,22 @@ class LocalCluster:
         if self.ha_auth_secret is not None:  # the HA and DLedger ports' handshake (issue 14 item 4)
             props["haAuthSecret"] = self.ha_auth_secret
         return props
+
+    def tls_properties(self) -> dict[str, str]:
+        """The TLS keys of every broker's ``.properties`` (empty without TLS)."""
+        if not self.tls:
+            return {}
+        return {"tlsEnable": "true", "tlsCertFile": str(self._tls_dir / "server.pem"),
+                "tlsKeyFile": str(self._tls_dir / "server.key"), "tlsCaFile": str(self._tls_dir / "ca.pem")}
+
+    def _make_tls_files(self) -> None:
+        try:
+            files = generate_local_tls_files(self._tls_dir)
+        except TlsConfigError as e:
+            raise ClusterError(str(e)) from None
+        self.tls_context = client_context(files.ca_file)
+        for ns in self.nameserver_handles:
+            ns.tls_files = files
 
     # --- lifecycle ---
 
@@ -439,6 +476,8 @@ class LocalCluster:
         try:
             if self.acl_file is not None and self.admin_credentials is not None:
                 write_accounts_file(self.acl_file, self.admin_credentials)
+            if self.tls:
+                self._make_tls_files()
             for ns in self.nameserver_handles:
                 ns.spawn()
             for ns in self.nameserver_handles:
@@ -579,7 +618,7 @@ class LocalCluster:
                 if not ns.running():
                     continue
                 try:
-                    info = _http_json(ns.addr, "/cluster", credentials=self.admin_credentials)
+                    info = _http_json(ns.addr, "/cluster", credentials=self.admin_credentials, tls=self.tls_context)
                     seen = {a for bd in info.get("brokerAddrTable", {}).values()
                             for a in bd.get("brokerAddrs", {}).values()}
                 except (OSError, ValueError):

@@ -8,7 +8,8 @@
     ├── BrokerNotFoundError          "The broker[<name>] not exist"                         (refresh route)
     ├── TransportError               connection refused, reset, or timed out               (retriable)
     │   ├── BrokerConnectError
-    │   └── RequestTimeoutError
+    │   ├── RequestTimeoutError
+    │   └── TlsError                 the TLS handshake failed: wrong CA, name, or TLS on one side only (never retried)
     ├── SendFailedError              every attempt of a send failed; ``attempts`` says why
     ├── ProtocolViolationError       a server answered bytes we cannot parse
     └── BrokerError                  a server answered with a non-success RocketMQ code
@@ -47,6 +48,7 @@ __all__ = [
     "ServiceNotAvailableError",
     "SubscriptionGroupNotExistError",
     "SystemBusyError",
+    "TlsError",
     "TopicNotExistError",
     "TransportError",
 ]
@@ -111,6 +113,14 @@ class BrokerConnectError(TransportError):
 
 class RequestTimeoutError(TransportError):
     """A request ran past its timeout."""
+
+
+class TlsError(TransportError):
+    """The TLS handshake with a server failed: its certificate is not signed by the CA the client was given
+    (``tls_ca_file``), does not name the address dialled, or only one side speaks TLS. The message says which.
+    Retrying cannot fix a configuration, so it is not retried."""
+
+    retriable = False
 
 
 class ProtocolViolationError(ClientError):

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from client.protocol.acl import AclFileError
 from client.protocol.acl_gate import DEFAULT_NONCE_CACHE_MAX, DEFAULT_TIMESTAMP_TOLERANCE_MS, load_acl_file
+from client.tls import TlsConfigError, server_context
 from nameserver.server import NamesrvConfig, serve
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
@@ -96,6 +97,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_TIMESTAMP_TOLERANCE_MS})")
     p.add_argument("--acl-nonce-cache-max", type=_positive_int, default=DEFAULT_NONCE_CACHE_MAX,
                    help=f"signed requests the replay guard remembers at most (default {DEFAULT_NONCE_CACHE_MAX})")
+    p.add_argument("--tls-cert", default="", metavar="PEM",
+                   help="serve TLS only, presenting this certificate chain (needs --tls-key; docs/SECURITY.md)")
+    p.add_argument("--tls-key", default="", metavar="PEM", help="the private key of --tls-cert")
     p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
     p.add_argument("--log-format", default="text", choices=["text", "json"])
@@ -174,8 +178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_acl_file(args.acl_file)  # a bad file is a start error here, not a traceback later
         except AclFileError as e:
             parser.error(str(e))
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_cert:
+        try:
+            server_context(args.tls_cert, args.tls_key)  # a bad file is a start error here, not a traceback later
+        except TlsConfigError as e:
+            parser.error(str(e))
     _configure_logging(args.log_level, args.log_format)
-    config = NamesrvConfig(broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms,
+    config = NamesrvConfig(tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms,
                            acl_enable=args.acl_enable, acl_file=args.acl_file,
                            acl_protect_routes=args.acl_protect_routes,
                            acl_timestamp_tolerance_ms=args.acl_timestamp_tolerance_ms,

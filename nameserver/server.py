@@ -21,6 +21,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,6 +46,7 @@ from client.protocol.acl_gate import (
 from client.protocol.asgi import ArgumentError, Request, Response, Router, json_response
 from client.protocol.http_guard import HttpLimits, LimitedHttpToolsProtocol, with_limits
 from client.protocol.route import DataVersion, TopicConfig
+from client.tls import server_context
 from nameserver.routeinfo import RouteInfo
 
 __all__ = [
@@ -108,10 +110,24 @@ class NamesrvConfig:
     """``--acl-nonce-cache-max``: signed requests the replay guard remembers at most."""
     acl_metrics_token: str = attrs.field(default="", repr=False)
     """``$SPLITMQ_ACL_METRICS_TOKEN``: a ``Bearer`` token that opens ``GET /metrics`` to a scraper."""
+    tls_cert_file: str = ""
+    """``--tls-cert``: serve TLS only, presenting this PEM certificate chain ('' = plain HTTP)."""
+    tls_key_file: str = ""
+    """``--tls-key``: the certificate's private key."""
 
     def __attrs_post_init__(self) -> None:
         if self.acl_enable and not self.acl_file:
             raise ValueError("--acl-enable needs --acl-file (the accounts file)")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("--tls-cert and --tls-key go together")
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context, or None without ``--tls-cert``.
+
+        Raises:
+            TlsConfigError: a file is missing or unusable.
+        """
+        return server_context(self.tls_cert_file, self.tls_key_file) if self.tls_cert_file else None
 
 
 # ---------------------------------------------------------------------- request parsing
@@ -446,19 +462,24 @@ async def serve(
                     "(docs/SECURITY.md) or listen on loopback.", listen)
     watch = (asyncio.create_task(AclFileWatcher(config.acl_file, acl.update).run()) if acl is not None
              else None)
-    server = uvicorn.Server(uvicorn.Config(
+    uv_config = uvicorn.Config(
         app, loop="uvloop", http=with_limits(LimitedHttpToolsProtocol, config.http_limits), lifespan="off",
         timeout_keep_alive=config.http_limits.keep_alive_timeout_s, access_log=False, log_level="warning",
         timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S), log_config=None,
-    ))
+    )
+    tls = config.tls_context()
+    if tls is not None:  # uvicorn builds its context from files; ours (TLS 1.2+, no tickets) replaces it
+        uv_config.load()
+        uv_config.ssl = tls
+    server = uvicorn.Server(uv_config)
     scanner = asyncio.create_task(run_expiry_scan(
         route_info, clock_ms=clock_ms, broker_expiry_ms=config.broker_expiry_ms,
         scan_interval_ms=config.scan_interval_ms))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await _wait_started(server, serving)
-        log.info("nameserver serving on %s (brokerExpiry=%d ms, scanInterval=%d ms)", listen,
-                 config.broker_expiry_ms, config.scan_interval_ms)
+        log.info("nameserver serving on %s (brokerExpiry=%d ms, scanInterval=%d ms%s)", listen,
+                 config.broker_expiry_ms, config.scan_interval_ms, ", TLS" if tls is not None else "")
         if on_ready is not None:
             on_ready(listen)
         await serving

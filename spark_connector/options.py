@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from client import Credentials
+from client import ClientConfig, Credentials
 from spark_connector.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets_json
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,13 @@ _SOURCE_KEYS = {
         "failOnDataLoss", "pullFrom", "slaveFallback", "pullBatchSize", "pullMaxBytes", "pullConcurrency",
         "pullTimeoutMs", "pullRetries",
         "retryBackoffMs", "includeProperties", "group", "commitOffsetsToBroker", "maxBatchRows",
-        "maxBatchBytes", "path", "accessKey", "secretKey",
+        "maxBatchBytes", "path", "accessKey", "secretKey", "tlsCaFile",
     )
 }
 _SINK_KEYS = {
     k.lower(): k
     for k in ("nameserver", "namesrvAddr", "topic", "producerGroup", "sendTimeoutMs", "retries", "sendConcurrency",
-              "path", "accessKey", "secretKey")
+              "path", "accessKey", "secretKey", "tlsCaFile")
 }
 _CLIENT_PREFIX = "client."
 
@@ -128,6 +129,14 @@ class SourceOptions:
     """``client.*`` options with the prefix removed, passed through to the SDK."""
     credentials: Credentials | None = None
     """``accessKey``/``secretKey``: the account every request is signed with (its repr hides the secret)."""
+    tls_ca_file: str | None = None
+    """``tlsCaFile``: TLS on every connection, servers verified against this CA file (None: plain HTTP)."""
+
+    def client_config(self) -> ClientConfig | None:
+        """The SDK configuration of ``accessKey``/``secretKey`` and ``tlsCaFile`` (None when neither is set)."""
+        if self.credentials is None and self.tls_ca_file is None:
+            return None
+        return ClientConfig(credentials=self.credentials, tls_ca_file=self.tls_ca_file)
 
 
 @attrs.frozen
@@ -150,6 +159,8 @@ class SinkOptions:
     """``client.*`` options with the prefix removed."""
     credentials: Credentials | None = None
     """``accessKey``/``secretKey``: the account every request is signed with (its repr hides the secret)."""
+    tls_ca_file: str | None = None
+    """``tlsCaFile``: TLS on every connection, servers verified against this CA file (None: plain HTTP)."""
 
 
 class _Reader:
@@ -219,6 +230,15 @@ def _nameserver(r: _Reader) -> str:
     if not addrs:
         raise OptionError("option nameserver is empty")
     return ";".join(addrs)
+
+
+def _tls_ca_file(r: _Reader) -> str | None:
+    """``tlsCaFile``: a CA file that exists here (the driver); the executors need it at the same path."""
+    path = r.get_str("tlsCaFile")
+    if path is not None and not os.path.isfile(path):
+        raise OptionError(f"option tlsCaFile: no such file {path!r} (it must exist at that path on the driver and "
+                          f"on every executor)")
+    return path
 
 
 def _credentials(r: _Reader) -> Credentials | None:
@@ -364,6 +384,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
         max_batch_bytes=r.get_int("maxBatchBytes", 8 * 1024 * 1024, minimum=1024) or 8 * 1024 * 1024,
         client=r.client,
         credentials=_credentials(r),
+        tls_ca_file=_tls_ca_file(r),
     )
 
 
@@ -397,4 +418,5 @@ def parse_sink_options(options: Mapping[str, Any], *, app_name: str = "app") -> 
         send_concurrency=_concurrency(r, "sendConcurrency", DEFAULT_SEND_CONCURRENCY),
         client=r.client,
         credentials=_credentials(r),
+        tls_ca_file=_tls_ca_file(r),
     )

@@ -153,7 +153,7 @@ def send_arrow_batches(batches: Iterator[pa.RecordBatch], opts: SinkOptions, sen
 
 
 def _write_all(opts: SinkOptions, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
-    sender = Sender(pooled_client(opts.nameserver, opts.client, opts.credentials), opts.producer_group,
+    sender = Sender(pooled_client(opts.nameserver, opts.client, opts.credentials, tls_ca_file=opts.tls_ca_file), opts.producer_group,
                     send_timeout_s=opts.send_timeout_s, retries=opts.retries, concurrency=opts.send_concurrency)
     return send_arrow_batches(iterator, opts, sender)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from client import Admin
+from client import Admin, ClientConfig
 from client.errors import ClientError
 from spark_connector.options import OptionError
 
@@ -30,18 +30,20 @@ class SlaveReadsOffError(OptionError):
     """``pullFrom=slave`` against a broker group whose slave has ``slaveReadEnable=false``."""
 
 
-def check_slave_reads(nameserver: str, routes: Mapping[str, Mapping[int, str]]) -> None:
+def check_slave_reads(nameserver: str, routes: Mapping[str, Mapping[int, str]], *,
+                      client_config: ClientConfig | None = None) -> None:
     """Raise when a group's slave would send ``pullFrom=slave`` reads back to its master.
 
     Args:
         nameserver: the ``nameserver`` option.
         routes: ``brokerName -> {brokerId: addr}`` of the topic (:func:`spark_connector.resolve.route_snapshot`).
+        client_config: the account and TLS settings of the job's options (``accessKey``, ``tlsCaFile``).
 
     Raises:
         SlaveReadsOffError: some slave has ``slaveReadEnable=false``; the message names each and the key to set.
     """
     off: list[str] = []
-    with Admin(nameserver) as admin:
+    with Admin(nameserver, client_config=client_config) as admin:
         for name, members in sorted(routes.items()):
             addr = members.get(SLAVE_ID)
             if addr is None:

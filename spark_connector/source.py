@@ -69,7 +69,7 @@ def _read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[
     rng = getattr(partition, "value", None)
     if not isinstance(rng, QueueRange):  # Spark turns an empty plan into one InputPartition(None)
         return
-    client = pooled_client(opts.nameserver, opts.client, opts.credentials)
+    client = pooled_client(opts.nameserver, opts.client, opts.credentials, tls_ca_file=opts.tls_ca_file)
     yield from RangeReader(client, opts, rng).batches()
 
 
@@ -81,11 +81,11 @@ class RocketMQBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.options
-        client = pooled_client(opts.nameserver, opts.client, opts.credentials)
+        client = pooled_client(opts.nameserver, opts.client, opts.credentials, tls_ca_file=opts.tls_ca_file)
         route = client.route(opts.topic, refresh=True)
         keys = queue_keys(route, opts.topic)
         if opts.pull_from == "slave":
-            check_slave_reads(opts.nameserver, route_snapshot(route))
+            check_slave_reads(opts.nameserver, route_snapshot(route), client_config=opts.client_config())
         highs = fetch_offsets(client, route, keys, "max")
         starts = resolve_start(client, route, keys, opts, highs=highs)
         ends = resolve_end(client, route, keys, opts, highs=highs)
@@ -110,7 +110,8 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._slaves_checked = options.pull_from != "slave"
 
     def _client(self) -> Any:
-        return pooled_client(self.options.nameserver, self.options.client, self.options.credentials)
+        return pooled_client(self.options.nameserver, self.options.client, self.options.credentials,
+                             tls_ca_file=self.options.tls_ca_file)
 
     def initialOffset(self) -> dict:
         opts = self.options
@@ -175,7 +176,7 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         client = self._client()
         route = client.route(opts.topic)
         if not self._slaves_checked:  # once per query run: the first micro-batch it plans
-            check_slave_reads(opts.nameserver, route_snapshot(route))
+            check_slave_reads(opts.nameserver, route_snapshot(route), client_config=opts.client_config())
             self._slaves_checked = True
         new = [k for k in stop if k not in begin]
         if new:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from client import Credentials
+from client import ClientConfig, Credentials
 from client.lowlevel import BrokerClient as _SdkClient
 from client.lowlevel import RawPullResult
 from spark_connector.offsets import QueueKey
@@ -44,11 +44,13 @@ class BrokerClient(_SdkClient):
         namesrv_addr: ``;``-joined nameserver addresses.
         transport: the HTTP transport (tests inject ``httpx.MockTransport``).
         credentials: the account that signs every request (options ``accessKey``/``secretKey``).
+        tls_ca_file: option ``tlsCaFile``: TLS on every connection, verified against this CA.
     """
 
     def __init__(self, namesrv_addr: str, *, transport: httpx.BaseTransport | None = None,
-                 credentials: Credentials | None = None) -> None:
-        super().__init__(namesrv_addr, transport=transport, credentials=credentials)
+                 credentials: Credentials | None = None, tls_ca_file: str | None = None) -> None:
+        config = ClientConfig(tls_ca_file=tls_ca_file) if tls_ca_file is not None else None
+        super().__init__(namesrv_addr, transport=transport, credentials=credentials, config=config)
 
     def hint(self, key: QueueKey) -> int:
         """The broker id the last pull of ``key`` suggested (0 = master when never pulled)."""
@@ -76,13 +78,13 @@ class BrokerClient(_SdkClient):
 
 #: One client per (nameserver list, client options) in this Python process. Spark reuses Python workers
 #: across tasks and queries, so connections and broker hints outlive a single task.
-_POOL: dict[tuple[str, tuple[tuple[str, str], ...], Credentials | None], BrokerClient] = {}
+_POOL: dict[tuple[str, tuple[tuple[str, str], ...], Credentials | None, str | None], BrokerClient] = {}
 _POOL_LOCK = threading.Lock()
 _POOL_MAX = 16
 
 
 def pooled_client(namesrv_addr: str, client_options: Mapping[str, str] | None = None,
-                  credentials: Credentials | None = None) -> BrokerClient:
+                  credentials: Credentials | None = None, *, tls_ca_file: str | None = None) -> BrokerClient:
     """This process's shared :class:`BrokerClient` for ``namesrv_addr`` and the account (created on first use).
 
     Args:
@@ -90,11 +92,12 @@ def pooled_client(namesrv_addr: str, client_options: Mapping[str, str] | None = 
         client_options: the ``client.*`` options (part of the pool key).
         credentials: the account of options ``accessKey``/``secretKey`` (part of the pool key: two jobs of one
             worker with different accounts never share a client).
+        tls_ca_file: option ``tlsCaFile`` (part of the pool key too).
 
     Returns:
         The pooled client.
     """
-    key = (namesrv_addr, tuple(sorted((client_options or {}).items())), credentials)
+    key = (namesrv_addr, tuple(sorted((client_options or {}).items())), credentials, tls_ca_file)
     with _POOL_LOCK:
         c = _POOL.get(key)
         if c is None:
@@ -102,7 +105,7 @@ def pooled_client(namesrv_addr: str, client_options: Mapping[str, str] | None = 
                 _, old = next(iter(_POOL.items()))
                 _POOL.pop(next(iter(_POOL)))
                 old.close()
-            c = _POOL[key] = BrokerClient(namesrv_addr, credentials=credentials)
+            c = _POOL[key] = BrokerClient(namesrv_addr, credentials=credentials, tls_ca_file=tls_ca_file)
         return c
 
 

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import random
 import socket
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -100,6 +101,10 @@ class NodeConfig:
     auth_secret: bytes = attrs.field(default=b"", repr=False)
     """``haAuthSecret``: every peer connection passes the handshake of :mod:`broker.peer_auth` first, both ways
     ('' = none)."""
+    tls_server: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)
+    """``tlsEnable``: the peer port accepts TLS only, with this context (None: plain TCP)."""
+    tls_client: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)
+    """``tlsEnable``: connections to the other members use TLS with this context (verifies them)."""
 
 
 class AppendError(Exception):
@@ -177,7 +182,8 @@ class DLedgerNode:
         self.state.ledger_end_index, self.state.ledger_end_term = store.end_index, store.end_term
         self._others = [p for p in config.peers if p != config.self_id]
         self._clients = {p: PeerClient(config.group, config.self_id, p, config.peers[p], self.faults,
-                                       max_in_flight=config.max_in_flight + 16, secret=config.auth_secret)
+                                       max_in_flight=config.max_in_flight + 16, secret=config.auth_secret,
+                                       tls=config.tls_client)
                          for p in self._others}
         self._server: PeerServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -215,7 +221,7 @@ class DLedgerNode:
         port = int(self.config.peers[self.config.self_id].rpartition(":")[2])
         self._server = await serve_peers(host, port, group=self.config.group, self_id=self.config.self_id,
                                          peers=self.config.peers, handler=self._handle, faults=self.faults,
-                                         secret=self.config.auth_secret, sock=sock)
+                                         secret=self.config.auth_secret, sock=sock, tls=self.config.tls_server)
         self.last_leader_heartbeat_ms = self._clock()
         self._next_vote_ms = self._clock() + self._rand_ms()
         self._tasks.append(asyncio.get_running_loop().create_task(self._run(), name=f"dledger-run-{self.config.self_id}"))

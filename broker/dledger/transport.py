@@ -22,7 +22,9 @@ import itertools
 import logging
 import secrets
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from broker.dledger.protocol import (
     Frame,
@@ -44,6 +46,7 @@ from broker.peer_auth import (
     ServerHandshake,
     run_handshake,
 )
+from client.tls import describe_tls_failure
 
 __all__ = ["FaultLayer", "PeerClient", "PeerError", "PeerServer", "RequestHandler", "serve_peers"]
 
@@ -90,13 +93,16 @@ class PeerClient:
         secret: the cluster secret (``haAuthSecret``); empty: no handshake.
         auth_timeout_s: bound on the handshake.
         nonces: random source of the handshake's nonce.
+        tls: ``tlsEnable``: connect with TLS, verifying the peer's certificate with this context (None: plain
+            TCP). The TLS handshake counts against ``connect_timeout_s``.
     """
 
     def __init__(self, group: str, self_id: str, peer_id: str, addr: str, faults: FaultLayer, *,
                  connect_timeout_s: float = 1.0, max_in_flight: int = 1024, max_frame_bytes: int = 32 << 20,
-                 secret: bytes = b"", auth_timeout_s: float = 3.0, nonces: NonceSource = secrets.token_bytes
-                 ) -> None:
+                 secret: bytes = b"", auth_timeout_s: float = 3.0, nonces: NonceSource = secrets.token_bytes,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.group, self.self_id, self.peer_id, self.addr = group, self_id, peer_id, addr
+        self._tls = tls
         self._secret, self._auth_timeout_s, self._nonces = secret, auth_timeout_s, nonces
         self._auth_failures = RateLimitedLog(log)
         self._faults = faults
@@ -115,8 +121,14 @@ class PeerClient:
                 return self._writer
             host, _, port = self.addr.rpartition(":")
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
-                                                        self._connect_timeout_s)
+                opening = (asyncio.open_connection(host, int(port)) if self._tls is None else
+                           asyncio.open_connection(host, int(port), ssl=self._tls, server_hostname=host.strip("[]"),
+                                                   ssl_handshake_timeout=self._connect_timeout_s))
+                reader, writer = await asyncio.wait_for(opening, self._connect_timeout_s)
+            except ssl.SSLError as e:  # an OSError too: say it is TLS, the usual cause is the CA or the name
+                why = describe_tls_failure(e, self.addr, "tlsCaFile") or str(e)
+                self._auth_failures.note(f"peer {self.peer_id}: {why}; nothing sent to it")
+                raise PeerError(f"peer {self.peer_id}: {why}") from None
             except (TimeoutError, OSError) as e:
                 raise PeerError(f"cannot connect to peer {self.peer_id} at {self.addr}: {e or 'timeout'}") from None
             if self._secret:
@@ -241,7 +253,7 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                       handler: RequestHandler, faults: FaultLayer, max_frame_bytes: int = 32 << 20,
                       max_connections: int = 64, max_pending: int = 16, pending_timeout_s: float = 3.0,
                       secret: bytes = b"", nonces: NonceSource = secrets.token_bytes,
-                      sock: socket.socket | None = None) -> PeerServer:
+                      sock: socket.socket | None = None, tls: ssl.SSLContext | None = None) -> PeerServer:
     """Listen for peers (on ``sock`` when given, already bound; ``port`` 0 lets the OS choose).
 
     Args:
@@ -250,6 +262,9 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
         pending_timeout_s: a connection not past HELLO within this is closed (it also bounds the handshake).
         secret: the cluster secret (``haAuthSecret``); empty: no handshake.
         nonces: random source of the handshake's nonce.
+        tls: ``tlsEnable``: accept TLS only, with this context (None: plain TCP). asyncio runs the TLS handshake
+            before a connection counts as pending, bounded by ``pending_timeout_s``; a peer that fails it is
+            closed without a byte of the peer protocol.
     """
     ps = PeerServer()
     open_conns = ps.connections
@@ -334,10 +349,11 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
+    tls_kw: dict[str, Any] = {} if tls is None else {"ssl": tls, "ssl_handshake_timeout": pending_timeout_s}
     if sock is not None:
-        ps.server = await asyncio.start_server(conn, sock=sock)
+        ps.server = await asyncio.start_server(conn, sock=sock, **tls_kw)
     else:
-        ps.server = await asyncio.start_server(conn, host, port, reuse_address=True)
+        ps.server = await asyncio.start_server(conn, host, port, reuse_address=True, **tls_kw)
     return ps
 
 

@@ -10,6 +10,10 @@ of MB/s through one event loop shared with the broker, so this channel
 * keeps one reader registration for the connection's lifetime (no future per read).
 
 Everything runs in the loop's thread; nothing here blocks.
+
+Under ``tlsEnable`` the socket is a non-blocking :class:`ssl.SSLSocket` (:mod:`broker.ha.tls_io` says why): reads
+go on while OpenSSL holds decrypted bytes, and a list of buffers is sent one ``send`` per buffer (an SSL socket
+has no ``sendmsg``). The plain path is chosen once, at construction, and runs exactly as before.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable, Sequence
+
+from broker.ha.tls_io import WOULD_BLOCK
 
 __all__ = ["Buffer", "SocketChannel", "advance_buffers"]
 
@@ -78,7 +85,11 @@ class SocketChannel:
         self._backlog = bytearray()  # send_nowait bytes the kernel did not take yet
         self._write_waiter: asyncio.Future[None] | None = None
         self._writer_registered = False
-        loop.add_reader(self._fd, self._on_readable)
+        if isinstance(sock, ssl.SSLSocket):
+            self._sendmsg = self._send_tls  # type: ignore[method-assign]
+            loop.add_reader(self._fd, self._on_readable_tls)
+        else:
+            loop.add_reader(self._fd, self._on_readable)
 
     @property
     def is_closed(self) -> bool:
@@ -125,6 +136,31 @@ class SocketChannel:
             log.warning("%s: closing: %s", self.name, exc)
             self.close(str(exc))
 
+    def _on_readable_tls(self) -> None:
+        """As :meth:`_on_readable`; OpenSSL may hold decrypted bytes the socket no longer signals, so read on
+        while it does (each read into a fresh ``get_buffer()`` view, as the owner expects)."""
+        sock = self._sock
+        assert isinstance(sock, ssl.SSLSocket)
+        while not self.closed.done():
+            try:
+                n = sock.recv_into(self._get_buffer())
+            except WOULD_BLOCK:
+                return
+            except OSError as exc:
+                self.close(f"read failed: {exc}")
+                return
+            if n == 0:
+                self.close("peer closed the connection")
+                return
+            try:
+                self._on_data(n)
+            except Exception as exc:
+                log.warning("%s: closing: %s", self.name, exc)
+                self.close(str(exc))
+                return
+            if not sock.pending():
+                return
+
     # writing --------------------------------------------------------------------------------------------
     @property
     def is_writing(self) -> bool:
@@ -141,6 +177,24 @@ class SocketChannel:
         except OSError as exc:
             self.close(f"write failed: {exc}")
             return -1
+
+    def _send_tls(self, bufs: Sequence[Buffer]) -> int:
+        """:meth:`_sendmsg` for an SSL socket: one ``send`` per buffer until one is not taken whole. A refused
+        write is retried later with the same bytes first (what OpenSSL requires), since the caller resends
+        exactly the part not counted here."""
+        total = 0
+        for buf in bufs:
+            try:
+                n = self._sock.send(buf)
+            except WOULD_BLOCK:
+                return total
+            except OSError as exc:
+                self.close(f"write failed: {exc}")
+                return -1
+            total += n
+            if n < len(buf):
+                break
+        return total
 
     def send_some(self, bufs: Sequence[Buffer]) -> list[Buffer]:
         """Send what the socket takes now, without waiting; return the part not sent (views, no copies).
@@ -194,7 +248,7 @@ class SocketChannel:
         if not self._backlog:
             try:
                 sent = self._sock.send(data)
-            except (BlockingIOError, InterruptedError):
+            except WOULD_BLOCK:
                 sent = 0
             except OSError as exc:
                 self.close(f"write failed: {exc}")
@@ -224,7 +278,7 @@ class SocketChannel:
         if self._backlog:
             try:
                 sent = self._sock.send(self._backlog)
-            except (BlockingIOError, InterruptedError):
+            except WOULD_BLOCK:
                 sent = 0
             except OSError as exc:
                 self.close(f"write failed: {exc}")

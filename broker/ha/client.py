@@ -17,10 +17,12 @@ import logging
 import random
 import secrets
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
 
+import broker.ha.tls_io as tls_io
 from broker.ha.channel import SocketChannel
 from broker.ha.config import HAConfig
 from broker.ha.progress import Backoff
@@ -36,6 +38,7 @@ from broker.peer_auth import (
 from broker.store.api import MessageStore
 from broker.store.records import RecordViolation, ReplicaChecker
 from client.protocol.codec import DEFAULT_MAX_MESSAGE_SIZE
+from client.tls import describe_tls_failure
 
 __all__ = ["HAClient", "HAOffsetMismatchError", "parse_ha_addr"]
 
@@ -188,6 +191,10 @@ class HAClient:
             self._addr_changed.clear()
             try:
                 sock = await self._connect(addr)
+            except ssl.SSLError as exc:  # the master is there but TLS failed: say so, it needs an operator
+                self.last_error = describe_tls_failure(exc, addr, "tlsCaFile") or str(exc)
+                self._received = False  # back off as after a failed handshake
+                self._auth_failures.note(f"HA client: {self.last_error}; nothing replicated, retrying")
             except (OSError, TimeoutError) as exc:
                 self.last_error = f"connect to {addr} failed: {exc or type(exc).__name__}"
                 log.debug("HA client: %s", self.last_error)
@@ -219,7 +226,16 @@ class HAClient:
         except BaseException:
             sock.close()
             raise
-        return sock
+        ctx = self._config.tls_client
+        if ctx is None:
+            return sock
+        tls_sock = tls_io.wrap(ctx, sock, server_side=False, server_hostname=host)
+        try:
+            await tls_io.handshake(tls_sock, timeout_s)
+        except BaseException:
+            tls_sock.close()
+            raise
+        return tls_sock
 
     async def _authenticate(self, sock: socket.socket, addr: str) -> bool:
         """With ``ha_auth_secret``: the handshake, before anything is reported or appended. False (the socket
@@ -229,11 +245,17 @@ class HAClient:
         if not secret:
             return True
         loop = asyncio.get_running_loop()
+        timeout_s = self._config.ha_auth_timeout_ms / 1000.0
 
         async def read(n: int) -> bytes:
+            if isinstance(sock, ssl.SSLSocket):  # the loop's sock_* calls refuse SSL sockets
+                return await tls_io.recv(sock, n, timeout_s)
             return await loop.sock_recv(sock, n)
 
         async def write(data: bytes) -> None:
+            if isinstance(sock, ssl.SSLSocket):
+                await tls_io.sendall(sock, data, timeout_s)
+                return
             await loop.sock_sendall(sock, data)
 
         try:

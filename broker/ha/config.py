@@ -3,6 +3,8 @@ builds it from its ``.properties`` file (``haSendHeartbeatInterval`` -> ``ha_sen
 
 from __future__ import annotations
 
+import ssl
+
 import attrs
 
 __all__ = ["HAConfig"]
@@ -69,6 +71,11 @@ class HAConfig:
     ha_auth_timeout_ms: int = attrs.field(default=3000, validator=_positive)
     """Bound on the handshake, on either side (the master's connection is also pending meanwhile, so
     ``ha_pending_timeout_ms`` and ``ha_max_pending_connections`` bound it too)."""
+    tls_server: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)
+    """``tlsEnable``: the master's HA port speaks TLS with this context (None: plain TCP). The TLS handshake
+    comes first, then the ``ha_auth_secret`` handshake inside it; ``ha_auth_timeout_ms`` bounds each."""
+    tls_client: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)
+    """``tlsEnable``: the slave connects with this context (verifies the master against ``tlsCaFile``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.min_in_sync_replicas > self.in_sync_replicas:

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import broker.ha.tls_io as tls_io
 from broker.ha.admission import expired_pending, pending_to_evict, report_admitted
 from broker.ha.channel import Buffer, SocketChannel
 from broker.ha.config import HAConfig
@@ -287,6 +288,7 @@ class HAService:
         self._loop_thread = 0
         self._lsock: socket.socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._tls_handshakes: set[asyncio.Task[None]] = set()
         self._state_name = "new"
         self.port = 0
         """The bound HA port (0 before ``start``)."""
@@ -331,7 +333,7 @@ class HAService:
             self._state_name = "stopped"
             return
         self._state_name = "stopped"
-        for task in self._tasks:
+        for task in [*self._tasks, *self._tls_handshakes]:
             task.cancel()
         writers = [conn.writer for conn in self._conns.values()]
         for conn in list(self._conns.values()):
@@ -510,15 +512,55 @@ class HAService:
                 await asyncio.sleep(_ACCEPT_ERROR_PAUSE_S)
                 continue
             addr = _format_addr(raw_addr)
-            for cid in pending_to_evict(self._pending_since(), self._config.ha_max_pending_connections):
-                old = self._conns[cid]
-                self._refusals.note(f"HA: closing {old.addr}, connected without an offset report, to admit {addr} "
-                                    f"(ha_max_pending_connections={self._config.ha_max_pending_connections})")
-                old.close("replaced by a newer connection while it had not reported")
-                self._on_connection_closed(old)
-            conn_id = next(self._ids)
-            self._conns[conn_id] = _SlaveConnection(self, conn_id, sock, addr)
-            log.info("HA slave %s connected", addr)
+            if self._config.tls_server is not None:
+                self._start_tls(sock, addr)
+                continue
+            self._admit(sock, addr)
+
+    def _start_tls(self, sock: socket.socket, addr: str) -> None:
+        """The TLS handshake of an accepted connection, in its own task so the accept loop goes on; at most
+        ``ha_max_pending_connections`` run at once (a newcomer past it is closed), each bounded by
+        ``ha_auth_timeout_ms``. A peer that fails it is closed before it is a connection: nothing was sent."""
+        ctx = self._config.tls_server
+        assert ctx is not None
+        if len(self._tls_handshakes) >= self._config.ha_max_pending_connections:
+            self._refusals.note(f"HA: closing {addr}: {len(self._tls_handshakes)} TLS handshakes running "
+                                f"(ha_max_pending_connections={self._config.ha_max_pending_connections})")
+            sock.close()
+            return
+
+        async def run() -> None:
+            tls_sock = tls_io.wrap(ctx, sock, server_side=True)
+            try:
+                await tls_io.handshake(tls_sock, self._config.ha_auth_timeout_ms / 1000.0)
+            except (OSError, TimeoutError) as exc:
+                self._refusals.note(f"HA: {addr} failed the TLS handshake, closing it (nothing sent): "
+                                    f"{exc or 'timed out (ha_auth_timeout_ms)'}")
+                tls_sock.close()
+                return
+            except BaseException:
+                tls_sock.close()
+                raise
+            if self._state_name == "started":
+                self._admit(tls_sock, addr)
+            else:
+                tls_sock.close()
+
+        task = self._require_loop().create_task(run(), name=f"ha-tls<-{addr}")
+        self._tls_handshakes.add(task)
+        task.add_done_callback(self._tls_handshakes.discard)
+
+    def _admit(self, sock: socket.socket, addr: str) -> None:
+        """Make an accepted (and, with TLS, handshaken) socket a slave connection."""
+        for cid in pending_to_evict(self._pending_since(), self._config.ha_max_pending_connections):
+            old = self._conns[cid]
+            self._refusals.note(f"HA: closing {old.addr}, connected without an offset report, to admit {addr} "
+                                f"(ha_max_pending_connections={self._config.ha_max_pending_connections})")
+            old.close("replaced by a newer connection while it had not reported")
+            self._on_connection_closed(old)
+        conn_id = next(self._ids)
+        self._conns[conn_id] = _SlaveConnection(self, conn_id, sock, addr)
+        log.info("HA slave %s connected", addr)
 
     def _pending_since(self) -> dict[int, int]:
         return {cid: c.accepted_ms for cid, c in self._conns.items() if not c.first_report.is_set()}

@@ -15,7 +15,8 @@ Every admin command takes ``-n/--namesrv`` (default ``$NAMESRV_ADDR``), ``--time
 ``--json`` and ``--debug``; each first checks that a nameserver answers within ``--timeout`` ("nameserver
 HOST:PORT did not answer within N s" otherwise). With the ACL on, the global ``--access-key``/``--secret-key``
 (or ``SPLITMQ_ACCESS_KEY``/``SPLITMQ_SECRET_KEY``, which keep the secret off the process list) sign every
-request, and the secret is never printed. ``splitmq completion bash|zsh`` prints a completion script,
+request, and the secret is never printed. With TLS on, ``--tls-ca PEM`` (or ``SPLITMQ_TLS_CA``) makes every
+connection TLS, verified against that CA. ``splitmq completion bash|zsh`` prints a completion script,
 ``splitmq --version`` the version. Exit codes: 0 ok, 1 operational error (unreachable server, unknown topic, a
 broker refused), 2 usage error, 130 interrupted. Errors are one line on stderr; ``--debug`` adds the traceback.
 Only :mod:`client` is imported, never the servers.

@@ -100,7 +100,7 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
     try:
         cluster = LocalCluster(args.root, broker_groups=args.groups, slaves_per_group=args.slaves, mode=args.mode,
                                peers_per_group=args.peers, broker_config=dict(args.set), start_timeout_s=args.timeout,
-                               acl=args.acl)
+                               acl=args.acl, tls=args.tls)
     except ValueError as e:
         args.leaf.error(str(e))
     previous = _install(_raise_stop)
@@ -114,6 +114,8 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
         if cluster.admin_credentials is not None:  # the secret stays in the file, never on the terminal
             out.line(f"acl: admin access key {cluster.admin_credentials.access_key}; its secret key is in "
                      f"{cluster.acl_file} (accounts file, mode 0600)")
+        if cluster.tls_ca_file is not None:
+            out.line(f"tls: CA file {cluster.tls_ca_file} (pass --tls-ca or SPLITMQ_TLS_CA)")
         _print_brokers(cluster, out)
         out.info(f"logs in {cluster.root_dir / 'logs'}; press Ctrl-C to stop")
         _watch(cluster, out)

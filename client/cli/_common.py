@@ -17,6 +17,7 @@ from client._instance import ClientConfig
 from client.cli._output import Output
 from client.errors import ClientError
 from client.protocol.signing import Credentials
+from client.tls import TlsConfigError, client_context, describe_tls_failure
 
 __all__ = ["check_namesrv", "client_config", "credentials_of", "namesrv_of", "open_admin", "split_keys"]
 
@@ -57,13 +58,29 @@ def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:
     raise SystemExit(2)  # leaf.error exits; this line is for the type checker
 
 
-def _probe(addr: str, timeout_s: float) -> None:
+def _probe(addr: str, timeout_s: float, tls_ca: str | None = None) -> None:
     """One ``GET /cluster``: any HTTP answer counts (even a refusal means a server is there and talking)."""
     timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_MAX_S))
-    httpx.get(f"http://{addr}/cluster", timeout=timeout)
+    if tls_ca is None:
+        httpx.get(f"http://{addr}/cluster", timeout=timeout)
+    else:
+        httpx.get(f"https://{addr}/cluster", timeout=timeout, verify=client_context(tls_ca, ca_option="--tls-ca"))
 
 
 def _probe_failure(addr: str, err: BaseException, timeout_s: float) -> str:
+    if isinstance(err, TlsConfigError):
+        return str(err)
+    cause: BaseException | None = err
+    for _ in range(8):  # httpx wraps httpcore's error, which wraps the ssl module's
+        if cause is None:
+            break
+        tls = describe_tls_failure(cause, addr, "--tls-ca")
+        if tls is not None:
+            return tls
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(err, httpx.RemoteProtocolError):
+        return (f"nameserver {addr} closed the connection without answering: if the cluster has TLS on, pass "
+                f"--tls-ca (or SPLITMQ_TLS_CA)")
     if isinstance(err, httpx.ConnectError):
         return f"nameserver {addr} refused the connection or cannot be reached: is it running? " \
                f"(check -n/--namesrv or NAMESRV_ADDR)"
@@ -89,7 +106,7 @@ def check_namesrv(args: argparse.Namespace, out: Output) -> None:
     started = time.monotonic()
     answers: queue.Queue[tuple[str, BaseException | None]] = queue.Queue(maxsize=len(addrs))
     for addr in addrs:  # daemon threads: one nameserver that answered is enough, a silent one must not hold exit
-        threading.Thread(target=_probe_into, args=(addr, timeout_s, answers), daemon=True,
+        threading.Thread(target=_probe_into, args=(addr, timeout_s, answers, getattr(args, "tls_ca", None)), daemon=True,
                          name=f"splitmq-probe-{addr}").start()
     pending = set(addrs)
     failures: dict[str, str] = {}
@@ -117,9 +134,10 @@ def check_namesrv(args: argparse.Namespace, out: Output) -> None:
     raise ClientError("; ".join(failures[a] for a in addrs))
 
 
-def _probe_into(addr: str, timeout_s: float, answers: queue.Queue[tuple[str, BaseException | None]]) -> None:
+def _probe_into(addr: str, timeout_s: float, answers: queue.Queue[tuple[str, BaseException | None]],
+                tls_ca: str | None) -> None:
     try:
-        _probe(addr, timeout_s)
+        _probe(addr, timeout_s, tls_ca)
     except Exception as e:  # handed to the waiting thread, which words it
         answers.put((addr, e))
     else:
@@ -130,7 +148,8 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
     """Client settings bounded by the command's ``--timeout``, signed with its account when one is given."""
     timeout_s: float = args.timeout
     return ClientConfig(request_timeout_s=timeout_s, connect_timeout_s=min(timeout_s, CONNECT_TIMEOUT_MAX_S),
-                        close_timeout_s=1.0, credentials=credentials_of(args))
+                        close_timeout_s=1.0, credentials=credentials_of(args),
+                        tls_ca_file=getattr(args, "tls_ca", None) or None)
 
 
 @contextmanager

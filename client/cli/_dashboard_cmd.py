@@ -22,7 +22,8 @@ def cmd_dashboard(args: argparse.Namespace, out: Output) -> int:
     # say how it is doing is shown as not answering, and a hung member must not stall the page.
     server = DashboardServer(namesrv_of(args), args.listen, interval_s=args.interval,
                              request_timeout_s=min(args.timeout, PROBE_TIMEOUT_MAX_S),
-                             credentials=credentials_of(args))  # with the ACL on: an admin account
+                             credentials=credentials_of(args),  # with the ACL on: an admin account
+                             tls_ca_file=getattr(args, "tls_ca", None) or None)
     out.out.write(f"dashboard={server.url}\n")
     out.out.flush()
     try:

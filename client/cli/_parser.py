@@ -105,6 +105,9 @@ def _add_account(parser: _Parser) -> None:
     g.add_argument("--secret-key", metavar="SK", default=os.environ.get("SPLITMQ_SECRET_KEY"),
                    help="its secret key (default: $SPLITMQ_SECRET_KEY; prefer the variable: a command line is "
                         "visible to other users of the machine)")
+    t = parser.add_argument_group("TLS")
+    t.add_argument("--tls-ca", metavar="PEM", default=os.environ.get("SPLITMQ_TLS_CA"),
+                   help="talk TLS to every server, verifying them against this CA file (default: $SPLITMQ_TLS_CA)")
 
 
 def _add_cluster(sub: Any, common: _Parser) -> None:
@@ -126,6 +129,9 @@ def _add_cluster(sub: Any, common: _Parser) -> None:
     up.add_argument("--acl", action="store_true",
                     help="turn the ACL on: write an accounts file with an admin account and a cluster secret, "
                          "start every server with it, print the file's path and the admin access key")
+    up.add_argument("--tls", action="store_true",
+                    help="turn TLS on: make a throwaway CA and a loopback certificate, serve every port with it and "
+                         "print the CA file to pass as --tls-ca")
     _leaf(cs, "list", _admin_cmds.cmd_cluster_list, "list the brokers of each cluster", parents=[common])
 
 

@@ -33,6 +33,8 @@ class DashboardServer:
         interval_s: seconds between two sweeps of the cluster.
         request_timeout_s: bound on each request of a sweep (a paused broker costs at most this).
         credentials: with the ACL on, an admin account (the views read runtime, HA and metadata endpoints).
+        tls_ca_file: with TLS on, the CA the cluster's servers are verified against (the page itself is served
+            over plain HTTP on ``listen``).
 
     Raises:
         ValueError: ``listen`` is malformed.
@@ -40,7 +42,8 @@ class DashboardServer:
     """
 
     def __init__(self, namesrv_addr: str, listen: str = "127.0.0.1:0", *, interval_s: float = 1.0,
-                 request_timeout_s: float = 1.0, credentials: Credentials | None = None) -> None:
+                 request_timeout_s: float = 1.0, credentials: Credentials | None = None,
+                 tls_ca_file: str | None = None) -> None:
         host, port = _parse_listen(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -58,7 +61,7 @@ class DashboardServer:
         self.url = f"http://{shown}:{bound_port}/"
         """Where the page is served."""
         config = ClientConfig(request_timeout_s=request_timeout_s, connect_timeout_s=min(request_timeout_s, 0.5),
-                              close_timeout_s=1.0)
+                              close_timeout_s=1.0, tls_ca_file=tls_ca_file)
         self._admin = Admin(namesrv_addr, client_config=config, credentials=credentials)  # an admin account
         self.collector = Collector(self._admin, namesrv_addr, interval_s=interval_s)
         app = build_app(self.collector, namesrv_addr)

@@ -11,6 +11,11 @@ descriptor each. Here:
 * past ``max_connections`` open connections a new one is closed at once, with a warning at most once a second.
 
 A deadline that passes closes the connection (no answer can be framed for a request that is not all there).
+
+Over TLS a close sends ``close_notify`` and then waits for the client's, which an idle pooled client never reads
+(the SDK's sync transport reads only when it asks something): the connection would linger for the event loop's
+TLS shutdown timeout (30 s), holding a connection slot and the server's graceful stop. So once a TLS connection
+the server closed has flushed everything it had to send, it is aborted after :data:`TLS_CLOSE_GRACE_S`.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from typing import Any, ClassVar
 import attrs
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["HttpLimits", "LimitedHttpToolsProtocol", "with_limits"]
+__all__ = ["TLS_CLOSE_GRACE_S", "HttpLimits", "LimitedHttpToolsProtocol", "with_limits"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds a closed TLS connection waits for the client's ``close_notify`` once its last bytes are out.
+TLS_CLOSE_GRACE_S = 0.5
 
 
 @attrs.frozen
@@ -58,6 +66,39 @@ class _RefusalLog:
             self.last, self.count = now, 0
 
 
+class _TlsClosingTransport:
+    """Wraps a TLS transport: :meth:`close` starts the TLS close and aborts the connection once everything was
+    sent and the client has not answered within :data:`TLS_CLOSE_GRACE_S` (see the module docstring)."""
+
+    __slots__ = ("_loop", "_timer", "_transport", "write")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport) -> None:
+        self._loop = loop
+        self._transport = transport
+        self._timer: asyncio.TimerHandle | None = None
+        self.write = transport.write
+
+    def close(self) -> None:
+        self._transport.close()
+        if self._timer is None:
+            self._timer = self._loop.call_later(TLS_CLOSE_GRACE_S, self._abort_when_flushed)
+
+    def _abort_when_flushed(self) -> None:
+        if self._transport.get_write_buffer_size() > 0:  # a slow reader still taking the answer: not yet
+            self._timer = self._loop.call_later(TLS_CLOSE_GRACE_S, self._abort_when_flushed)
+            return
+        self._timer = None
+        self._transport.abort()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with :class:`HttpLimits` (set by :func:`with_limits`)."""
 
@@ -67,9 +108,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._tls_closer: _TlsClosingTransport | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if transport.get_extra_info("sslcontext") is not None:
+            self._tls_closer = _TlsClosingTransport(self.loop, transport)
+            self.transport = self._tls_closer  # type: ignore[assignment]
         limits = self.limits
         if len(self.connections) > limits.max_connections:
             self._refusals.refused(len(self.connections) - 1, limits.max_connections)
@@ -79,6 +124,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._tls_closer is not None:
+            self._tls_closer.cancel()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:

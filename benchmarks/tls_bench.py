@@ -1,0 +1,85 @@
+"""What TLS costs on the data path (issue 14 item 5): the same work against a plain cluster and a TLS one.
+
+Two one-group clusters (no slave) run side by side: ``LocalCluster()`` and ``LocalCluster(tls=True)``, whose
+clients use ``ClientConfig(tls_ca_file=...)``: every request and answer is encrypted by the client and the broker
+(AES-GCM with the stdlib's default ciphers; connections are pooled, so handshakes are not in the figures). The
+rounds are those of :mod:`benchmarks.acl_bench` (the same :class:`~benchmarks.acl_bench.Side`):
+
+* ``send_batch`` -- ``Producer.send_batch`` of 64 messages of 1 KiB from one thread, msgs/s;
+* ``pull``       -- ``PullConsumer.pull`` of 32 per request from one thread over every queue of a pre-filled
+  topic, every message decoded, msgs/s.
+
+Rounds interleave (off, on, on, off, ...) so a noisy neighbour weighs on both sides; each figure is the median of
+its rounds and the ratio is TLS on / TLS off (reported, no target). CPU per message, client plus broker, is
+reported too. ``python -m benchmarks tls [--quick]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks import Row
+from benchmarks.acl_bench import FULL, QUICK, AclFigures, Profile, Side
+from client import ClientConfig
+from client.cluster import LocalCluster
+
+__all__ = ["measure", "run"]
+
+
+def measure(root: Path, profile: Profile) -> AclFigures:
+    """Start a plain and a TLS cluster under ``root``, run ``profile``'s interleaved rounds, stop them. The
+    figures' ``off``/``on`` sides are TLS off/on.
+
+    Raises:
+        RuntimeError: a pull run read another number of messages than the topic holds.
+    """
+    with LocalCluster(root / "off", broker_groups=1, slaves_per_group=0) as off_cluster, \
+            LocalCluster(root / "on", broker_groups=1, slaves_per_group=0, tls=True) as on_cluster:
+        off = Side(off_cluster.namesrv_addr, None, profile.pull_messages, off_cluster.broker("broker-a", 0).pid,
+                   name="TlsBench")
+        on = Side(on_cluster.namesrv_addr, ClientConfig(tls_ca_file=on_cluster.tls_ca_file), profile.pull_messages,
+                  on_cluster.broker("broker-a", 0).pid, name="TlsBench")
+        figures: dict[str, list[float]] = {"send_off": [], "send_on": [], "pull_off": [], "pull_on": []}
+        try:
+            for side in (off, on):  # a fresh commit-log file is pre-faulted in the background: not billed to a round
+                side.meter.settle()
+            for i in range(profile.rounds):
+                order = [("off", off), ("on", on)] if i % 2 == 0 else [("on", on), ("off", off)]
+                for name, side in order:
+                    figures[f"send_{name}"].append(side.send(profile.batches))
+                for name, side in order:
+                    figures[f"pull_{name}"].append(side.pull())
+        finally:
+            off.close()
+            on.close()
+    cpu = {f"{what}_{name}": side.cpu_s[what] / max(1, side.messages[what]) * 1e6
+           for name, side in (("off", off), ("on", on)) for what in ("send", "pull")}
+    return AclFigures(**{k: tuple(v) for k, v in figures.items()}, cpu_us=cpu)
+
+
+def run(quick: bool) -> list[Row]:
+    """Runner entry (``python -m benchmarks tls``)."""
+    profile = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory() as d:
+        f = measure(Path(d), profile)
+    med: Callable[[tuple[float, ...]], float] = statistics.median
+    rounds = f"median of {profile.rounds} interleaved rounds"
+    return [
+        Row(f"send_batch 64 x 1 KiB, TLS on ({rounds})", med(f.send_on), "msgs/s", "same, TLS off",
+            med(f.send_off), "report"),
+        Row(f"pull 32/request, decoded, TLS on ({rounds})", med(f.pull_on), "msgs/s", "same, TLS off",
+            med(f.pull_off), "report"),
+        Row("send_batch, TLS on / off per round: min", min(a / b for a, b in zip(f.send_on, f.send_off, strict=True)),
+            "x"),
+        Row("send_batch, TLS on / off per round: max", max(a / b for a, b in zip(f.send_on, f.send_off, strict=True)),
+            "x"),
+        Row("pull, TLS on / off per round: min", min(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
+        Row("pull, TLS on / off per round: max", max(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
+        Row("send_batch: client + broker CPU per msg, TLS on", f.cpu_us["send_on"], "us", "same, TLS off",
+            f.cpu_us["send_off"], "report"),
+        Row("pull: client + broker CPU per msg, TLS on", f.cpu_us["pull_on"], "us", "same, TLS off",
+            f.cpu_us["pull_off"], "report"),
+    ]
