@@ -112,10 +112,14 @@ def test_a_slave_away_while_its_files_were_deleted_catches_up_from_the_oldest_fi
         poll_until(lambda: (admin.clean_expired_files("broker-a") and
                             int(master.runtime()["commitLogMinOffset"]) > slave_end) or None,
                    15.0, "the master deleting past the slave's end")
-    oldest = int(master.runtime()["commitLogMinOffset"])
     slave.start()
     wait_slave_linked(cluster)
-    poll_until(lambda: int(slave.runtime()["commitLogMinOffset"]) == oldest or None, 10.0,
+
+    def restarted_at_the_masters_oldest() -> bool:  # the master's min, read each time: its cleaner may run on
+        oldest = int(master.runtime()["commitLogMinOffset"])
+        return oldest > slave_end and int(slave.runtime()["commitLogMinOffset"]) == oldest
+
+    poll_until(lambda: restarted_at_the_masters_oldest() or None, 20.0,
                "the slave restarting its log at the master's oldest file")
     assert max_offset(slave) == max_offset(master)
     mq = MessageQueue("Away", "broker-a", 0)
