@@ -120,6 +120,8 @@ class ChaosReport:
                 target=f"< {self.stuck_after_s:.0f}"),
             Row("replica mismatches (slave vs master, per offset)", float(v.replica_mismatches), "offsets",
                 target="0"),
+            Row("replica queues starting late (empty slave joined at the last file, nothing acked below)",
+                float(v.replica_late_starts), "queues"),
             Row("consumer mismatches (served vs stored, per offset)", float(v.consumer_mismatches), "offsets",
                 target="0"),
             Row("commit-log chunks differing (master vs slave)", float(self.commitlog_diffs), "MiB", target="0"),

@@ -109,6 +109,18 @@ def test_replicas_must_serve_what_the_master_serves(slave: array[int], mismatche
     assert run(ledger([0, 1, 2]), keys(0, 1, 2), slave=slave).replica_mismatches == mismatches
 
 
+@pytest.mark.parametrize(("acks", "slave", "mismatches", "late"), [
+    ([None, None, 2], keys(GAP, GAP, 2), 0, 1),   # empty slave joined at the master's last file: nothing it lacks was acked
+    ([0, None, 2], keys(GAP, GAP, 2), 2, 0),      # message 0 was acknowledged: the replica must hold it
+    ([None, 1, 2], keys(GAP, GAP, 2), 2, 0),      # so was message 1
+    ([None, None, 2], keys(0, GAP, 2), 1, 0),     # not a leading run: a hole is a hole
+])
+def test_a_replica_may_start_late_only_below_every_acknowledged_message(
+        acks: list[int | None], slave: array[int], mismatches: int, late: int) -> None:
+    v = run(ledger(acks), keys(0, 1, 2), slave=slave)
+    assert (v.replica_mismatches, v.replica_late_starts) == (mismatches, late)
+
+
 def test_consumers_must_have_been_served_what_is_stored() -> None:
     v = run(ledger([0, 1, 2]), keys(0, 1, 2), consumed=keys(0, GAP, 2))
     assert v.consumer_mismatches == 1 and "consumer_mismatch" in v.examples
