@@ -49,7 +49,7 @@ from client._transport import AsyncTransport, SyncTransport
 from client.errors import AccessDeniedError, ClientClosedError, ClientError, RouteNotFoundError
 from client.protocol.message import MessageQueue
 from client.protocol.route import TopicRouteData
-from client.protocol.signing import Credentials, SigningAuth, fresh_authorization
+from client.protocol.signing import Credentials, RequestSigner, SigningAuth
 
 __all__ = ["AsyncClientInstance", "ClientConfig", "ClientInstance", "ClientState", "with_credentials"]
 
@@ -369,6 +369,8 @@ class ClientInstance(_InstanceCore):
         auth = SigningAuth(cfg.credentials) if cfg.credentials is not None else None
         self.http = httpx.Client(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies(), auth=auth)
         self._raw = transport if isinstance(transport, SyncTransport) else None
+        # The data path signs with the account's signer (its HMAC key set up once); None: requests go unsigned.
+        self._signer = RequestSigner.of(cfg.credentials) if cfg.credentials is not None else None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -474,11 +476,11 @@ class ClientInstance(_InstanceCore):
         raw = self._raw
         if raw is not None and timeout is not None:
             host, port = rq.split_addr(addr)
-            creds = self.config.credentials
-            if creds is None:
+            signer = self._signer
+            if signer is None:
                 return raw.exchange(method, host, port, target, body, timeout=timeout)
             return raw.exchange(method, host, port, target, body, timeout=timeout,
-                                authorization=fresh_authorization(creds, method, target, body))
+                                authorization=signer.fresh(method, target, body))
         if timeout is None:
             return self.http.request(method, f"http://{addr}{target}", content=body)
         return self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
@@ -523,6 +525,8 @@ class AsyncClientInstance(_InstanceCore):
         auth = SigningAuth(cfg.credentials) if cfg.credentials is not None else None
         self.http = httpx.AsyncClient(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies(), auth=auth)
         self._raw = transport if isinstance(transport, AsyncTransport) else None
+        # The data path signs with the account's signer (its HMAC key set up once); None: requests go unsigned.
+        self._signer = RequestSigner.of(cfg.credentials) if cfg.credentials is not None else None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._loop_key = 0
@@ -611,11 +615,11 @@ class AsyncClientInstance(_InstanceCore):
         raw = self._raw
         if raw is not None and timeout is not None:
             host, port = rq.split_addr(addr)
-            creds = self.config.credentials
-            if creds is None:
+            signer = self._signer
+            if signer is None:
                 return await raw.exchange(method, host, port, target, body, timeout=timeout)
             return await raw.exchange(method, host, port, target, body, timeout=timeout,
-                                      authorization=fresh_authorization(creds, method, target, body))
+                                      authorization=signer.fresh(method, target, body))
         if timeout is None:
             return await self.http.request(method, f"http://{addr}{target}", content=body)
         return await self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)

@@ -149,3 +149,14 @@ def test_watcher_reloads_and_keeps_the_last_good_file(tmp_path: Path, caplog: py
         assert not watcher.check()
     assert watcher.failures == 1 and "keeping the last good accounts" in caplog.text and "not valid TOML" in caplog.text
     g(request("POST", "/send?topic=U"), sign(APP, "POST", "/send?topic=U", nonce="n2"))  # still the good one
+
+
+def test_a_reloaded_secret_takes_effect_at_once() -> None:
+    """The gate keeps each account's HMAC key and Principal between requests: a reload must drop them."""
+    g = gate()
+    g(request("POST", "/send?topic=T"), sign(APP, "POST", "/send?topic=T"))
+    g.update(parse_acl(FILE.replace('"app-secret"', '"app-secret-2"').replace('["T=PUB"]', '["T=SUB"]')))
+    assert refused(g, request("POST", "/send?topic=T"), sign(APP, "POST", "/send?topic=T", nonce="n2")) == NOT_SIGNED
+    new = Credentials("app", "app-secret-2")
+    assert "no PUB permission on topic T" in refused(g, request("POST", "/send?topic=T"),
+                                                    sign(new, "POST", "/send?topic=T", nonce="n3"))
