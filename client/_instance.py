@@ -479,8 +479,8 @@ class ClientInstance(_InstanceCore):
             signer = self._signer
             if signer is None:
                 return raw.exchange(method, host, port, target, body, timeout=timeout)
-            return raw.exchange(method, host, port, target, body, timeout=timeout,
-                                authorization=signer.fresh(method, target, body))
+            target, authorization = signer.sign(method, target, body)
+            return raw.exchange(method, host, port, target, body, timeout=timeout, authorization=authorization)
         if timeout is None:
             return self.http.request(method, f"http://{addr}{target}", content=body)
         return self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
@@ -618,8 +618,9 @@ class AsyncClientInstance(_InstanceCore):
             signer = self._signer
             if signer is None:
                 return await raw.exchange(method, host, port, target, body, timeout=timeout)
+            target, authorization = signer.sign(method, target, body)
             return await raw.exchange(method, host, port, target, body, timeout=timeout,
-                                      authorization=signer.fresh(method, target, body))
+                                      authorization=authorization)
         if timeout is None:
             return await self.http.request(method, f"http://{addr}{target}", content=body)
         return await self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)

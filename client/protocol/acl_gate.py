@@ -268,7 +268,7 @@ class AclGate:
         if key is None:
             key = keys[access_key] = hmac_key(account.secret_key)
         if not verify_fields(key, access_key, timestamp_ms, nonce, sig, request.method, request.path, request.query,
-                             request.body):
+                             request.body, request.raw_query.decode("latin-1")):
             self._refused(request, access_key, "signature does not verify")
             raise NoPermissionError(NOT_SIGNED)
         refusal = self._guard.admit(timestamp_ms, sig, self._clock_ms())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import operator
 import os
 import re
 import threading
@@ -172,23 +173,30 @@ def _query_of(target: str) -> tuple[str, dict[str, str]]:
 _CANONICAL_ESCAPE = r"(?:[01][0-9A-F]|2[0-9A-CF]|3[A-F]|40|5[B-E]|60|7[B-DF])"
 #: A ``%`` that does not open such an escape.
 _OTHER_ESCAPE = re.compile(rf"%(?!{_CANONICAL_ESCAPE})").search
-#: ``name=value&...``: plain names, values of unreserved characters and ``%`` (what the SDK writes).
-_PLAIN_FIELDS = re.compile(r"[A-Za-z0-9_.~-]*=[A-Za-z0-9_.~%-]*(?:&[A-Za-z0-9_.~-]*=[A-Za-z0-9_.~%-]*)*").fullmatch
-_FIELD_NAMES = re.compile(r"([^&=]*)=[^&]*").findall
+#: The characters of a query the SDK writes: unreserved ones, ``%`` of escapes, and the separators.
+_PLAIN_QUERY = re.compile(r"[A-Za-z0-9_.~%&=-]*").fullmatch
+_PLAIN_NAMES = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch
+_SPLIT_FIELD = operator.methodcaller("split", "=")
 
 
 def _split_target(target: str) -> tuple[str, str]:
     """``(path, canonical query)`` of a request target.
 
-    A query already spelled canonically (plain names, distinct; values of unreserved characters and canonical
-    escapes), as the SDK writes them, only needs its fields sorted by name: each field's ``=`` becomes a ``\\x00``
-    for the sort, which orders ``name\\x00value`` strings as ``(name, value)`` pairs. Any other query is decoded
-    and re-encoded by :func:`canonical_query`.
+    A query already spelled canonically, as the SDK writes them (``name=value`` fields with distinct plain names,
+    values of unreserved characters and canonical escapes), only needs its fields sorted by name: each field's
+    ``=`` becomes a ``\\x00`` for the sort, which orders ``name\\x00value`` strings as ``(name, value)`` pairs.
+    Every check runs in C (no Python loop over the fields). Any other query is decoded and re-encoded by
+    :func:`canonical_query`.
     """
     path, _, qs = target.partition("?")
-    if (qs and _PLAIN_FIELDS(qs) is not None and ("%" not in qs or _OTHER_ESCAPE(qs) is None)
-            and (qs.count("&") == 0 or len(set(_FIELD_NAMES(qs))) == qs.count("&") + 1)):
-        return path, "&".join(sorted(qs.replace("=", "\x00").split("&"))).replace("\x00", "=")
+    if qs and _PLAIN_QUERY(qs) is not None and ("%" not in qs or _OTHER_ESCAPE(qs) is None):
+        fields = qs.split("&")
+        try:
+            names = dict(map(_SPLIT_FIELD, fields))  # ValueError: a field without '=' or with two
+        except ValueError:
+            names = {}
+        if len(names) == len(fields) and _PLAIN_NAMES("".join(names)) is not None:
+            return path, "&".join(sorted(qs.replace("=", "\x00").split("&"))).replace("\x00", "=")
     return path, canonical_query(_query_of(target)[1])
 
 
@@ -304,11 +312,28 @@ def _parse_general(value: bytes | str) -> tuple[str, int, str, str]:
 
 
 def verify_fields(key: hmac.HMAC, access_key: str, timestamp_ms: int, nonce: str, signature_hex: str, method: str,
-                  path: str, query: Mapping[str, str], body: bytes) -> bool:
+                  path: str, query: Mapping[str, str], body: bytes, raw_query: str | None = None) -> bool:
     """Whether ``signature_hex`` signs this request with the account's ``key`` (:func:`hmac_key`; constant-time
-    comparison). What :func:`verify` does, with the fields of :func:`parse_authorization_fields`."""
-    msg = _message(method, path, canonical_query(query), timestamp_ms, nonce, access_key, body)
-    return hmac.compare_digest(_hex_mac(key, msg), signature_hex)
+    comparison). What :func:`verify` does, with the fields of :func:`parse_authorization_fields`.
+
+    ``raw_query``, the query string exactly as received (``query`` is its decoding), is tried first as the
+    canonical query: the SDK sends its query in canonical spelling and order (:meth:`RequestSigner.sign`), so this
+    usually verifies without canonicalising ``query``. It is sound: a signature covers a canonical query, and a
+    received string equal to one decodes to the same arguments (decoding inverts the canonical encoding), so no
+    request is accepted that its signer did not sign. Otherwise (another client, a proxy that reordered or
+    re-encoded the query) ``query`` is canonicalised as usual.
+    """
+    body_hash = hashlib.sha256(body).hexdigest() if body else _EMPTY_BODY_SHA256
+    head = f"{SCHEME}\n{method.upper()}\n{path}\n"
+    tail = f"\n{timestamp_ms}\n{nonce}\n{access_key}\n{body_hash}"
+    if raw_query is not None and "\n" not in raw_query:
+        if hmac.compare_digest(_hex_mac(key, f"{head}{raw_query}{tail}".encode()), signature_hex):
+            return True
+        if raw_query == (canonical := canonical_query(query)):
+            return False
+    else:
+        canonical = canonical_query(query)
+    return hmac.compare_digest(_hex_mac(key, f"{head}{canonical}{tail}".encode()), signature_hex)
 
 
 def verify(auth: SignedAuth, secret_key: str, method: str, path: str, query: Mapping[str, str],
@@ -359,6 +384,20 @@ class RequestSigner:
     def fresh(self, method: str, target: str, body: bytes) -> str:
         """:meth:`header` with the wall clock and a random 64-bit nonce (what a client sends)."""
         return self.header(method, target, body, time.time_ns() // 1_000_000, os.urandom(8).hex())
+
+    def sign(self, method: str, target: str, body: bytes) -> tuple[str, str]:
+        """``(target to send, Authorization value)`` of a fresh signature (wall clock, random nonce).
+
+        The target to send carries the canonical query itself (the same arguments, sorted by name and spelled
+        canonically), which lets the server verify the query string as received (:func:`verify_fields`) without
+        canonicalising it again.
+        """
+        path, canonical = _split_target(target)
+        timestamp_ms, nonce = time.time_ns() // 1_000_000, os.urandom(8).hex()
+        msg = _message(method, path, canonical, timestamp_ms, nonce, self._access_key, body)
+        header = f"{self._prefix}{timestamp_ms},Nonce={nonce},Signature={_hex_mac(self._key, msg)}"
+        # The canonical query decodes to the same arguments as the target's (decoding inverts the encoding).
+        return (f"{path}?{canonical}" if canonical else target), header
 
 
 def fresh_authorization(credentials: Credentials, method: str, target: str, body: bytes) -> str:
