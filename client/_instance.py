@@ -51,7 +51,7 @@ from client.errors import AccessDeniedError, ClientClosedError, ClientError, Rou
 from client.protocol.message import MessageQueue
 from client.protocol.route import TopicRouteData
 from client.protocol.selector import MessageSelector
-from client.protocol.signing import Credentials, SigningAuth, fresh_authorization
+from client.protocol.signing import Credentials, RequestSigner, SigningAuth
 from client.tls import client_context
 
 __all__ = ["AsyncClientInstance", "ClientConfig", "ClientInstance", "ClientState", "with_credentials"]
@@ -417,6 +417,8 @@ class ClientInstance(_InstanceCore):
         auth = SigningAuth(cfg.credentials) if cfg.credentials is not None else None
         self.http = httpx.Client(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies(), auth=auth)
         self._raw = transport if isinstance(transport, SyncTransport) else None
+        # The data path signs with the account's signer (its HMAC key set up once); None: requests go unsigned.
+        self._signer = RequestSigner.of(cfg.credentials) if cfg.credentials is not None else None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -522,11 +524,11 @@ class ClientInstance(_InstanceCore):
         raw = self._raw
         if raw is not None and timeout is not None:
             host, port = rq.split_addr(addr)
-            creds = self.config.credentials
-            if creds is None:
+            signer = self._signer
+            if signer is None:
                 return raw.exchange(method, host, port, target, body, timeout=timeout)
-            return raw.exchange(method, host, port, target, body, timeout=timeout,
-                                authorization=fresh_authorization(creds, method, target, body))
+            target, authorization = signer.sign(method, target, body)
+            return raw.exchange(method, host, port, target, body, timeout=timeout, authorization=authorization)
         if timeout is None:
             return self.http.request(method, f"http://{addr}{target}", content=body)
         return self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
@@ -572,6 +574,8 @@ class AsyncClientInstance(_InstanceCore):
         auth = SigningAuth(cfg.credentials) if cfg.credentials is not None else None
         self.http = httpx.AsyncClient(transport=transport, timeout=cfg.timeout(), cookies=_NoCookies(), auth=auth)
         self._raw = transport if isinstance(transport, AsyncTransport) else None
+        # The data path signs with the account's signer (its HMAC key set up once); None: requests go unsigned.
+        self._signer = RequestSigner.of(cfg.credentials) if cfg.credentials is not None else None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._loop_key = 0
@@ -660,11 +664,12 @@ class AsyncClientInstance(_InstanceCore):
         raw = self._raw
         if raw is not None and timeout is not None:
             host, port = rq.split_addr(addr)
-            creds = self.config.credentials
-            if creds is None:
+            signer = self._signer
+            if signer is None:
                 return await raw.exchange(method, host, port, target, body, timeout=timeout)
+            target, authorization = signer.sign(method, target, body)
             return await raw.exchange(method, host, port, target, body, timeout=timeout,
-                                      authorization=fresh_authorization(creds, method, target, body))
+                                      authorization=authorization)
         if timeout is None:
             return await self.http.request(method, f"http://{addr}{target}", content=body)
         return await self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)

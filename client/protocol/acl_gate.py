@@ -8,7 +8,9 @@
    (:func:`client.protocol.signing.verify`) and pass the :class:`~client.protocol.acl.ReplayGuard`; an unsigned
    request is let in only from a ``globalWhiteRemoteAddresses`` address, as an anonymous principal that holds
    every topic and group permission but never ``admin`` (RocketMQ's global white list, minus admin);
-4. runs the rule, which asks the :class:`Principal` for the permissions the request needs.
+4. runs the rule, which asks the :class:`Principal` for the permissions the request needs (not for an admin
+   account, which holds them all: rules check permissions only, and a body they cannot read is the handler's
+   error too).
 
 A refusal is ``NO_PERMISSION`` (HTTP 403). The client learns the missing permission, or only that the request
 was not signed or its signature refused; the real reason (unknown key, bad signature, stale, replayed) goes to
@@ -43,7 +45,7 @@ from client.protocol.acl import (
     topic_allowed,
 )
 from client.protocol.asgi import Request
-from client.protocol.signing import SignatureError, parse_authorization, verify
+from client.protocol.signing import SignatureError, hmac_key, parse_authorization_fields, verify_fields
 
 __all__ = [
     "ADMIN",
@@ -72,6 +74,8 @@ DEFAULT_NONCE_CACHE_MAX = 1_000_000
 NOT_SIGNED = "request not signed / signature refused"
 _BEARER = b"bearer "
 _LOG_EVERY_S = 1.0
+#: Principals cached per (access key, peer address) before the cache starts over.
+_PRINCIPALS_MAX = 4096
 
 
 class Principal:
@@ -201,10 +205,16 @@ class AclGate:
         self._metrics_paths = metrics_paths
         self._logged_at = -1e9
         self._suppressed = 0
+        # Per-account state, built on first use and dropped with the accounts file it came from: the HMAC key set
+        # up once (hmac_key), and the Principal of each (account, peer address).
+        self._keys: dict[str, hmac.HMAC] = {}
+        self._principals: dict[tuple[str, str], Principal] = {}
 
     def update(self, config: AclConfig) -> None:
         """Use a newly loaded accounts file from the next request on."""
         self.config = config
+        self._keys = {}
+        self._principals = {}
 
     @property
     def rules(self) -> Mapping[tuple[str, str], Rule]:
@@ -225,6 +235,9 @@ class AclGate:
             raise NoPermissionError(NOT_SIGNED)
         principal = self._authenticate(request, header, host)
         request.principal = principal.access_key
+        account = principal.account
+        if account is not None and account.admin:
+            return  # an admin holds every permission a rule asks for (``admin`` is one switch): nothing to check
         try:
             rule(principal, request)
         except NoPermissionError as e:
@@ -239,29 +252,39 @@ class AclGate:
             self._refused(request, None, "no Authorization header")
             raise NoPermissionError(NOT_SIGNED)
         try:
-            auth = parse_authorization(header)
+            access_key, timestamp_ms, nonce, sig = parse_authorization_fields(header)
         except SignatureError as e:
             self._refused(request, None, str(e))
             raise NoPermissionError(NOT_SIGNED) from None
-        account = config.accounts.get(auth.access_key)
+        account = config.accounts.get(access_key)
         if account is None:
-            self._refused(request, auth.access_key, "unknown access key")
+            self._refused(request, access_key, "unknown access key")
             raise NoPermissionError(NOT_SIGNED)
         if account.white_remote_address is not None and not account.white_remote_address.matches(host):
-            self._refused(request, auth.access_key, f"peer {host} outside the account's whiteRemoteAddress")
+            self._refused(request, access_key, f"peer {host} outside the account's whiteRemoteAddress")
             raise NoPermissionError(NOT_SIGNED)
-        if not verify(auth, account.secret_key, request.method, request.path, request.query, request.body):
-            self._refused(request, auth.access_key, "signature does not verify")
+        keys = self._keys
+        key = keys.get(access_key)
+        if key is None:
+            key = keys[access_key] = hmac_key(account.secret_key)
+        if not verify_fields(key, access_key, timestamp_ms, nonce, sig, request.method, request.path, request.query,
+                             request.body, request.raw_query.decode("latin-1")):
+            self._refused(request, access_key, "signature does not verify")
             raise NoPermissionError(NOT_SIGNED)
-        refusal = self._guard.admit(auth.timestamp_ms, auth.signature, self._clock_ms())
-        if refusal is Refusal.FULL:
-            self._refused(request, auth.access_key, refusal.value)
-            raise SystemBusyError(f"too many signed requests in the replay window (aclNonceCacheMax="
-                                  f"{self._guard.max_entries}); try again shortly")
+        refusal = self._guard.admit(timestamp_ms, sig, self._clock_ms())
         if refusal is not None:
-            self._refused(request, auth.access_key, refusal.value)
+            self._refused(request, access_key, refusal.value)
+            if refusal is Refusal.FULL:
+                raise SystemBusyError(f"too many signed requests in the replay window (aclNonceCacheMax="
+                                      f"{self._guard.max_entries}); try again shortly")
             raise NoPermissionError(NOT_SIGNED)
-        return Principal(account, host)
+        principals = self._principals
+        principal = principals.get((access_key, host))
+        if principal is None:
+            if len(principals) >= _PRINCIPALS_MAX:  # bounded: peers come and go
+                principals.clear()
+            principal = principals[(access_key, host)] = Principal(account, host)
+        return principal
 
     def _refused(self, request: Request, access_key: str | None, reason: str) -> None:
         now = time.monotonic()

@@ -37,12 +37,15 @@ class TooManyBodyBytes(Exception):
 class Request:
     """One HTTP request: method, path, query and a body read up to a bound."""
 
-    __slots__ = ("_json", "body", "client", "method", "path", "principal", "query")
+    __slots__ = ("_json", "body", "client", "method", "path", "principal", "query", "raw_query")
 
-    def __init__(self, method: str, path: str, query: dict[str, str], body: bytes, client: tuple[str, int]) -> None:
+    def __init__(self, method: str, path: str, query: dict[str, str], body: bytes, client: tuple[str, int],
+                 raw_query: bytes = b"") -> None:
         self.method = method
         self.path = path
         self.query = query
+        self.raw_query = raw_query
+        """The query string as received (the ACL gate tries it as the signed canonical query first)."""
         self.body = body
         self.client = client
         self.principal: str | None = None
@@ -203,8 +206,8 @@ class Router:
     async def _read_and_handle(self, scope: dict[str, Any], receive: Receive, handler: Handler, method: str,
                                path: str, held: list[int]) -> Response:
         body = await self._read_body(receive, held)
-        query = parse_query(scope.get("query_string", b""))
-        request = Request(method, path, query, body, scope.get("client") or ("", 0))
+        qs = scope.get("query_string", b"")
+        request = Request(method, path, parse_query(qs), body, scope.get("client") or ("", 0), qs)
         try:
             if self._authorize is not None:
                 try:

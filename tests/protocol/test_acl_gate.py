@@ -45,9 +45,11 @@ def gate(clock: Clock | None = None, **kw: object) -> AclGate:
     return AclGate(parse_acl(FILE), RULES, clock_ms=clock or Clock(), tolerance_ms=1000, **kw)  # type: ignore[arg-type]
 
 
-def request(method: str, target: str, body: bytes = b"", host: str = "127.0.0.1") -> Request:
+def request(method: str, target: str, body: bytes = b"", host: str = "127.0.0.1", raw: bool = True) -> Request:
+    """As the Router builds it: with the query string as received (``raw=False``: without, so the gate
+    canonicalises the decoded query)."""
     path, _, qs = target.partition("?")
-    return Request(method, path, parse_query(qs.encode()), body, (host, 5000))
+    return Request(method, path, parse_query(qs.encode()), body, (host, 5000), qs.encode() if raw else b"")
 
 
 def sign(creds: Credentials, method: str, target: str, body: bytes = b"", ts: int = NOW, nonce: str = "n1") -> bytes:
@@ -149,3 +151,25 @@ def test_watcher_reloads_and_keeps_the_last_good_file(tmp_path: Path, caplog: py
         assert not watcher.check()
     assert watcher.failures == 1 and "keeping the last good accounts" in caplog.text and "not valid TOML" in caplog.text
     g(request("POST", "/send?topic=U"), sign(APP, "POST", "/send?topic=U", nonce="n2"))  # still the good one
+
+
+def test_a_reloaded_secret_takes_effect_at_once() -> None:
+    """The gate keeps each account's HMAC key and Principal between requests: a reload must drop them."""
+    g = gate()
+    g(request("POST", "/send?topic=T"), sign(APP, "POST", "/send?topic=T"))
+    g.update(parse_acl(FILE.replace('"app-secret"', '"app-secret-2"').replace('["T=PUB"]', '["T=SUB"]')))
+    assert refused(g, request("POST", "/send?topic=T"), sign(APP, "POST", "/send?topic=T", nonce="n2")) == NOT_SIGNED
+    new = Credentials("app", "app-secret-2")
+    assert "no PUB permission on topic T" in refused(g, request("POST", "/send?topic=T"),
+                                                    sign(new, "POST", "/send?topic=T", nonce="n3"))
+
+
+def test_a_reordered_query_verifies_through_the_canonical_query() -> None:
+    """A proxy may reorder or re-encode the query: the string as received no longer matches what was signed, and
+    the gate falls back to canonicalising the decoded arguments."""
+    g = gate()
+    header = sign(APP, "POST", "/send?topic=T&queueId=1")
+    g(request("POST", "/send?queueId=1&topic=%54"), header)
+    g(request("POST", "/send?topic=T&queueId=1", raw=False), sign(APP, "POST", "/send?topic=T&queueId=1", nonce="n2"))
+    assert refused(g, request("POST", "/send?queueId=2&topic=T"), sign(APP, "POST", "/send?topic=T&queueId=1",
+                                                                    nonce="n3")) == NOT_SIGNED
