@@ -17,6 +17,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable
+from operator import itemgetter
 
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile, RetiredFiles
@@ -58,12 +59,45 @@ _UNIQ_LEN = 32
 _UNIQ_STABLE = 28
 _UNIQ_CACHE_MAX = 4096
 _POW31_4 = 31**4
+_HEAD = itemgetter(slice(None, _UNIQ_STABLE))
+_TAIL = itemgetter(slice(_UNIQ_STABLE, None))
+#: ``31^3 + 31^2 x + 31 x^2 + x^3`` with ``x = 2^64``: multiplied by the tails of a batch spread one byte per
+#: 64-bit lane, lane ``4j + 3`` of the product is tail ``j``'s share of the hash (each lane stays below 2^25, so
+#: no carry crosses lanes): every tail of a batch hashed by one integer multiplication in C.
+_TAIL_WEIGHTS = sum(31**r << (64 * r) for r in range(4))
+_MAX_PREFIX_LEN = 128
+
+
+def _tail_shares(uniqs: list[bytes]) -> tuple[int, ...]:
+    """``sum(c_i * 31^(3-i))`` of the last 4 bytes of each unique key."""
+    n = len(uniqs)
+    lanes = bytearray(32 * n)
+    lanes[0::8] = b"".join(map(_TAIL, uniqs))
+    product = (int.from_bytes(lanes, "little") * _TAIL_WEIGHTS).to_bytes(32 * n + 24, "little")
+    return _lanes_struct(n).unpack_from(product, 24)
+
+
+_LANE_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _lanes_struct(n: int) -> struct.Struct:
+    st = _LANE_STRUCTS.get(n)
+    if st is None:
+        st = struct.Struct("<" + "Q24x" * (n - 1) + "Q")
+        if n <= 1024 and len(_LANE_STRUCTS) < 256:
+            _LANE_STRUCTS[n] = st
+    return st
+
+
+def _abs_all(hs: list[int]) -> list[int]:
+    """:func:`_abs_hash` of hashes already reduced mod 2^32."""
+    return [((h ^ ((h >> 31) * _MASK)) + (h >> 31)) & INT_MAX for h in hs]
 
 
 class _TopicHasher:
     """Hashes ``topic#key`` from bytes, reusing the hash of the ``topic#`` prefix (keys are mostly ASCII)."""
 
-    __slots__ = ("_prefix_by_len", "_uniq_heads", "prefix_hash", "topic")
+    __slots__ = ("_prefix_by_len", "_prefixes", "_uniq_heads", "prefix_hash", "topic")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
@@ -71,6 +105,7 @@ class _TopicHasher:
         self._uniq_heads: dict[bytes, int] = {}
         #: ``prefix_hash * 31^n`` mod 2^32 for a key of n bytes.
         self._prefix_by_len: dict[int, int] = {}
+        self._prefixes = [(self.prefix_hash * pow(31, n, 1 << 32)) & _MASK for n in range(_MAX_PREFIX_LEN + 1)]
 
     def _prefix(self, n: int) -> int:
         p = self._prefix_by_len.get(n)
@@ -95,16 +130,78 @@ class _TopicHasher:
         a, b, c, d = key[_UNIQ_STABLE:]
         return _abs_hash(part + a * 29791 + b * 961 + c * 31 + d)
 
+    def _hash_columns(self, uniqs: list[bytes], keys: list[bytes], phys: list[int], out_h: list[int],
+                      out_phy: list[int]) -> int:
+        """:meth:`hashes` of a uniform batch, column by column; the entries per record (1 or 2), 0 (nothing
+        added) when it is not one."""
+        n = len(uniqs)
+        with_uniq, with_keys = all(uniqs), all(keys)
+        if with_uniq and with_keys:
+            uh = self._uniq_batch(uniqs)
+            kh = self._key_batch(keys) if uh is not None else None
+            if uh is None or kh is None:
+                return 0
+            hs: list[int] = [0] * (2 * n)
+            hs[0::2] = uh
+            hs[1::2] = kh
+            out_h.extend(_abs_all(hs))
+            ps: list[int] = [0] * (2 * n)
+            ps[0::2] = phys
+            ps[1::2] = phys
+            out_phy.extend(ps)
+            return 2
+        if (with_uniq and not any(keys)) or (with_keys and not any(uniqs)):
+            col = self._uniq_batch(uniqs) if with_uniq else self._key_batch(keys)
+            if col is None:
+                return 0
+            out_h.extend(_abs_all(col))
+            out_phy.extend(phys)
+            return 1
+        return 0
+
     def __call__(self, key: bytes) -> int:
         if not key.isascii():
             return key_hash(f"{self.topic}#{key.decode('utf-8', 'replace')}")
         return _abs_hash(self._prefix(len(key)) + int(key.translate(_HI), 31) * 31 + int(key.translate(_LO), 31))
 
+    def _uniq_batch(self, uniqs: list[bytes]) -> list[int] | None:
+        """Hashes (mod 2^32, before abs) of a batch of SDK unique ids, or None when one is not such an id."""
+        if set(map(len, uniqs)) != {_UNIQ_LEN} or not b"".join(uniqs).isascii():
+            return None
+        heads = self._uniq_heads
+        parts = list(map(heads.get, map(_HEAD, uniqs)))
+        if None in parts:
+            for i, part in enumerate(parts):
+                if part is None:
+                    self.uniq(uniqs[i])  # fills the cache
+                    parts[i] = heads[_HEAD(uniqs[i])]
+        return [(p + t) & _MASK for p, t in zip(parts, _tail_shares(uniqs), strict=True)]  # type: ignore[operator]
+
+    def _key_batch(self, keys: list[bytes]) -> list[int] | None:
+        """Hashes (mod 2^32, before abs) of single ASCII keys, or None when one is not."""
+        joined = b"".join(keys)
+        if b" " in joined or not joined.isascii() or max(map(len, keys)) > _MAX_PREFIX_LEN:
+            return None
+        pre, hi, lo = self._prefixes, _HI, _LO
+        return [(pre[len(k)] + int(k.translate(hi), 31) * 31 + int(k.translate(lo), 31)) & _MASK for k in keys]
+
     def hashes(self, uniqs: list[bytes], keys: list[bytes], phys: list[int], out_h: list[int],
                out_phy: list[int], out_at: list[int] | None = None) -> None:
         """Index entries of a batch of records, in record order (unique key first, then each key): their hashes
         to ``out_h``, their record offsets to ``out_phy`` and, with ``out_at``, the record's position in the
-        batch. One loop with the hashing inlined: the per-record cost is what caps dispatch."""
+        batch. A batch where every record has an SDK unique id and one ASCII key (or only one of the two) is
+        hashed column by column; anything else record by record."""
+        if not out_h and uniqs:
+            per_record = self._hash_columns(uniqs, keys, phys, out_h, out_phy)
+            if per_record:
+                if out_at is not None:
+                    at = list(range(len(uniqs)))
+                    if per_record == 2:
+                        both = [0] * (2 * len(at))
+                        both[0::2] = both[1::2] = at
+                        at = both
+                    out_at.extend(at)
+                return
         heads = self._uniq_heads
         hi, lo = _HI, _LO
         prefix = self._prefix
@@ -347,7 +444,7 @@ class IndexService:
     def hasher(self, topic: bytes) -> _TopicHasher:
         hasher = self._hashers.get(topic)
         if hasher is None:
-            if len(self._hashers) >= 65536:
+            if len(self._hashers) >= 1024:  # each holds a few KiB of cached hash shares
                 self._hashers.clear()
             hasher = self._hashers[topic] = _TopicHasher(topic.decode("utf-8", "replace"))
         return hasher

@@ -66,6 +66,9 @@ def _append_mixed(store: FileMessageStore, clock: FakeClock, *, dispatch_each: b
         r = store.append_batch("TopicA", round_no % 2, _items("TopicA", specs, uniq), born_host=BORN_HOST)
         assert r.status.name == "PUT_OK", r
         picks.append(r.physical_offsets[-1])
+        uniform = [("TagA", f"u{round_no}-{i}") for i in range(8)]  # hashed column by column
+        r = store.append_batch("TopicA", round_no % 2, _items("TopicA", uniform, uniq), born_host=BORN_HOST)
+        assert r.status.name == "PUT_OK", r
         r = store.append_batch("TopicB", 0, _items("TopicB", [("D", "late")] * 3, uniq, delay_level=2),
                                born_host=BORN_HOST)
         assert r.status.name == "PUT_OK", r
