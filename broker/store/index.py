@@ -16,8 +16,10 @@ import logging
 import os
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
+from itertools import repeat
+from operator import add, and_, itemgetter
 
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile, RetiredFiles
@@ -59,6 +61,7 @@ _UNIQ_LEN = 32
 _UNIQ_STABLE = 28
 _UNIQ_CACHE_MAX = 4096
 _POW31_4 = 31**4
+_FIRST = itemgetter(0)
 _HEAD = itemgetter(slice(None, _UNIQ_STABLE))
 _TAIL = itemgetter(slice(_UNIQ_STABLE, None))
 #: ``31^3 + 31^2 x + 31 x^2 + x^3`` with ``x = 2^64``: multiplied by the tails of a batch spread one byte per
@@ -87,11 +90,6 @@ def _lanes_struct(n: int) -> struct.Struct:
         if n <= 1024 and len(_LANE_STRUCTS) < 256:
             _LANE_STRUCTS[n] = st
     return st
-
-
-def _abs_all(hs: list[int]) -> list[int]:
-    """:func:`_abs_hash` of hashes already reduced mod 2^32."""
-    return [((h ^ ((h >> 31) * _MASK)) + (h >> 31)) & INT_MAX for h in hs]
 
 
 class _TopicHasher:
@@ -144,7 +142,7 @@ class _TopicHasher:
             hs: list[int] = [0] * (2 * n)
             hs[0::2] = uh
             hs[1::2] = kh
-            out_h.extend(_abs_all(hs))
+            out_h.extend(hs)
             ps: list[int] = [0] * (2 * n)
             ps[0::2] = phys
             ps[1::2] = phys
@@ -154,7 +152,7 @@ class _TopicHasher:
             col = self._uniq_batch(uniqs) if with_uniq else self._key_batch(keys)
             if col is None:
                 return 0
-            out_h.extend(_abs_all(col))
+            out_h.extend(col)
             out_phy.extend(phys)
             return 1
         return 0
@@ -165,7 +163,7 @@ class _TopicHasher:
         return _abs_hash(self._prefix(len(key)) + int(key.translate(_HI), 31) * 31 + int(key.translate(_LO), 31))
 
     def _uniq_batch(self, uniqs: list[bytes]) -> list[int] | None:
-        """Hashes (mod 2^32, before abs) of a batch of SDK unique ids, or None when one is not such an id."""
+        """Index hashes of a batch of SDK unique ids, or None when one is not such an id."""
         if set(map(len, uniqs)) != {_UNIQ_LEN} or not b"".join(uniqs).isascii():
             return None
         heads = self._uniq_heads
@@ -175,15 +173,19 @@ class _TopicHasher:
                 if part is None:
                     self.uniq(uniqs[i])  # fills the cache
                     parts[i] = heads[_HEAD(uniqs[i])]
-        return [(p + t) & _MASK for p, t in zip(parts, _tail_shares(uniqs), strict=True)]  # type: ignore[operator]
+        # abs(int32) of h mod 2^32, 0 for Integer.MIN_VALUE, as in _abs_hash
+        return [((h ^ ((h >> 31) * _MASK)) + (h >> 31)) & INT_MAX
+                for h in map(and_, map(add, parts, _tail_shares(uniqs)), repeat(_MASK))]
 
     def _key_batch(self, keys: list[bytes]) -> list[int] | None:
-        """Hashes (mod 2^32, before abs) of single ASCII keys, or None when one is not."""
+        """Index hashes of single ASCII keys, or None when one is not."""
         joined = b"".join(keys)
         if b" " in joined or not joined.isascii() or max(map(len, keys)) > _MAX_PREFIX_LEN:
             return None
         pre, hi, lo = self._prefixes, _HI, _LO
-        return [(pre[len(k)] + int(k.translate(hi), 31) * 31 + int(k.translate(lo), 31)) & _MASK for k in keys]
+        return [((h ^ ((h >> 31) * _MASK)) + (h >> 31)) & INT_MAX
+                for h in [(pre[len(k)] + int(k.translate(hi), 31) * 31 + int(k.translate(lo), 31)) & _MASK
+                          for k in keys]]
 
     def hashes(self, uniqs: list[bytes], keys: list[bytes], phys: list[int], out_h: list[int],
                out_phy: list[int], out_at: list[int] | None = None) -> None:
@@ -290,26 +292,37 @@ class IndexFile:
             return 0
         mf = self.mf
         mm = mf.mm
-        slot_num = self.slot_num
-        unpack_slot = SLOT.unpack_from
         end = start + take
         hs = hashes[start:end] if start or end != len(hashes) else hashes
         ps = phys[start:end] if start or end != len(phys) else phys
-        touched: dict[int, int] = {}
-        prevs: list[int] = []
-        add_prev = prevs.append
-        new_slots = 0
-        for h in hs:
-            slot = h % slot_num
-            prev = touched.get(slot)
-            if prev is None:
-                prev = unpack_slot(mm, 40 + slot * 4)[0]
-                if prev <= 0 or prev > count:
-                    prev = 0
-                    new_slots += 1
-            touched[slot] = count
-            add_prev(prev)
-            count += 1
+        slot_num = self.slot_num
+        # A slot holds the newest item of its chain; an item links to the one it replaced there (``prev``, 0:
+        # none). A value past the items before this batch is garbage (a crash between item and header): none.
+        hooked = mf.io.hooked
+        where = [40 + 4 * (h % slot_num) for h in hs]
+        if not hooked and len(set(where)) == take:
+            # The usual batch (keys << slots): every slot once, read and written column by column, in C.
+            prevs = list(map(_FIRST, map(SLOT.unpack_from, repeat(mm), where)))
+            if min(prevs) < 0 or max(prevs) >= count0:
+                prevs = [p if 0 < p < count0 else 0 for p in prevs]
+            new_slots = prevs.count(0)
+            touched: dict[int, int] | None = None
+            count = count0 + take
+        else:
+            touched = {}
+            prevs = []
+            add_prev = prevs.append
+            new_slots = 0
+            for at in where:
+                prev = touched.get(at)
+                if prev is None:
+                    prev = SLOT.unpack_from(mm, at)[0]
+                    if prev <= 0 or prev >= count0:
+                        prev = 0
+                        new_slots += 1
+                touched[at] = count
+                add_prev(prev)
+                count += 1
         # Time offsets from the file's begin time; the first item of a new file is measured from the previous
         # file's end (its begin time is set by that item).
         begin = self.begin_ts
@@ -332,15 +345,18 @@ class IndexFile:
         args[3::4] = prevs
         item_pos = self._items_at + count0 * 20
         packer = _items_struct(take)
-        if mf.io.hooked:
+        # Items before the slots that point at them: a concurrent query never follows a slot to an unwritten item.
+        if touched is None:
+            packer.pack_into(mm, item_pos, *args)
+            deque(map(SLOT.pack_into, repeat(mm), where, range(count0, count0 + take)), maxlen=0)
+        elif hooked:
             mf.write(item_pos, packer.pack(*args))
-            for slot, value in touched.items():
-                mf.write(40 + slot * 4, SLOT.pack(value))
+            for at, value in touched.items():
+                mf.write(at, SLOT.pack(value))
         else:
             packer.pack_into(mm, item_pos, *args)
-            pack_slot = SLOT.pack_into
-            for slot, value in touched.items():
-                pack_slot(mm, 40 + slot * 4, value)
+            for at, value in touched.items():
+                SLOT.pack_into(mm, at, value)
         if count0 <= 1:
             self.begin_phy = ps[0]
             self.begin_ts = first_ts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from .conftest import BORN_HOST, FakeClock, StoreFactory
 _PREPARED, _COMMIT, _ROLLBACK = 0x4, 0x8, 0xC
 
 
-def _items(topic: str, specs: list[tuple[str | None, str | None]], uniq: UniqKeyGenerator, *,
+def _items(topic: str, specs: Sequence[tuple[str | None, str | None]], uniq: UniqKeyGenerator, *,
            delay_level: int = 0) -> list[BatchItem]:
     """Items with the given ``(tags, keys)`` and SDK unique keys (their hash takes the cached-head path)."""
     msgs = [Message(topic, f"body-{i}".encode() * 20, tags=tags, keys=keys, delay_level=delay_level)
