@@ -36,6 +36,8 @@ RESERVE_CHUNK = 64 * 1024
 
 
 _UNIT_STRUCTS: dict[int, struct.Struct] = {}
+#: Units packed by one write (its struct stays cached).
+_UNITS_PER_WRITE = 512
 
 
 def _units_struct(n: int) -> struct.Struct:
@@ -242,7 +244,7 @@ class ConsumeQueue:
 
     def put_run(self, phys: list[int], sizes: list[int], codes: list[int], first_offset: int) -> int:
         """Append the units of consecutive queue offsets from ``first_offset`` (records in log order) as
-        :meth:`put` would one by one, but with one write per file touched; returns the queue's max offset
+        :meth:`put` would one by one, but with one write per file touched (and per 512 units); returns the queue's max offset
         after them, 0 when none was added (all replays or conflicts)."""
         n = len(phys)
         i = 0
@@ -268,7 +270,7 @@ class ConsumeQueue:
             if mf is None or mf.wrote >= mf.size:
                 mf = self._new_file(mf.end if mf is not None else 0)
             pos = mf.wrote
-            k = min((len(args) - at) // 3, (mf.size - pos) // UNIT_SIZE)
+            k = min((len(args) - at) // 3, (mf.size - pos) // UNIT_SIZE, _UNITS_PER_WRITE)
             nbytes = k * UNIT_SIZE
             if pos + nbytes > mf.reserved:
                 mf.reserve(pos + nbytes, RESERVE_CHUNK)

@@ -301,13 +301,15 @@ class Dispatcher:
                     or run[0] != topic):
                 run = [topic, queue_id, queue_offset, tx, [], [], [], [], [], []]
                 runs.append(run)
+                add_phy, add_size, add_tags, add_ts, add_uniq, add_keys = (
+                    run[4].append, run[5].append, run[6].append, run[7].append, run[8].append, run[9].append)
             next_offset = queue_offset + 1
-            run[4].append(phy)
-            run[5].append(size)
-            run[6].append(tags)
-            run[7].append(store_ts)
-            run[8].append(uniq)
-            run[9].append(keys)
+            add_phy(phy)
+            add_size(size)
+            add_tags(tags)
+            add_ts(store_ts)
+            add_uniq(uniq)
+            add_keys(keys)
             last_ts = store_ts
             pos += size
         emit = self._emit

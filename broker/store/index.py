@@ -243,6 +243,8 @@ class _TopicHasher:
 
 
 _ITEM_STRUCTS: dict[int, struct.Struct] = {}
+#: Items written by one call: its struct stays cached, and its slots rarely collide (the fast path).
+_ITEMS_PER_WRITE = 512
 
 
 def _items_struct(n: int) -> struct.Struct:
@@ -285,9 +287,9 @@ class IndexFile:
     def put_keys(self, hashes: list[int], phys: list[int], times: list[int] | int, start: int) -> int:
         """Add the keys ``hashes[start:]`` (record offsets ``phys``, store times ``times`` or one time for all)
         as one put per key would, with one write of their items and one per touched slot; returns
-        how many were added (fewer when the file fills up)."""
+        how many were added: at most :data:`_ITEMS_PER_WRITE`, fewer when the file fills up."""
         count0 = count = self.index_count
-        take = min(len(hashes) - start, self.index_num - count)
+        take = min(len(hashes) - start, self.index_num - count, _ITEMS_PER_WRITE)
         if take <= 0:
             return 0
         mf = self.mf
@@ -333,11 +335,19 @@ class IndexFile:
             # After a new file's first item its begin time is ``times`` itself: every later diff is 0.
             diffs = [diff] + [0] * (take - 1) if count0 <= 1 else [diff] * take
         else:
-            diffs = []
-            for j, t in enumerate(times[start:end]):
-                if j == 1 and count0 <= 1:
-                    begin = first_ts
-                diffs.append(0 if begin <= 0 else min(max((t - begin) // 1000, 0), INT_MAX))
+            ts = times[start:end]
+            diffs = [0 if begin <= 0 else min(max((first_ts - begin) // 1000, 0), INT_MAX)]
+            if count0 <= 1:
+                begin = first_ts
+            rest = ts[1:]
+            if not rest:
+                pass
+            elif begin <= 0:
+                diffs += [0] * len(rest)
+            elif min(rest) >= begin and max(rest) - begin < INT_MAX * 1000:  # the usual: no clamping
+                diffs += [(t - begin) // 1000 for t in rest]
+            else:
+                diffs += [min(max((t - begin) // 1000, 0), INT_MAX) for t in rest]
         args: list[int] = [0] * (4 * take)
         args[0::4] = hs
         args[1::4] = ps
