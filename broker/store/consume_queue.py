@@ -247,6 +247,8 @@ class ConsumeQueue:
         :meth:`put` would one by one, but with one write per file touched (and per 512 units); returns the queue's max offset
         after them, 0 when none was added (all replays or conflicts)."""
         n = len(phys)
+        if n == 1:  # a single send: the plain put
+            return self.max_offset if self.put(phys[0], sizes[0], codes[0], first_offset) else 0
         i = 0
         end = self.max_physic_end
         while i < n and phys[i] + sizes[i] <= end:  # replays: a prefix (phys grow)

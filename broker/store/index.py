@@ -65,6 +65,9 @@ _FIRST = itemgetter(0)
 _HEAD = itemgetter(slice(None, _UNIQ_STABLE))
 _TAIL = itemgetter(slice(_UNIQ_STABLE, None))
 _MAX_PREFIX_LEN = 128
+#: Smallest batch worked column by column: below it the set-up costs more than the per-record loop saves (a
+#: single send is the common small batch).
+_COLUMNS_FROM = 8
 
 
 def _tail_shares(uniqs: list[bytes]) -> Iterator[int]:
@@ -175,7 +178,7 @@ class _TopicHasher:
         to ``out_h``, their record offsets to ``out_phy`` and, with ``out_at``, the record's position in the
         batch. A batch where every record has an SDK unique id and one ASCII key (or only one of the two) is
         hashed column by column; anything else record by record."""
-        if not out_h and uniqs:
+        if not out_h and len(uniqs) >= _COLUMNS_FROM:
             per_record = self._hash_columns(uniqs, keys, phys, out_h, out_phy)
             if per_record:
                 if out_at is not None:
@@ -284,7 +287,7 @@ class IndexFile:
         # none). A value past the items before this batch is garbage (a crash between item and header): none.
         hooked = mf.io.hooked
         where = [40 + 4 * (h % slot_num) for h in hs]
-        if not hooked and len(set(where)) == take:
+        if not hooked and take >= _COLUMNS_FROM and len(set(where)) == take:
             # The usual batch (keys << slots): every slot once, read and written column by column, in C.
             prevs = list(map(_FIRST, map(SLOT.unpack_from, repeat(mm), where)))
             if min(prevs) < 0 or max(prevs) >= count0:
