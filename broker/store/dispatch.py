@@ -263,6 +263,11 @@ class Dispatcher:
         next_offset = -1
         last_ts = self.last_store_ts
         result: tuple[int, bool] | None = None
+        # Below the index's end, a record of a queue that already holds it is a replay (abnormal recovery
+        # re-dispatches whole files): skipped before its properties are read.
+        index = self.index
+        indexed_below = index.end_phy if index is not None else 1 << 62
+        queues = self._cq_cache
         while pos < budget_end and pos + 8 <= limit:
             if pos + 88 > file_size:
                 size, magic = RECORD_PREFIX.unpack_from(mm, pos)
@@ -294,9 +299,16 @@ class Dispatcher:
                 tp = pos + 88 + body_len
                 pp = tp + 1 + mm[tp]
             topic = mm[tp + 1 : pp]
+            tx = sys_flag & 0xC
+            if tx == 0xC or (phy < indexed_below and (tx == 4 or (
+                    (cq := queues.get((topic, queue_id)) or self._queue(topic, queue_id)) is not None
+                    and phy + size <= cq.max_physic_end))):
+                # A rollback record builds nothing; a prepared one only its index entries.
+                last_ts = store_ts
+                pos += size
+                continue
             # The record's properties read once, from its stored bytes (the same on a slave).
             tags, keys, uniq, _, _ = scan(mm[pp + 2 : pos + size])
-            tx = sys_flag & 0xC
             if (run is None or queue_offset != next_offset or run[1] != queue_id or run[3] != tx
                     or run[0] != topic):
                 run = [topic, queue_id, queue_offset, tx, [], [], [], [], [], []]
