@@ -327,6 +327,8 @@ class FileMessageStore:
             )
         except OSError as exc:
             return self._disk_error(exc)
+        # What the send path read (queues, tags, keys, unique keys) goes to dispatch with the batch.
+        self.dispatcher.handover(wrote_offset, wrote_offset + total, store_ts, runs, offsets)
         self._stored(advances, store_ts, total)
         self._after_append()
         return AppendResult(PutMessageStatus.PUT_OK, "", wrote_offset, total, first_queue_offset, len(items),
@@ -415,6 +417,7 @@ class FileMessageStore:
         while self.dispatcher.dispatch_available(64 << 20):
             pass
         with self.dispatcher.lock:
+            self.dispatcher.drop_handovers()
             now = self.config.clock_ms()
             cl.reset_to(physical_offset, now)
             self.dispatcher.reput = physical_offset
@@ -444,6 +447,7 @@ class FileMessageStore:
     def truncate(self, physical_offset: int) -> None:
         """Drop commit-log bytes from ``physical_offset`` on, and the consume-queue units pointing there."""
         with self.dispatcher.lock:
+            self.dispatcher.drop_handovers()
             self.commitlog.truncate(physical_offset)
             self.cqs.truncate_dirty(physical_offset)
             self.dispatcher.reput = min(self.dispatcher.reput, self.commitlog.max_offset)

@@ -16,8 +16,10 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Callable
-from operator import mul
+from collections import deque
+from collections.abc import Callable, Iterator
+from itertools import repeat
+from operator import add, and_, itemgetter, mul
 
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile, RetiredFiles
@@ -32,16 +34,6 @@ ITEM = struct.Struct(">iqii")
 SLOT = struct.Struct(">i")
 INT_MAX = 0x7FFFFFFF
 _MASK = 0xFFFFFFFF
-_POWERS: dict[int, tuple[tuple[int, ...], int]] = {}
-
-
-def _powers(n: int) -> tuple[tuple[int, ...], int]:
-    """``(31^(n-1) .. 31^0, 31^n)`` mod 2^32."""
-    p = _POWERS.get(n)
-    if p is None:
-        p = _POWERS[n] = (tuple(pow(31, n - 1 - i, 1 << 32) for i in range(n)), pow(31, n, 1 << 32))
-    return p
-
 
 def _abs_hash(h: int) -> int:
     h &= _MASK
@@ -56,25 +48,58 @@ def key_hash(key: str) -> int:
     return _abs_hash(java_hash(key))
 
 
-#: A client unique id is 32 hex characters whose first 20 (ip, pid, random) are the same for every message of a
-#: producer process: their hash is cached, so only the last 12 are hashed per message.
+#: Java's hash of an ASCII string is ``sum(c_i * 31^(n-1-i))``. Writing each byte as ``31 * hi + lo``
+#: (``hi`` <= 8, ``lo`` < 31) turns both halves into base-31 numerals that ``int(text, 31)`` evaluates in C: the
+#: hash is ``int(hi digits, 31) * 31 + int(lo digits, 31)``, about half the cost of a per-byte ``sum(map(mul))``.
+_DIGITS = b"0123456789abcdefghijklmnopqrstu"
+_HI = bytes(_DIGITS[b // 31] for b in range(256))
+_LO = bytes(_DIGITS[b % 31] for b in range(256))
+#: A client unique id is 32 hex characters: 20 per producer process (ip, pid, random), 8 of time (ms in the
+#: month) and a 4-character counter. Messages sent within the same millisecond share the first 28, whose share
+#: of the hash is cached; only the last 4 are hashed per message.
 _UNIQ_LEN = 32
-_UNIQ_STABLE = 20
+_UNIQ_STABLE = 28
 _UNIQ_CACHE_MAX = 4096
+_POW31_4 = 31**4
+_FIRST = itemgetter(0)
+_HEAD = itemgetter(slice(None, _UNIQ_STABLE))
+_TAIL = itemgetter(slice(_UNIQ_STABLE, None))
+_MAX_PREFIX_LEN = 128
+#: Smallest batch worked column by column: below it the set-up costs more than the per-record loop saves (a
+#: single send is the common small batch).
+_COLUMNS_FROM = 8
+
+
+def _tail_shares(uniqs: list[bytes]) -> Iterator[int]:
+    """``sum(c_i * 31^(3-i))`` of the last 4 bytes of each unique key, column by column (``map`` runs in C)."""
+    tails = b"".join(map(_TAIL, uniqs))
+    return map(add, map(add, map(mul, tails[0::4], repeat(29791)), map(mul, tails[1::4], repeat(961))),
+               map(add, map(mul, tails[2::4], repeat(31)), tails[3::4]))
 
 
 class _TopicHasher:
     """Hashes ``topic#key`` from bytes, reusing the hash of the ``topic#`` prefix (keys are mostly ASCII)."""
 
-    __slots__ = ("_uniq_heads", "prefix_hash", "topic")
+    __slots__ = ("_prefix_by_len", "_prefixes", "_uniq_heads", "prefix_hash", "topic")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self.prefix_hash = java_hash(topic + "#")
         self._uniq_heads: dict[bytes, int] = {}
+        #: ``prefix_hash * 31^n`` mod 2^32 for a key of n bytes.
+        self._prefix_by_len: dict[int, int] = {}
+        self._prefixes = [(self.prefix_hash * pow(31, n, 1 << 32)) & _MASK for n in range(_MAX_PREFIX_LEN + 1)]
+
+    def _prefix(self, n: int) -> int:
+        p = self._prefix_by_len.get(n)
+        if p is None:
+            p = (self.prefix_hash * pow(31, n, 1 << 32)) & _MASK
+            if len(self._prefix_by_len) < 1024:
+                self._prefix_by_len[n] = p
+        return p
 
     def uniq(self, key: bytes) -> int:
-        """:meth:`__call__` for a unique id, with the producer-constant head's share of the hash cached."""
+        """:meth:`__call__` for a unique id, with the share of its first 28 characters cached."""
         if len(key) != _UNIQ_LEN or not key.isascii():
             return self(key)
         head = key[:_UNIQ_STABLE]
@@ -82,20 +107,139 @@ class _TopicHasher:
         if part is None:
             if len(self._uniq_heads) >= _UNIQ_CACHE_MAX:
                 self._uniq_heads.clear()
-            weights = _powers(_UNIQ_STABLE)[0]
-            tail_shift = _powers(_UNIQ_LEN - _UNIQ_STABLE)[1]
             part = self._uniq_heads[head] = (
-                self.prefix_hash * _powers(_UNIQ_LEN)[1] + sum(map(mul, head, weights)) * tail_shift
-            ) & _MASK
-        weights, _ = _powers(_UNIQ_LEN - _UNIQ_STABLE)
-        return _abs_hash(part + sum(map(mul, key[_UNIQ_STABLE:], weights)))
+                (self._prefix(_UNIQ_STABLE) + int(head.translate(_HI), 31) * 31 + int(head.translate(_LO), 31))
+                * _POW31_4) & _MASK
+        a, b, c, d = key[_UNIQ_STABLE:]
+        return _abs_hash(part + a * 29791 + b * 961 + c * 31 + d)
+
+    def _hash_columns(self, uniqs: list[bytes], keys: list[bytes], phys: list[int], out_h: list[int],
+                      out_phy: list[int]) -> int:
+        """:meth:`hashes` of a uniform batch, column by column; the entries per record (1 or 2), 0 (nothing
+        added) when it is not one."""
+        n = len(uniqs)
+        with_uniq, with_keys = all(uniqs), all(keys)
+        if with_uniq and with_keys:
+            uh = self._uniq_batch(uniqs)
+            kh = self._key_batch(keys) if uh is not None else None
+            if uh is None or kh is None:
+                return 0
+            hs: list[int] = [0] * (2 * n)
+            hs[0::2] = uh
+            hs[1::2] = kh
+            out_h.extend(hs)
+            ps: list[int] = [0] * (2 * n)
+            ps[0::2] = phys
+            ps[1::2] = phys
+            out_phy.extend(ps)
+            return 2
+        if (with_uniq and not any(keys)) or (with_keys and not any(uniqs)):
+            col = self._uniq_batch(uniqs) if with_uniq else self._key_batch(keys)
+            if col is None:
+                return 0
+            out_h.extend(col)
+            out_phy.extend(phys)
+            return 1
+        return 0
 
     def __call__(self, key: bytes) -> int:
-        n = len(key)
         if not key.isascii():
             return key_hash(f"{self.topic}#{key.decode('utf-8', 'replace')}")
-        weights, shift = _powers(n)
-        return _abs_hash(self.prefix_hash * shift + sum(map(mul, key, weights)))
+        return _abs_hash(self._prefix(len(key)) + int(key.translate(_HI), 31) * 31 + int(key.translate(_LO), 31))
+
+    def _uniq_batch(self, uniqs: list[bytes]) -> list[int] | None:
+        """Index hashes of a batch of SDK unique ids, or None when one is not such an id."""
+        if set(map(len, uniqs)) != {_UNIQ_LEN} or not b"".join(uniqs).isascii():
+            return None
+        heads = self._uniq_heads
+        parts = list(map(heads.get, map(_HEAD, uniqs)))
+        if None in parts:
+            for i, part in enumerate(parts):
+                if part is None:
+                    self.uniq(uniqs[i])  # fills the cache
+                    parts[i] = heads[_HEAD(uniqs[i])]
+        # abs(int32) of h mod 2^32, 0 for Integer.MIN_VALUE, as in _abs_hash
+        return [((h ^ ((h >> 31) * _MASK)) + (h >> 31)) & INT_MAX
+                for h in map(and_, map(add, parts, _tail_shares(uniqs)), repeat(_MASK))]
+
+    def _key_batch(self, keys: list[bytes]) -> list[int] | None:
+        """Index hashes of single ASCII keys, or None when one is not."""
+        joined = b"".join(keys)
+        if b" " in joined or not joined.isascii() or max(map(len, keys)) > _MAX_PREFIX_LEN:
+            return None
+        pre, hi, lo = self._prefixes, _HI, _LO
+        return [((h ^ ((h >> 31) * _MASK)) + (h >> 31)) & INT_MAX
+                for h in [(pre[len(k)] + int(k.translate(hi), 31) * 31 + int(k.translate(lo), 31)) & _MASK
+                          for k in keys]]
+
+    def hashes(self, uniqs: list[bytes], keys: list[bytes], phys: list[int], out_h: list[int],
+               out_phy: list[int], out_at: list[int] | None = None) -> None:
+        """Index entries of a batch of records, in record order (unique key first, then each key): their hashes
+        to ``out_h``, their record offsets to ``out_phy`` and, with ``out_at``, the record's position in the
+        batch. A batch where every record has an SDK unique id and one ASCII key (or only one of the two) is
+        hashed column by column; anything else record by record."""
+        if not out_h and len(uniqs) >= _COLUMNS_FROM:
+            per_record = self._hash_columns(uniqs, keys, phys, out_h, out_phy)
+            if per_record:
+                if out_at is not None:
+                    at = list(range(len(uniqs)))
+                    if per_record == 2:
+                        both = [0] * (2 * len(at))
+                        both[0::2] = both[1::2] = at
+                        at = both
+                    out_at.extend(at)
+                return
+        heads = self._uniq_heads
+        hi, lo = _HI, _LO
+        prefix = self._prefix
+        add_h, add_p = out_h.append, out_phy.append
+        add_at = out_at.append if out_at is not None else None
+        for i, uniq in enumerate(uniqs):
+            k = keys[i]
+            if not uniq and not k:
+                continue
+            phy = phys[i]
+            if uniq:
+                head = uniq[:_UNIQ_STABLE]
+                part = heads.get(head) if len(uniq) == _UNIQ_LEN else None
+                if part is not None:
+                    a, b, c, d = uniq[_UNIQ_STABLE:]
+                    h = (part + a * 29791 + b * 961 + c * 31 + d) & _MASK
+                    s = h >> 31
+                    add_h(((h ^ (s * _MASK)) + s) & INT_MAX)  # abs(int32), 0 for Integer.MIN_VALUE
+                else:
+                    add_h(self.uniq(uniq))
+                add_p(phy)
+                if add_at is not None:
+                    add_at(i)
+            if k:
+                for key in (k.split(b" ") if b" " in k else (k,)):
+                    if not key:
+                        continue
+                    if key.isascii():
+                        h = (prefix(len(key)) + int(key.translate(hi), 31) * 31 + int(key.translate(lo), 31)) & _MASK
+                        s = h >> 31
+                        add_h(((h ^ (s * _MASK)) + s) & INT_MAX)
+                    else:
+                        add_h(self(key))
+                    add_p(phy)
+                    if add_at is not None:
+                        add_at(i)
+
+
+_ITEM_STRUCTS: dict[int, struct.Struct] = {}
+#: Items written by one call: its struct stays cached, and its slots rarely collide (the fast path).
+_ITEMS_PER_WRITE = 512
+
+
+def _items_struct(n: int) -> struct.Struct:
+    """A struct of ``n`` consecutive items (cached: batches repeat their sizes; one-off sizes are not kept)."""
+    st = _ITEM_STRUCTS.get(n)
+    if st is None:
+        st = struct.Struct(">" + "iqii" * n)
+        if n <= 1024 and len(_ITEM_STRUCTS) < 256:
+            _ITEM_STRUCTS[n] = st
+    return st
 
 
 class IndexFile:
@@ -125,35 +269,97 @@ class IndexFile:
                            self.index_count)
         self.mf.write(0, data)
 
-    def put_key(self, h: int, phy: int, store_ts: int) -> bool:
-        """Add one key (its :func:`key_hash`); False when the file is full."""
-        count = self.index_count
-        if count >= self.index_num:
-            return False
+    def put_keys(self, hashes: list[int], phys: list[int], times: list[int] | int, start: int) -> int:
+        """Add the keys ``hashes[start:]`` (record offsets ``phys``, store times ``times`` or one time for all)
+        as one put per key would, with one write of their items and one per touched slot; returns
+        how many were added: at most :data:`_ITEMS_PER_WRITE`, fewer when the file fills up."""
+        count0 = count = self.index_count
+        take = min(len(hashes) - start, self.index_num - count, _ITEMS_PER_WRITE)
+        if take <= 0:
+            return 0
         mf = self.mf
         mm = mf.mm
-        slot_pos = 40 + (h % self.slot_num) * 4
-        prev = SLOT.unpack_from(mm, slot_pos)[0]
-        if prev <= 0 or prev > count:
-            prev = 0
-        begin = self.begin_ts
-        diff = 0 if begin <= 0 else min(max((store_ts - begin) // 1000, 0), INT_MAX)
-        item_pos = self._items_at + count * 20
-        if mf.io.hooked:
-            mf.write(item_pos, ITEM.pack(h, phy, diff, prev))
-            mf.write(slot_pos, SLOT.pack(count))
+        end = start + take
+        hs = hashes[start:end] if start or end != len(hashes) else hashes
+        ps = phys[start:end] if start or end != len(phys) else phys
+        slot_num = self.slot_num
+        # A slot holds the newest item of its chain; an item links to the one it replaced there (``prev``, 0:
+        # none). A value past the items before this batch is garbage (a crash between item and header): none.
+        hooked = mf.io.hooked
+        where = [40 + 4 * (h % slot_num) for h in hs]
+        if not hooked and take >= _COLUMNS_FROM and len(set(where)) == take:
+            # The usual batch (keys << slots): every slot once, read and written column by column, in C.
+            prevs = list(map(_FIRST, map(SLOT.unpack_from, repeat(mm), where)))
+            if min(prevs) < 0 or max(prevs) >= count0:
+                prevs = [p if 0 < p < count0 else 0 for p in prevs]
+            new_slots = prevs.count(0)
+            touched: dict[int, int] | None = None
+            count = count0 + take
         else:
-            ITEM.pack_into(mm, item_pos, h, phy, diff, prev)
-            SLOT.pack_into(mm, slot_pos, count)
-        if count <= 1:
-            self.begin_phy = phy
-            self.begin_ts = store_ts
-        if prev == 0:
-            self.slot_count += 1
-        self.index_count = count + 1
-        self.end_phy = phy
-        self.end_ts = store_ts
-        return True
+            touched = {}
+            prevs = []
+            add_prev = prevs.append
+            new_slots = 0
+            for at in where:
+                prev = touched.get(at)
+                if prev is None:
+                    prev = SLOT.unpack_from(mm, at)[0]
+                    if prev <= 0 or prev >= count0:
+                        prev = 0
+                        new_slots += 1
+                touched[at] = count
+                add_prev(prev)
+                count += 1
+        # Time offsets from the file's begin time; the first item of a new file is measured from the previous
+        # file's end (its begin time is set by that item).
+        begin = self.begin_ts
+        first_ts = times if isinstance(times, int) else times[start]
+        diffs: list[int]
+        if isinstance(times, int):
+            diff = 0 if begin <= 0 else min(max((times - begin) // 1000, 0), INT_MAX)
+            # After a new file's first item its begin time is ``times`` itself: every later diff is 0.
+            diffs = [diff] + [0] * (take - 1) if count0 <= 1 else [diff] * take
+        else:
+            ts = times[start:end]
+            diffs = [0 if begin <= 0 else min(max((first_ts - begin) // 1000, 0), INT_MAX)]
+            if count0 <= 1:
+                begin = first_ts
+            rest = ts[1:]
+            if not rest:
+                pass
+            elif begin <= 0:
+                diffs += [0] * len(rest)
+            elif min(rest) >= begin and max(rest) - begin < INT_MAX * 1000:  # the usual: no clamping
+                diffs += [(t - begin) // 1000 for t in rest]
+            else:
+                diffs += [min(max((t - begin) // 1000, 0), INT_MAX) for t in rest]
+        args: list[int] = [0] * (4 * take)
+        args[0::4] = hs
+        args[1::4] = ps
+        args[2::4] = diffs
+        args[3::4] = prevs
+        item_pos = self._items_at + count0 * 20
+        packer = _items_struct(take)
+        # Items before the slots that point at them: a concurrent query never follows a slot to an unwritten item.
+        if touched is None:
+            packer.pack_into(mm, item_pos, *args)
+            deque(map(SLOT.pack_into, repeat(mm), where, range(count0, count0 + take)), maxlen=0)
+        elif hooked:
+            mf.write(item_pos, packer.pack(*args))
+            for at, value in touched.items():
+                mf.write(at, SLOT.pack(value))
+        else:
+            packer.pack_into(mm, item_pos, *args)
+            for at, value in touched.items():
+                SLOT.pack_into(mm, at, value)
+        if count0 <= 1:
+            self.begin_phy = ps[0]
+            self.begin_ts = first_ts
+        self.slot_count += new_slots
+        self.index_count = count
+        self.end_phy = ps[-1]
+        self.end_ts = times if isinstance(times, int) else times[end - 1]
+        return take
 
     def select(self, h: int, begin_ms: int, end_ms: int, max_num: int, out: list[int]) -> None:
         """Append to ``out`` the offsets of items with hash ``h`` stored within ``[begin_ms, end_ms]``."""
@@ -246,22 +452,53 @@ class IndexService:
             self.files.append(f)
         return f
 
-    def build(self, topic: bytes, phy: int, store_ts: int, uniq: bytes, keys: bytes) -> None:
-        """Index one record's unique key and keys (skipped when already indexed)."""
-        files = self.files
-        f = files[-1] if files else None
-        if f is not None and phy < f.end_phy:
-            return
+    def hasher(self, topic: bytes) -> _TopicHasher:
         hasher = self._hashers.get(topic)
         if hasher is None:
+            if len(self._hashers) >= 1024:  # each holds a few KiB of cached hash shares
+                self._hashers.clear()
             hasher = self._hashers[topic] = _TopicHasher(topic.decode("utf-8", "replace"))
-        hashes = [hasher.uniq(uniq)] if uniq else []
-        if keys:
-            hashes.extend(hasher(k) for k in keys.split(b" ") if k)
-        for h in hashes:
-            if f is None or not f.put_key(h, phy, store_ts):
+        return hasher
+
+    def build(self, topic: bytes, phy: int, store_ts: int, uniq: bytes, keys: bytes) -> None:
+        """Index one record's unique key and keys (skipped when already indexed)."""
+        self.build_batch(topic, [phy], store_ts, [uniq], [keys])
+
+    def build_batch(self, topic: bytes, phys: list[int], times: list[int] | int, uniqs: list[bytes],
+                    keys: list[bytes]) -> None:
+        """Index the unique keys and keys of records of one topic, in log order (``times``: each record's store
+        time, or one for all). Records below the index's end are skipped (already indexed: a replay)."""
+        files = self.files
+        f = files[-1] if files else None
+        if f is not None and phys[0] < f.end_phy:
+            keep = [i for i, phy in enumerate(phys) if phy >= f.end_phy]
+            if not keep:
+                return
+            phys = [phys[i] for i in keep]
+            uniqs = [uniqs[i] for i in keep]
+            keys = [keys[i] for i in keep]
+            if not isinstance(times, int):
+                times = [times[i] for i in keep]
+        hs: list[int] = []
+        ps: list[int] = []
+        if isinstance(times, int):
+            self.hasher(topic).hashes(uniqs, keys, phys, hs, ps)
+            item_times: list[int] | int = times
+        else:
+            at: list[int] = []
+            self.hasher(topic).hashes(uniqs, keys, phys, hs, ps, at)
+            item_times = [times[i] for i in at]
+        if not hs:
+            return
+        done = 0
+        while done < len(hs):
+            n = f.put_keys(hs, ps, item_times, done) if f is not None else 0
+            if n == 0:
                 f = self._new_file()
-                f.put_key(h, phy, store_ts)
+                n = f.put_keys(hs, ps, item_times, done)
+                if n == 0:
+                    raise RuntimeError(f"index file {f.mf.path} takes no item (maxIndexNum {self.index_num})")
+            done += n
         self._dirty = True
 
     def query(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:

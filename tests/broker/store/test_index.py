@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from broker.store.index import IndexFile, _TopicHasher, key_hash
+from broker.store.index import INT_MAX, IndexFile, _abs_hash, _TopicHasher, key_hash
 from client.protocol.codec import UniqKeyGenerator, batch_item, decode_records, tags_hash
 
 from .conftest import BORN_HOST, StoreFactory, batch
@@ -65,3 +65,27 @@ def test_dispatch_and_key_lookup_read_properties_as_consumers_do(make_store: Sto
     first, second = (store.look_message_by_offset(o) for o in r.physical_offsets)
     assert found == {"k1": [first], "k2": [first], "k3": [second], "U1": [second], "old": [], "decoy": [],
                      "lonely": []}
+
+
+def test_batch_hashes_column_by_column_equal_the_plain_java_hash() -> None:
+    """The column-by-column hashing of a uniform batch (every record an SDK unique id and one ASCII key, or
+    only one of the two) and the record-by-record one give the index's ``abs(javaHash("topic#key"))``."""
+    hasher = _TopicHasher("TopicA")
+    gen = UniqKeyGenerator()
+    uniqs = [gen.next().encode() for _ in range(300)]
+    keys = [f"order-{i * 7919}".encode() for i in range(300)]
+    phys = list(range(1000, 1300))
+    want = [key_hash(f"TopicA#{k.decode()}") for pair in zip(uniqs, keys, strict=True) for k in pair]
+    for u, k in ((uniqs, keys), (uniqs, [b""] * 300), ([b""] * 300, keys), (uniqs[:1], keys[:1])):
+        hs: list[int] = []
+        ps: list[int] = []
+        at: list[int] = []
+        hasher.hashes(u, k, phys[: len(u)], hs, ps, at)
+        expected = [key_hash(f"TopicA#{x.decode()}") for pair in zip(u, k, strict=True) for x in pair if x]
+        assert hs == expected
+        assert ps == [phys[i] for i in at] and len(at) == len(hs)
+    hs = []
+    hasher.hashes(uniqs, keys, phys, hs, [])
+    assert hs == want
+    edges = [0, 1, INT_MAX, INT_MAX + 1, INT_MAX + 2, (1 << 32) - 1]
+    assert [_abs_hash(h) for h in edges] == [0, 1, INT_MAX, 0, INT_MAX, 1]
