@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import attrs
@@ -36,7 +36,7 @@ from benchmarks.client_bench import CpuMeter
 from client import Admin, ClientConfig, Message, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 
-__all__ = ["AclFigures", "Profile", "Side", "measure", "run"]
+__all__ = ["AclFigures", "Profile", "Side", "interleave", "measure", "rows", "run"]
 
 BODY = b"x" * 1024
 BATCH = 64
@@ -189,21 +189,25 @@ def measure(root: Path, profile: Profile) -> AclFigures:
         off = Side(off_cluster.namesrv_addr, None, profile.pull_messages, off_cluster.broker("broker-a", 0).pid)
         on = Side(on_cluster.namesrv_addr, ClientConfig(credentials=on_cluster.admin_credentials),
                   profile.pull_messages, on_cluster.broker("broker-a", 0).pid)
-        try:
-            for side in (off, on):  # a fresh commit-log file is pre-faulted in the background: not billed to a round
-                side.meter.settle()
-            figures: dict[str, list[float]] = {"send_off": [], "send_on": [], "pull_off": [], "pull_on": []}
-            for i in range(profile.rounds):
-                # Alternate which side goes first, so neither always runs right after the other's burst.
-                order: list[tuple[str, Side]] = [("off", off), ("on", on)] if i % 2 == 0 else [("on", on),
-                                                                                              ("off", off)]
-                for name, side in order:
-                    figures[f"send_{name}"].append(side.send(profile.batches))
-                for name, side in order:
-                    figures[f"pull_{name}"].append(side.pull())
-        finally:
-            off.close()
-            on.close()
+        return interleave(off, on, profile)
+
+
+def interleave(off: Side, on: Side, profile: Profile) -> AclFigures:
+    """``profile``'s rounds on both sides, alternating which goes first so a noisy neighbour weighs on both;
+    closes both sides. Shared with the TLS benchmark (:mod:`benchmarks.tls_bench`)."""
+    figures: dict[str, list[float]] = {"send_off": [], "send_on": [], "pull_off": [], "pull_on": []}
+    try:
+        for side in (off, on):  # a fresh commit-log file is pre-faulted in the background: not billed to a round
+            side.meter.settle()
+        for i in range(profile.rounds):
+            order = [("off", off), ("on", on)] if i % 2 == 0 else [("on", on), ("off", off)]
+            for name, side in order:
+                figures[f"send_{name}"].append(side.send(profile.batches))
+            for name, side in order:
+                figures[f"pull_{name}"].append(side.pull())
+    finally:
+        off.close()
+        on.close()
     cpu = {f"{what}_{name}": side.cpu_s[what] / max(1, side.messages[what]) * 1e6
            for name, side in (("off", off), ("on", on)) for what in ("send", "pull")}
     return AclFigures(**{k: tuple(v) for k, v in figures.items()}, cpu_us=cpu)
@@ -214,21 +218,28 @@ def run(quick: bool) -> list[Row]:
     profile = QUICK if quick else FULL
     with tempfile.TemporaryDirectory() as d:
         f = measure(Path(d), profile)
+    return rows(f, profile, "ACL", ratio_target=">= 0.95x", cpu_target="<= 1.05x")
+
+
+def rows(f: AclFigures, profile: Profile, what: str, *, ratio_target: str, cpu_target: str) -> list[Row]:
+    """The table of an on/off comparison (``what``: "ACL", "TLS")."""
     med: Callable[[tuple[float, ...]], float] = statistics.median
     rounds = f"median of {profile.rounds} interleaved rounds"
+
+    def per_round(kind: str, bound: Callable[[Iterable[float]], float], name: str) -> Row:
+        on, off = getattr(f, f"{kind}_on"), getattr(f, f"{kind}_off")
+        return Row(f"{name}, {what} on / off per round: {bound.__name__}",
+                   bound(a / b for a, b in zip(on, off, strict=True)), "x")
+
     return [
-        Row(f"send_batch 64 x 1 KiB, ACL on ({rounds})", med(f.send_on), "msgs/s", "same, ACL off",
-            med(f.send_off), ">= 0.95x"),
-        Row(f"pull 32/request, decoded, ACL on ({rounds})", med(f.pull_on), "msgs/s", "same, ACL off",
-            med(f.pull_off), ">= 0.95x"),
-        Row("send_batch, ACL on / off per round: min", min(a / b for a, b in zip(f.send_on, f.send_off, strict=True)),
-            "x"),
-        Row("send_batch, ACL on / off per round: max", max(a / b for a, b in zip(f.send_on, f.send_off, strict=True)),
-            "x"),
-        Row("pull, ACL on / off per round: min", min(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
-        Row("pull, ACL on / off per round: max", max(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
-        Row("send_batch: client + broker CPU per msg, ACL on", f.cpu_us["send_on"], "us", "same, ACL off",
-            f.cpu_us["send_off"], "<= 1.05x"),
-        Row("pull: client + broker CPU per msg, ACL on", f.cpu_us["pull_on"], "us", "same, ACL off",
-            f.cpu_us["pull_off"], "<= 1.05x"),
+        Row(f"send_batch 64 x 1 KiB, {what} on ({rounds})", med(f.send_on), "msgs/s", f"same, {what} off",
+            med(f.send_off), ratio_target),
+        Row(f"pull 32/request, decoded, {what} on ({rounds})", med(f.pull_on), "msgs/s", f"same, {what} off",
+            med(f.pull_off), ratio_target),
+        per_round("send", min, "send_batch"), per_round("send", max, "send_batch"),
+        per_round("pull", min, "pull"), per_round("pull", max, "pull"),
+        Row(f"send_batch: client + broker CPU per msg, {what} on", f.cpu_us["send_on"], "us", f"same, {what} off",
+            f.cpu_us["send_off"], cpu_target),
+        Row(f"pull: client + broker CPU per msg, {what} on", f.cpu_us["pull_on"], "us", f"same, {what} off",
+            f.cpu_us["pull_off"], cpu_target),
     ]

@@ -16,13 +16,11 @@ reported too. ``python -m benchmarks tls [--quick]``.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import Row
-from benchmarks.acl_bench import FULL, QUICK, AclFigures, Profile, Side
+from benchmarks.acl_bench import FULL, QUICK, AclFigures, Profile, Side, interleave, rows
 from client import ClientConfig
 from client.cluster import LocalCluster
 
@@ -42,22 +40,7 @@ def measure(root: Path, profile: Profile) -> AclFigures:
                    name="TlsBench")
         on = Side(on_cluster.namesrv_addr, ClientConfig(tls_ca_file=on_cluster.tls_ca_file), profile.pull_messages,
                   on_cluster.broker("broker-a", 0).pid, name="TlsBench")
-        figures: dict[str, list[float]] = {"send_off": [], "send_on": [], "pull_off": [], "pull_on": []}
-        try:
-            for side in (off, on):  # a fresh commit-log file is pre-faulted in the background: not billed to a round
-                side.meter.settle()
-            for i in range(profile.rounds):
-                order = [("off", off), ("on", on)] if i % 2 == 0 else [("on", on), ("off", off)]
-                for name, side in order:
-                    figures[f"send_{name}"].append(side.send(profile.batches))
-                for name, side in order:
-                    figures[f"pull_{name}"].append(side.pull())
-        finally:
-            off.close()
-            on.close()
-    cpu = {f"{what}_{name}": side.cpu_s[what] / max(1, side.messages[what]) * 1e6
-           for name, side in (("off", off), ("on", on)) for what in ("send", "pull")}
-    return AclFigures(**{k: tuple(v) for k, v in figures.items()}, cpu_us=cpu)
+        return interleave(off, on, profile)
 
 
 def run(quick: bool) -> list[Row]:
@@ -65,21 +48,4 @@ def run(quick: bool) -> list[Row]:
     profile = QUICK if quick else FULL
     with tempfile.TemporaryDirectory() as d:
         f = measure(Path(d), profile)
-    med: Callable[[tuple[float, ...]], float] = statistics.median
-    rounds = f"median of {profile.rounds} interleaved rounds"
-    return [
-        Row(f"send_batch 64 x 1 KiB, TLS on ({rounds})", med(f.send_on), "msgs/s", "same, TLS off",
-            med(f.send_off), "report"),
-        Row(f"pull 32/request, decoded, TLS on ({rounds})", med(f.pull_on), "msgs/s", "same, TLS off",
-            med(f.pull_off), "report"),
-        Row("send_batch, TLS on / off per round: min", min(a / b for a, b in zip(f.send_on, f.send_off, strict=True)),
-            "x"),
-        Row("send_batch, TLS on / off per round: max", max(a / b for a, b in zip(f.send_on, f.send_off, strict=True)),
-            "x"),
-        Row("pull, TLS on / off per round: min", min(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
-        Row("pull, TLS on / off per round: max", max(a / b for a, b in zip(f.pull_on, f.pull_off, strict=True)), "x"),
-        Row("send_batch: client + broker CPU per msg, TLS on", f.cpu_us["send_on"], "us", "same, TLS off",
-            f.cpu_us["send_off"], "report"),
-        Row("pull: client + broker CPU per msg, TLS on", f.cpu_us["pull_on"], "us", "same, TLS off",
-            f.cpu_us["pull_off"], "report"),
-    ]
+    return rows(f, profile, "TLS", ratio_target="report", cpu_target="report")
