@@ -47,7 +47,8 @@ def test_a_missing_peer_is_named_with_the_command_that_installs_it(monkeypatch: 
     monkeypatch.setattr(_peer_servers, "find_binary", lambda name: None)
     skipped = peers_bench.skipped_peers()
     assert set(skipped) == {"Redis Streams", "NATS JetStream"}
-    assert skipped["Redis Streams"].startswith("redis-server not installed")
+    # The servers are missing (patched); the Python clients may be too (they are the [bench] extra, not dev).
+    assert skipped["Redis Streams"].startswith("redis-server") and " not installed; " in skipped["Redis Streams"]
     assert "apt-get install redis-server" in skipped["Redis Streams"]
     assert "apt-get install nats-server" in skipped["NATS JetStream"]
     assert all("pip install 'splitmq[bench]'" in why for why in skipped.values())
@@ -60,8 +61,8 @@ def test_peers_not_installed_prints_the_hint_and_splitmq_rows_only(monkeypatch: 
     monkeypatch.setattr(peers_bench, "QUICK", TINY)
     assert bench_main.main(["peers", "--quick"]) == 0
     out = capsys.readouterr().out
-    assert "peers: Redis Streams skipped: redis-server not installed; install with: apt-get install" in out
-    assert "peers: NATS JetStream skipped: nats-server not installed" in out
+    assert "peers: Redis Streams skipped: redis-server" in out and "install with: apt-get install redis-server" in out
+    assert "peers: NATS JetStream skipped: nats-server" in out and "install with: apt-get install nats-server" in out
     assert "with slave read settings, SplitMQ's slave answered up to 256 messages per pull" in out
     assert "with broker defaults, SplitMQ's slave answered up to 32 messages per pull" in out  # RocketMQ's cap
     table = out[out.index("== peers =="):].splitlines()[3:]
