@@ -116,11 +116,14 @@ class RetentionDriver:
             usage = cleaner.check_disk()
             decision = cleaner.decide(manual)
             deleted: list[DeletedFile] = []
-            # Decided once: what may go now may still go after the pauses (files only age, dispatch and flush
-            # only advance).
-            for i in range(min(self._batch_max, cleaner.deletable(decision))):
+            # Asked again before every deletion, not once per pass: during a pause a slave may drop its whole log
+            # and restart it at its master's oldest file (HA), and the files it then writes are not the ones
+            # this pass looked at.
+            for i in range(self._batch_max):
                 if i:
                     await self._sleep(self._delete_interval_s)
+                if not cleaner.deletable(decision):
+                    break
                 gone = cleaner.delete_oldest()
                 if gone is None:
                     break

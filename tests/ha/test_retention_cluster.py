@@ -26,9 +26,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.ha]
 
 FILE_SIZE = 64 * 1024
 #: Files expire 0.72 s after their last write; deleteWhen is an hour that never comes during a test (the
-#: cleaner's own passes wait a minute), so only the operator's request deletes.
+#: cleaner's own passes wait a minute) and the disk-usage trigger is raised from 75 % to 95 % of the real
+#: partition (a test machine's disk may well be 75 % full: each broker's first pass, at start, then deleted
+#: every expired file on its own), so only the operator's request deletes.
 RETENTION = {"fileReservedTime": "0.0002", "cleanResourceInterval": "60000", "messageIndexEnable": "true",
-             "maxHashSlotNum": "1000", "maxIndexNum": "4000"}
+             "maxHashSlotNum": "1000", "maxIndexNum": "4000", "diskMaxUsedSpaceRatio": "95",
+             "diskSpaceCleanForciblyRatio": "97"}
 
 
 def clean_until_deleted(admin: Admin, broker_id: int = 0) -> dict[int, dict[str, object]]:
@@ -115,16 +118,10 @@ def test_a_slave_away_while_its_files_were_deleted_catches_up_from_the_oldest_fi
     slave.start()
     wait_slave_linked(cluster)
 
-    def restarted_past_its_end() -> tuple[int, int] | None:
-        """(master's, slave's) commit-log min once the slave dropped its old log for one starting at a file start
-        no older than the master's oldest file (read each time: the master's cleaner may move it meanwhile)."""
-        master_min_phy = int(master.runtime()["commitLogMinOffset"])
-        slave_min_phy = int(slave.runtime()["commitLogMinOffset"])
-        ok = slave_min_phy > slave_end and slave_min_phy >= master_min_phy and slave_min_phy % FILE_SIZE == 0
-        return (master_min_phy, slave_min_phy) if ok else None
-
-    master_min_phy, slave_min_phy = poll_until(restarted_past_its_end, 20.0,
-                                               "the slave restarting its log at the master's oldest file")
+    oldest = int(master.runtime()["commitLogMinOffset"])
+    poll_until(lambda: int(slave.runtime()["commitLogMinOffset"]) == oldest or None, 20.0,
+               "the slave restarting its log at the master's oldest file")
+    assert int(master.runtime()["commitLogMinOffset"]) == oldest  # nothing deleted meanwhile
     assert max_offset(slave) == max_offset(master)
     mq = MessageQueue("Away", "broker-a", 0)
     with Admin(ns) as admin:
@@ -135,12 +132,9 @@ def test_a_slave_away_while_its_files_were_deleted_catches_up_from_the_oldest_fi
         r = httpx.get(f"http://{slave.addr}/offset/{kind}", params={"topic": "Away", "queueId": 0}, timeout=5.0)
         return int(r.json()["offset"])
 
-    # the slave's queue holds what the master still has, from the same min offset (the same oldest file; a later
-    # one was seen once in a loaded full run, see the closing note of session 7) to the same max
+    # the slave's queue holds what the master still has, from the same min offset to the same max
     poll_until(lambda: slave_offset("max") == master_max or None, 10.0, "the slave dispatching the new bytes")
-    slave_min = slave_offset("min")
-    assert slave_min == master_min if slave_min_phy == master_min_phy else slave_min > master_min
-    master_min = slave_min
+    assert slave_offset("min") == master_min
     with PullConsumer("from-slave", ns) as pc:
         r = pc.pull(mq, master_min, 32)
         assert r.pull_status is PullStatus.FOUND and r.msg_found_list[0].queue_offset == master_min

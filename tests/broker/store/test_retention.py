@@ -197,6 +197,39 @@ def test_batch_max_bounds_a_pass(make_store: StoreFactory, clock: FakeClock, dis
     assert len(s.commitlog.files) == n - 2
 
 
+def test_a_pass_asks_again_after_each_pause_a_slave_restarting_its_log_meanwhile(store: FileMessageStore) -> None:
+    """A slave may drop its log and restart it at its master's oldest file between two deletions of one pass
+    (the HA client does it on the event loop while the pass pauses): the fresh files are not the expired ones
+    the pass started on, and none of them goes."""
+    age_files(store, AT_4 - 100 * H)
+    assert len(store.commitlog.files) >= 3
+    restart_at = (store.max_physical_offset // FILE + 2) * FILE
+    pauses = 0
+
+    async def restart_during_the_pause(_: float) -> None:
+        nonlocal pauses
+        pauses += 1
+        if pauses == 1:
+            store.set_broker_role(BrokerRole.SLAVE)
+            store.restart_log_at(restart_at)
+            store.set_broker_role(BrokerRole.ASYNC_MASTER)  # to write new files here as replication would
+            fill(store, 30)
+            assert len(store.commitlog.files) >= 2
+
+    driver = RetentionDriver(store.cleaner, dict, interval_s=10.0, delete_interval_s=0.1,
+                             batch_max=store.config.retention.delete_file_batch_max, sleep=restart_during_the_pause)
+    fresh: list[str] = []
+
+    async def one_pass() -> CleanReport:
+        report = await driver.pass_once(manual=True)
+        fresh.extend(commitlog_files(store))
+        return report
+
+    report = asyncio.run(one_pass())
+    assert report.deleted_files == 1 and pauses == 1
+    assert store.commitlog.min_offset == restart_at and len(fresh) >= 2
+
+
 def test_a_reader_holding_a_deleted_file_reads_its_bytes_until_it_lets_go(store: FileMessageStore,
                                                                         clock: FakeClock) -> None:
     first = store.commitlog.files[0]
