@@ -117,49 +117,37 @@ class SocketChannel:
             pass
 
     # reading --------------------------------------------------------------------------------------------
-    def _on_readable(self) -> None:
-        if self.closed.done():
-            return
+    def _read_once(self) -> bool:
+        """One ``recv_into`` handed to the owner; False when nothing came or the channel closed."""
         try:
             n = self._sock.recv_into(self._get_buffer())
-        except (BlockingIOError, InterruptedError):
-            return
+        except WOULD_BLOCK:
+            return False
         except OSError as exc:
             self.close(f"read failed: {exc}")
-            return
+            return False
         if n == 0:
             self.close("peer closed the connection")
-            return
+            return False
         try:
             self._on_data(n)
         except Exception as exc:
             log.warning("%s: closing: %s", self.name, exc)
             self.close(str(exc))
+            return False
+        return not self.closed.done()
+
+    def _on_readable(self) -> None:
+        if not self.closed.done():
+            self._read_once()
 
     def _on_readable_tls(self) -> None:
         """As :meth:`_on_readable`; OpenSSL may hold decrypted bytes the socket no longer signals, so read on
         while it does (each read into a fresh ``get_buffer()`` view, as the owner expects)."""
         sock = self._sock
         assert isinstance(sock, ssl.SSLSocket)
-        while not self.closed.done():
-            try:
-                n = sock.recv_into(self._get_buffer())
-            except WOULD_BLOCK:
-                return
-            except OSError as exc:
-                self.close(f"read failed: {exc}")
-                return
-            if n == 0:
-                self.close("peer closed the connection")
-                return
-            try:
-                self._on_data(n)
-            except Exception as exc:
-                log.warning("%s: closing: %s", self.name, exc)
-                self.close(str(exc))
-                return
-            if not sock.pending():
-                return
+        while not self.closed.done() and self._read_once() and sock.pending():
+            pass
 
     # writing --------------------------------------------------------------------------------------------
     @property
