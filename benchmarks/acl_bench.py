@@ -9,7 +9,9 @@ the client; the same plus the account lookup, the replay guard and the permissio
   topic, every message decoded, msgs/s.
 
 The rounds interleave (off, on, on, off, ...) so that a noisy neighbour on a shared machine weighs on both sides
-alike; each figure is the median of its rounds, and the row's ratio is ACL on / ACL off (target >= 0.95). The CPU
+alike; each figure is the median of its rounds, and the row's ratio is ACL on / ACL off (target >= 0.95). The
+ratio of each round's two runs, which ran back to back, is shown too (median, min, max): a neighbour's burst that
+falls on one side's run in one round moves a single pair, where it can move a side's median rate. The CPU
 the work cost, summed over the rounds, is reported per message too: on a busy machine it moves much less than the
 wall-clock rates do. The client's is the measuring thread's (``time.thread_time``: the synchronous SDK does each
 request on the calling thread, and the other side's background threads must not be billed to this one); the
@@ -236,8 +238,9 @@ def rows(f: AclFigures, profile: Profile, what: str, *, ratio_target: str, cpu_t
             med(f.send_off), ratio_target),
         Row(f"pull 32/request, decoded, {what} on ({rounds})", med(f.pull_on), "msgs/s", f"same, {what} off",
             med(f.pull_off), ratio_target),
-        per_round("send", min, "send_batch"), per_round("send", max, "send_batch"),
-        per_round("pull", min, "pull"), per_round("pull", max, "pull"),
+        per_round("send", statistics.median, "send_batch"), per_round("send", min, "send_batch"),
+        per_round("send", max, "send_batch"),
+        per_round("pull", statistics.median, "pull"), per_round("pull", min, "pull"), per_round("pull", max, "pull"),
         Row(f"send_batch: client + broker CPU per msg, {what} on", f.cpu_us["send_on"], "us", f"same, {what} off",
             f.cpu_us["send_off"], cpu_target),
         Row(f"pull: client + broker CPU per msg, {what} on", f.cpu_us["pull_on"], "us", f"same, {what} off",
