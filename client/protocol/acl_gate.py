@@ -17,6 +17,11 @@ was not signed or its signature refused; the real reason (unknown key, bad signa
 the server's log, at most one line a second.
 
 :class:`AclFileWatcher` re-reads the accounts file when its stat changes; a broken file keeps the last good one.
+
+What stays the same between two requests until a reload is kept, and dropped by the reload: each account's HMAC
+key, and for each (account, peer address) that has signed a request, its :class:`Principal` (the account found,
+its address allowed) and the permission bits it resolved per topic and group. Every request is still verified,
+checked against the replay guard and its time window, and its route's rule run.
 """
 
 from __future__ import annotations
