@@ -50,7 +50,13 @@ from client.protocol.acl import (
     topic_allowed,
 )
 from client.protocol.asgi import Request
-from client.protocol.signing import SignatureError, hmac_key, parse_authorization_fields, verify_fields
+from client.protocol.signing import (
+    HmacKey,
+    SignatureError,
+    hmac_key,
+    parse_authorization_fields,
+    verify_fields,
+)
 
 __all__ = [
     "ADMIN",
@@ -243,8 +249,8 @@ class AclGate:
         # the HMAC key set up once (hmac_key), and for each (access key, peer address) that has sent a verified
         # request, its Principal and that key -- the account and its whiteRemoteAddress were checked for that pair
         # then, and cannot change before the next reload.
-        self._keys: dict[str, hmac.HMAC] = {}
-        self._peers: dict[tuple[str, str], tuple[Principal, hmac.HMAC]] = {}
+        self._keys: dict[str, HmacKey] = {}
+        self._peers: dict[tuple[str, str], tuple[Principal, HmacKey]] = {}
 
     @property
     def config(self) -> AclConfig:
@@ -320,7 +326,7 @@ class AclGate:
             peers[(access_key, host)] = (principal, key)
         return principal
 
-    def _account_of(self, request: Request, access_key: str, host: str) -> tuple[Principal, hmac.HMAC]:
+    def _account_of(self, request: Request, access_key: str, host: str) -> tuple[Principal, HmacKey]:
         """The Principal and HMAC key of ``access_key`` sending from ``host`` (not yet verified), or the refusal:
         an unknown key, or a peer outside the account's whiteRemoteAddress."""
         account = self.config.accounts.get(access_key)
