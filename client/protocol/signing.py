@@ -201,14 +201,11 @@ def _split_target(target: str) -> tuple[str, str]:
     return path, canonical_query(_query_of(target)[1])
 
 
-def _body_hash(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest() if body else _EMPTY_BODY_SHA256
-
-
 def _message(method: str, path: str, canonical: str, timestamp_ms: int, nonce: str, access_key: str,
              body: bytes) -> bytes:
+    body_hash = hashlib.sha256(body).hexdigest() if body else _EMPTY_BODY_SHA256  # the body's only pass
     return (f"{SCHEME}\n{method.upper()}\n{path}\n{canonical}\n{timestamp_ms}\n{nonce}\n{access_key}\n"
-            f"{_body_hash(body)}").encode()
+            f"{body_hash}").encode()
 
 
 def string_to_sign(method: str, path: str, query: Mapping[str, str], timestamp_ms: int, nonce: str,
