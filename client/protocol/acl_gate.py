@@ -17,6 +17,11 @@ was not signed or its signature refused; the real reason (unknown key, bad signa
 the server's log, at most one line a second.
 
 :class:`AclFileWatcher` re-reads the accounts file when its stat changes; a broken file keeps the last good one.
+
+What stays the same between two requests until a reload is kept, and dropped by the reload: each account's HMAC
+key, and for each (account, peer address) that has signed a request, its :class:`Principal` (the account found,
+its address allowed) and the permission bits it resolved per topic and group. Every request is still verified,
+checked against the replay guard and its time window, and its route's rule run.
 """
 
 from __future__ import annotations
@@ -45,7 +50,13 @@ from client.protocol.acl import (
     topic_allowed,
 )
 from client.protocol.asgi import Request
-from client.protocol.signing import SignatureError, hmac_key, parse_authorization_fields, verify_fields
+from client.protocol.signing import (
+    HmacKey,
+    SignatureError,
+    hmac_key,
+    parse_authorization_fields,
+    verify_fields,
+)
 
 __all__ = [
     "ADMIN",
@@ -76,29 +87,58 @@ _BEARER = b"bearer "
 _LOG_EVERY_S = 1.0
 #: Principals cached per (access key, peer address) before the cache starts over.
 _PRINCIPALS_MAX = 4096
+#: Topics (and, apart, groups) whose permission bits one Principal keeps before it starts over.
+_DECISIONS_MAX = 128
 
 
 class Principal:
-    """Who sent a request: an account, or an anonymous peer of the global white list."""
+    """Who sent a request: an account, or an anonymous peer of the global white list.
 
-    __slots__ = ("access_key", "account", "host")
+    The gate keeps one per (account, peer address) until the accounts file is reloaded, so each keeps the
+    permission bits it resolved per topic and per group (:func:`topic_allowed` and :func:`group_allowed` decide; the
+    bits only save asking them again), at most :data:`_DECISIONS_MAX` of each.
+    """
+
+    __slots__ = ("_groups", "_topics", "access_key", "account", "admin", "host")
 
     def __init__(self, account: Account | None, host: str) -> None:
         self.account = account
         self.access_key = account.access_key if account is not None else None
+        self.admin = account is not None and account.admin
         self.host = host
+        self._topics: dict[str, int] = {}
+        self._groups: dict[str, int] = {}
 
     def _who(self) -> str:
         return f"account {self.access_key}" if self.access_key else f"white-listed address {self.host} (no account)"
 
+    def _topic_bits(self, account: Account, topic: str) -> int:
+        topics = self._topics
+        bits = topics.get(topic)
+        if bits is None:
+            if len(topics) >= _DECISIONS_MAX:
+                topics.clear()
+            bits = topics[topic] = sum(a for a in Action if topic_allowed(account, topic, a))
+        return bits
+
+    def _group_bits(self, account: Account, group: str) -> int:
+        groups = self._groups
+        bits = groups.get(group)
+        if bits is None:
+            if len(groups) >= _DECISIONS_MAX:
+                groups.clear()
+            bits = groups[group] = sum(a for a in Action if group_allowed(account, group, a))
+        return bits
+
     def need_admin(self, what: str) -> None:
         """Raises NoPermissionError unless the principal is an admin account."""
-        if self.account is None or not self.account.admin:
+        if not self.admin:
             raise NoPermissionError(f"{self._who()} has no admin permission ({what} needs admin)")
 
     def need_topic(self, topic: str, action: Action) -> None:
         """Raises NoPermissionError unless the principal may do ``action`` on ``topic``."""
-        if self.account is not None and not topic_allowed(self.account, topic, action):
+        account = self.account
+        if account is not None and not self._topic_bits(account, topic) & action:
             group = group_of_topic(topic)
             if group is not None:
                 raise NoPermissionError(f"{self._who()} has no SUB permission on group {group} (topic {topic} is "
@@ -109,13 +149,13 @@ class Principal:
         """Raises NoPermissionError unless the principal holds PUB or SUB on ``topic`` (a producer or a consumer
         of it, e.g. to read its route)."""
         account = self.account
-        if (account is not None and not topic_allowed(account, topic, Action.PUB)
-                and not topic_allowed(account, topic, Action.SUB)):
+        if account is not None and not self._topic_bits(account, topic):
             raise NoPermissionError(f"{self._who()} has neither PUB nor SUB permission on topic {topic}")
 
     def need_group(self, group: str, action: Action = Action.SUB) -> None:
         """Raises NoPermissionError unless the principal may act as ``group``."""
-        if self.account is not None and not group_allowed(self.account, group, action):
+        account = self.account
+        if account is not None and not self._group_bits(account, group) & action:
             raise NoPermissionError(f"{self._who()} has no {action.name} permission on group {group}")
 
 
@@ -197,7 +237,7 @@ class AclGate:
                  tolerance_ms: int = DEFAULT_TIMESTAMP_TOLERANCE_MS, nonce_cache_max: int = DEFAULT_NONCE_CACHE_MAX,
                  clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
                  metrics_token: str | None = None, metrics_paths: frozenset[str] = frozenset({"/metrics"})) -> None:
-        self.config = config
+        self.config = config  # (the setter also sets up the caches)
         self._rules = dict(rules)
         self._guard = ReplayGuard(tolerance_ms, nonce_cache_max)
         self._clock_ms = clock_ms
@@ -205,16 +245,27 @@ class AclGate:
         self._metrics_paths = metrics_paths
         self._logged_at = -1e9
         self._suppressed = 0
-        # Per-account state, built on first use and dropped with the accounts file it came from: the HMAC key set
-        # up once (hmac_key), and the Principal of each (account, peer address).
-        self._keys: dict[str, hmac.HMAC] = {}
-        self._principals: dict[tuple[str, str], Principal] = {}
+        # Per-account state, built on first use and dropped with the accounts file it came from (the config setter):
+        # the HMAC key set up once (hmac_key), and for each (access key, peer address) that has sent a verified
+        # request, its Principal and that key -- the account and its whiteRemoteAddress were checked for that pair
+        # then, and cannot change before the next reload.
+        self._keys: dict[str, HmacKey] = {}
+        self._peers: dict[tuple[str, str], tuple[Principal, HmacKey]] = {}
+
+    @property
+    def config(self) -> AclConfig:
+        """The accounts in force; setting it (:meth:`update`) drops every cached key, principal and decision."""
+        return self._config
+
+    @config.setter
+    def config(self, config: AclConfig) -> None:
+        self._config = config
+        self._keys = {}
+        self._peers = {}
 
     def update(self, config: AclConfig) -> None:
         """Use a newly loaded accounts file from the next request on."""
         self.config = config
-        self._keys = {}
-        self._principals = {}
 
     @property
     def rules(self) -> Mapping[tuple[str, str], Rule]:
@@ -228,15 +279,14 @@ class AclGate:
         if rule is OPEN:
             return
         host = request.client[0] if request.client else ""
-        if header is not None and header[:7].lower() == _BEARER and request.path in self._metrics_paths:
+        if request.path in self._metrics_paths and header is not None and header[:7].lower() == _BEARER:
             if self._token is not None and hmac.compare_digest(header[7:].strip(), self._token):
                 return
             self._refused(request, None, "wrong or unconfigured metrics bearer token")
             raise NoPermissionError(NOT_SIGNED)
         principal = self._authenticate(request, header, host)
         request.principal = principal.access_key
-        account = principal.account
-        if account is not None and account.admin:
+        if principal.admin:
             return  # an admin holds every permission a rule asks for (``admin`` is one switch): nothing to check
         try:
             rule(principal, request)
@@ -245,8 +295,8 @@ class AclGate:
             raise
 
     def _authenticate(self, request: Request, header: bytes | None, host: str) -> Principal:
-        config = self.config
         if header is None:
+            config = self.config
             if config.global_white and config.globally_white(host):
                 return Principal(None, host)
             self._refused(request, None, "no Authorization header")
@@ -256,17 +306,8 @@ class AclGate:
         except SignatureError as e:
             self._refused(request, None, str(e))
             raise NoPermissionError(NOT_SIGNED) from None
-        account = config.accounts.get(access_key)
-        if account is None:
-            self._refused(request, access_key, "unknown access key")
-            raise NoPermissionError(NOT_SIGNED)
-        if account.white_remote_address is not None and not account.white_remote_address.matches(host):
-            self._refused(request, access_key, f"peer {host} outside the account's whiteRemoteAddress")
-            raise NoPermissionError(NOT_SIGNED)
-        keys = self._keys
-        key = keys.get(access_key)
-        if key is None:
-            key = keys[access_key] = hmac_key(account.secret_key)
+        peer = self._peers.get((access_key, host))
+        principal, key = peer if peer is not None else self._account_of(request, access_key, host)
         if not verify_fields(key, access_key, timestamp_ms, nonce, sig, request.method, request.path, request.query,
                              request.body, request.raw_query.decode("latin-1")):
             self._refused(request, access_key, "signature does not verify")
@@ -278,13 +319,28 @@ class AclGate:
                 raise SystemBusyError(f"too many signed requests in the replay window (aclNonceCacheMax="
                                       f"{self._guard.max_entries}); try again shortly")
             raise NoPermissionError(NOT_SIGNED)
-        principals = self._principals
-        principal = principals.get((access_key, host))
-        if principal is None:
-            if len(principals) >= _PRINCIPALS_MAX:  # bounded: peers come and go
-                principals.clear()
-            principal = principals[(access_key, host)] = Principal(account, host)
+        if peer is None:  # remembered only once it has signed a request: no unverified peer fills the cache
+            peers = self._peers
+            if len(peers) >= _PRINCIPALS_MAX:  # bounded: peers come and go
+                peers.clear()
+            peers[(access_key, host)] = (principal, key)
         return principal
+
+    def _account_of(self, request: Request, access_key: str, host: str) -> tuple[Principal, HmacKey]:
+        """The Principal and HMAC key of ``access_key`` sending from ``host`` (not yet verified), or the refusal:
+        an unknown key, or a peer outside the account's whiteRemoteAddress."""
+        account = self.config.accounts.get(access_key)
+        if account is None:
+            self._refused(request, access_key, "unknown access key")
+            raise NoPermissionError(NOT_SIGNED)
+        if account.white_remote_address is not None and not account.white_remote_address.matches(host):
+            self._refused(request, access_key, f"peer {host} outside the account's whiteRemoteAddress")
+            raise NoPermissionError(NOT_SIGNED)
+        keys = self._keys
+        key = keys.get(access_key)
+        if key is None:
+            key = keys[access_key] = hmac_key(account.secret_key)
+        return Principal(account, host), key
 
     def _refused(self, request: Request, access_key: str | None, reason: str) -> None:
         now = time.monotonic()

@@ -26,3 +26,13 @@ def test_the_quick_profile_measures_both_sides(tmp_path: Path) -> None:
         assert f.cpu_us[name] > 0, (name, f.cpu_us)
     assert math.isfinite(f.send_ratio) and math.isfinite(f.pull_ratio)
     assert f.send_ratio > 0.2 and f.pull_ratio > 0.2, f"ACL on costs far more than expected: {f}"
+
+
+def test_the_acl_work_is_timed_on_the_requests_the_sdk_signs() -> None:
+    """Each signed request is let in by the gate (a refusal would raise); a body adds its SHA-256 on both sides."""
+    from benchmarks.acl_bench import acl_work
+
+    pull = acl_work("GET", "/pull?topic=T&group=g&queueId=0&offset=0&maxNums=32", b"", requests=50, runs=1)
+    send = acl_work("POST", "/send?topic=T&queueId=0", b"x" * 65536, requests=50, runs=1)
+    assert pull.sign_us > 0 and pull.verify_us > 0 and pull.body_hash_us == 0, pull
+    assert send.body_hash_us > 0 and send.total_us > pull.total_us, send

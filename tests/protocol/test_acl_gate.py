@@ -173,3 +173,33 @@ def test_a_reordered_query_verifies_through_the_canonical_query() -> None:
     g(request("POST", "/send?topic=T&queueId=1", raw=False), sign(APP, "POST", "/send?topic=T&queueId=1", nonce="n2"))
     assert refused(g, request("POST", "/send?queueId=2&topic=T"), sign(APP, "POST", "/send?topic=T&queueId=1",
                                                                     nonce="n3")) == NOT_SIGNED
+
+
+def test_a_reload_drops_the_permissions_and_address_checks_kept_per_peer() -> None:
+    """The gate keeps, per (account, peer address), the account's checks and the permission bits it resolved: a
+    reload that changes only the permissions or the white-listed address (same secret) takes effect at once, and
+    a peer verified from one address says nothing about another."""
+    g = gate()
+    g(request("POST", "/send?topic=T"), sign(APP, "POST", "/send?topic=T"))
+    assert refused(g, request("POST", "/send?topic=T", host="127.0.0.2"),
+                   sign(APP, "POST", "/send?topic=T", nonce="n2")) == NOT_SIGNED
+    g.update(parse_acl(FILE.replace('["T=PUB"]', '["T=SUB"]')))
+    assert refused(g, request("POST", "/send?topic=T"), sign(APP, "POST", "/send?topic=T", nonce="n3")) == (
+        "account app has no PUB permission on topic T")
+    g.update(parse_acl(FILE.replace('whiteRemoteAddress = "127.0.0.1"', 'whiteRemoteAddress = "127.0.0.2"')))
+    assert refused(g, request("POST", "/send?topic=T"), sign(APP, "POST", "/send?topic=T", nonce="n4")) == NOT_SIGNED
+    g(request("POST", "/send?topic=T", host="127.0.0.2"), sign(APP, "POST", "/send?topic=T", nonce="n5"))
+
+
+def test_permission_bits_kept_per_peer_are_bounded_and_still_decide() -> None:
+    """Past the bound the bits start over; every answer stays the rule's (T is PUB, any other topic DENY)."""
+    from client.protocol import acl_gate
+
+    g = gate()
+    for i in range(acl_gate._DECISIONS_MAX * 2 + 3):
+        topic = "T" if i % 7 == 0 else f"U{i}"
+        req, header = request("POST", f"/send?topic={topic}"), sign(APP, "POST", f"/send?topic={topic}", nonce=f"n{i}")
+        if topic == "T":
+            g(req, header)
+        else:
+            assert refused(g, req, header) == f"account app has no PUB permission on topic {topic}"

@@ -181,3 +181,27 @@ def test_a_received_query_string_verifies_only_what_was_signed() -> None:
                              "group=g&topic=U")
     assert not verify_fields(key, ak, ts, nonce, sig, "GET", "/pull", {"group": "g", "topic": "T", "x": ""}, b"",
                              "group=g&topic=T&x=")
+
+
+@given(key=st.binary(max_size=200), msg=st.binary(max_size=300))
+def test_the_set_up_hmac_key_is_hmac_sha256(key: bytes, msg: bytes) -> None:
+    """Keys shorter than, as long as and longer than SHA-256's 64-byte block (hashed first), any message."""
+    import hashlib
+    import hmac
+
+    from client.protocol.signing import HmacKey
+
+    mac = HmacKey(key)
+    assert mac.hexdigest(msg) == hmac.new(key, msg, hashlib.sha256).hexdigest()
+    assert mac.hexdigest(msg) == mac.hexdigest(msg)  # the key's states are copied, never fed
+
+
+def test_the_hmac_key_at_the_block_size_edges() -> None:
+    import hashlib
+    import hmac
+
+    from client.protocol.signing import HmacKey
+
+    for n in (0, 63, 64, 65, 128):
+        key = bytes(range(n))
+        assert HmacKey(key).hexdigest(b"m") == hmac.new(key, b"m", hashlib.sha256).hexdigest(), n
