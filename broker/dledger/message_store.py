@@ -132,7 +132,8 @@ class DLedgerMessageStore(FileMessageStore):
     def __init__(self, config: StoreConfig, *, self_id: str, index_file_size: int, io: FileIO | None = None) -> None:
         super().__init__(config, io)
         self.ledger = DLedgerStore(self.io, os.path.join(self.root, f"dledger-{self_id}"),
-                                   data_file_size=config.mapped_file_size_commitlog, index_file_size=index_file_size)
+                                   data_file_size=config.mapped_file_size_commitlog, index_file_size=index_file_size,
+                                   preallocate=config.preallocate_commitlog)
         self.commitlog = self.ledger.data
         self.entries = CommittedDispatcher(self.ledger, self.cqs, self.index, self._delay_levels,
                                            self._dispatch_listeners)
