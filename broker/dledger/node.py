@@ -200,7 +200,7 @@ class DLedgerNode:
         self._tracker: QuorumTracker | None = None
         self._futures: dict[int, tuple[asyncio.Future[tuple[int, int]], int]] = {}
         self._handler = EntryHandler()
-        self._pending_entries: dict[int, bytes] = {}  # parked APPEND batches by first index
+        self._pending_entries: dict[int, bytes | memoryview] = {}  # parked APPEND batches by first index
         self._last_sweep_ms = 0
         self.elections = 0
         self._last_role = (self.state.role, self.state.term, self.state.leader_id)
@@ -682,7 +682,7 @@ class DLedgerNode:
         head = encode_push_head(kind, term, self.store.committed_index, first if entries else -1,
                                 last - first + 1 if entries else 0)
         try:
-            f = await client.request(MsgType.PUSH, head + entries, self.config.request_timeout_s)
+            f = await client.request(MsgType.PUSH, head, self.config.request_timeout_s, entries)
             r = decode_push_reply(f.body)
         except (PeerError, ValueError):
             return  # pushed again after maxPushTimeOutMs
@@ -690,13 +690,19 @@ class DLedgerNode:
             return
         if r.code is PushCode.SUCCESS:
             disp.on_append(True, first, min(last, r.acked_index))
+            committed = self.store.committed_index
             if self._tracker is not None and self.state.term == term:
                 self._tracker.ack(term, client.peer_id, min(last, r.acked_index))
                 self._check_quorum()
-            self._kick()
+            # The ack frees this follower's window; the others need a look only when the commit moved (they
+            # carry it to their followers).
+            if self.store.committed_index != committed:
+                self._kick()
+            else:
+                self._new_data[client.peer_id].set()
         elif r.code is PushCode.INCONSISTENT_STATE:
             disp.on_append(False, first, last, inconsistent=True)
-            self._kick()
+            self._new_data[client.peer_id].set()
 
     def _term_reply(self, r: PushReply) -> bool:
         """A follower answered with a larger term: step down. True when it did."""
@@ -796,7 +802,9 @@ class DLedgerNode:
         if code is not None:
             return self._reply(PushCode.REPEATED_PUSH if code is FollowerCode.REPEATED_PUSH
                                else PushCode.INCONSISTENT_STATE)
-        self._pending_entries[push.first_index] = bytes(push.entries)
+        # The transport hands each frame over in a buffer of its own (FrameDecoder.feed copies it out of the
+        # read buffer): parking the view keeps that buffer, not one more copy of the entries.
+        self._pending_entries[push.first_index] = push.entries
         self._drain(push.committed_index)
         return await waiter
 
