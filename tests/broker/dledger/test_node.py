@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import attrs
 import pytest
 
 from broker.dledger.election import ElectionTimings
@@ -223,6 +224,40 @@ def test_pre_vote_keeps_an_isolated_follower_from_deposing_the_leader(tmp_path: 
                     5, "the healed member following the same leader")
         assert lead.state.role is Role.LEADER and lead.state.term == term
         await lead.append(b"still here")
+
+    run(tmp_path, scenario)
+
+
+def test_a_vote_round_does_not_wait_for_the_silent_leader_once_the_others_answered(tmp_path: Path) -> None:
+    """A follower cut off from a leader that never answers (its port silent): once the other member has answered
+    its (pre-)vote -- here with a refusal, as the other candidate of a split vote would -- the round ends without
+    waiting a heartbeat interval for the leader whose silence started it."""
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        lone = next(n for n in g.nodes.values() if n is not lead)
+        # A long heartbeat interval (the round's deadline) but the usual election timeout for this member.
+        lone.config = attrs.evolve(lone.config, timings=attrs.evolve(FAST, heartbeat_interval_ms=1000,
+                                                                      max_heartbeat_leak=1))
+        rounds: list[float] = []
+        collect = lone._collect_votes
+
+        async def timed(*args: object) -> object:
+            t0 = time.monotonic()
+            try:
+                return await collect(*args)  # type: ignore[arg-type]
+            finally:
+                rounds.append(time.monotonic() - t0)
+
+        lone._collect_votes = timed  # type: ignore[method-assign,assignment]
+        lead.faults.block(lone.state.self_id)  # the leader's heartbeats and pushes never reach it
+        lone.faults.delay_s[lead.state.self_id] = 30.0  # and its requests to the leader are never answered
+        await wait_until(lambda: len(rounds) >= 2, 10, "two pre-vote rounds of the cut-off member")
+        # The other follower still hears the leader and refuses at once; without the rule each round would last
+        # the 1 s deadline.
+        assert max(rounds) < 0.5, rounds
+        assert lead.state.role is Role.LEADER  # pre-vote: nobody was deposed
+        lone.faults.delay_s.clear()
+        lead.faults.heal()
 
     run(tmp_path, scenario)
 
