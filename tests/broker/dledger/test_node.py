@@ -15,10 +15,19 @@ from typing import TypeVar
 import attrs
 import pytest
 
-from broker.dledger.election import ElectionTimings
+from broker.dledger.election import ElectionTimings, Verdict, VoteResult
 from broker.dledger.member import Role
 from broker.dledger.node import AppendError, DLedgerNode, NodeConfig
-from broker.dledger.protocol import Hello, MsgType, encode_frame, encode_hello
+from broker.dledger.protocol import (
+    Frame,
+    Hello,
+    MsgType,
+    Vote,
+    decode_vote_reply,
+    encode_frame,
+    encode_hello,
+    encode_vote,
+)
 from broker.dledger.store import DLedgerStore
 from broker.store.io import FileIO
 from tests.waiting import wait_until
@@ -260,6 +269,41 @@ def test_a_vote_round_does_not_wait_for_the_silent_leader_once_the_others_answer
         lead.faults.heal()
 
     run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(("asker", "raises"), [("n0", False), ("n2", True)])
+def test_of_two_candidates_whose_pre_votes_crossed_only_the_smaller_id_raises_the_term(
+        tmp_path: Path, asker: str, raises: bool) -> None:
+    """``n1`` grants ``asker``'s pre-vote while its own pre-vote round runs: both would raise the term and split
+    the vote, so ``n1`` leaves the term to a smaller id (``n0``) and campaigns against a larger one (``n2``)."""
+    socks = [socket.socket() for _ in range(3)]  # bound, not listening: requests to them fail at once
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    peers = {f"n{i}": f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(socks)}
+    store = DLedgerStore(FileIO(), str(tmp_path / "dledger-n1"), data_file_size=1 << 16, index_file_size=32 * 1024)
+    store.load()
+    node = DLedgerNode(NodeConfig(group="g", self_id="n1", peers=peers, timings=FAST), store)
+    term = node.state.term
+
+    async def crossed_pre_vote(for_term: int) -> bool:
+        body = encode_vote(Vote(for_term, -1, -1, True))
+        assert decode_vote_reply(node._on_vote(asker, Frame(MsgType.VOTE, 1, memoryview(body))))[0] is VoteResult.ACCEPT
+        return True  # our own pre-vote passed too
+
+    async def main() -> None:
+        node._last_verdict = Verdict.WAIT_TO_VOTE_NEXT
+        node._pre_vote = crossed_pre_vote  # type: ignore[method-assign]
+        await node._campaign()
+        for c in node._clients.values():
+            await c.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+        for s in socks:
+            s.close()
+    assert (node.state.term, node.state.vote_for) == ((term + 1, "n1") if raises else (term, None))
 
 
 def test_all_members_restart_with_every_committed_entry_and_their_votes(tmp_path: Path) -> None:
