@@ -7,9 +7,12 @@ SDK's public API only (no broker module is imported):
 * **send_batch**: 64 x 1 KiB from one and from four threads sharing a :class:`~client.Producer`, against a
   3-member DLedger group and against a SYNC_MASTER with one slave started in the same run -- the two replicate
   to one peer before answering (the DLedger leader needs one follower for its quorum of two), so their ratio is
-  what the Raft log costs over the classic HA stream (issue target >= 0.75). Rounds alternate between the
-  clusters, each run followed by waiting until every member has everything (a run must not leave work behind
-  that the next one pays for); medians.
+  what the Raft log costs over the classic HA stream (issue target >= 0.75). Like is compared with like: both
+  groups run the brokers' disk defaults (``flushDiskType=ASYNC_FLUSH``: no send waits for an fsync, on the
+  master, the slave, the leader or a follower; log files preallocated and faulted in ahead of the writer), which
+  is also what a user gets. Rounds alternate between the clusters, each run followed by waiting until every
+  member has everything (a run must not leave work behind that the next one pays for); medians. On a loaded
+  2-core machine single rounds swing by 2x or more: compare medians of several runs.
 * **replication lag** at half the one-thread maximum of the row above, paced, to one queue: the leader's
   ``GET /runtime`` is sampled every few ms (its ``peerProgress`` gives each follower's acked index against its
   ledger end in one answer; each follower's committed index is read just before the leader's, so that lag is an

@@ -164,8 +164,10 @@ def handle_pre_vote(state: MemberState, req: VoteRequest, *, now_ms: int, last_l
     """Would this member vote for ``req.candidate_id`` in term ``req.term``? Changes nothing.
 
     Granted only when this member knows no live leader (a leader never grants; a follower grants once its leader
-    has been silent for the election timeout), the term is not behind, and the candidate's log is at least as
-    complete (the same ledger rules as a vote).
+    has been silent for the election timeout), the term is not behind, this member has not already given its vote
+    in that term to another (a candidate that raised its term and voted for itself would refuse the real vote:
+    promising it would start a second candidate of the same term, a split vote), and the candidate's log is at
+    least as complete (the same ledger rules as a vote).
     """
     if not state.is_peer(req.candidate_id):
         return VoteResult.REJECT_UNKNOWN_LEADER
@@ -177,6 +179,8 @@ def handle_pre_vote(state: MemberState, req: VoteRequest, *, now_ms: int, last_l
             state.role is Role.FOLLOWER and state.leader_id is not None
             and now_ms - last_leader_heartbeat_ms <= timings.election_timeout_ms):
         return VoteResult.REJECT_LEADER_ALIVE
+    if req.term == state.term and state.vote_for not in (None, req.candidate_id):
+        return VoteResult.REJECT_ALREADY_VOTED
     ledger = _ledger_reject(state, req)
     if ledger is not None:
         return ledger

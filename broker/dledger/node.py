@@ -200,7 +200,7 @@ class DLedgerNode:
         self._tracker: QuorumTracker | None = None
         self._futures: dict[int, tuple[asyncio.Future[tuple[int, int]], int]] = {}
         self._handler = EntryHandler()
-        self._pending_entries: dict[int, bytes] = {}  # parked APPEND batches by first index
+        self._pending_entries: dict[int, bytes | memoryview] = {}  # parked APPEND batches by first index
         self._last_sweep_ms = 0
         self.elections = 0
         self._last_role = (self.state.role, self.state.term, self.state.leader_id)
@@ -213,6 +213,11 @@ class DLedgerNode:
         TRUNCATE or APPEND proved it); it commits no further (Raft: ``min(leaderCommit, last new entry)``)."""
         self._take_over = False
         self._next_transfer_check_ms = 0
+        self._pre_vote_granted: tuple[int, str, int] | None = None
+        """``(term, candidate, when ms)`` of the last pre-vote this candidate granted (see :meth:`_yields_to`)."""
+        self._silent_leader: str | None = None
+        """The leader whose silence made this member campaign, until a leader speaks again: a vote round does not
+        wait for its answer once every other member has answered (see :meth:`_collect_votes`)."""
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", sock: socket.socket | None = None) -> int:
@@ -270,6 +275,7 @@ class DLedgerNode:
             if leader_silent(now, self.last_leader_heartbeat_ms, t):
                 log.warning("dledger %s: leader %s silent for %d ms, campaigning", st.self_id, st.leader_id,
                             now - self.last_leader_heartbeat_ms)
+                self._silent_leader = st.leader_id
                 st.change_to_candidate(st.term)
                 self._last_verdict = Verdict.WAIT_TO_VOTE_NEXT  # this term's vote went to the silent leader
                 # Every follower noticed the same missed heartbeats: a random start in [0, max - min) spreads the
@@ -317,11 +323,15 @@ class DLedgerNode:
             return
         if self._last_verdict is Verdict.WAIT_TO_VOTE_NEXT:
             take_over, self._take_over = self._take_over, False  # the leader asked: no pre-vote
+            asked_ms = self._clock()
             if self.config.pre_vote and not take_over and not await self._pre_vote(st.term + 1):
                 self._next_vote_ms = self._clock() + self._rand_ms()
                 return
             if st.role is not Role.CANDIDATE:
                 return  # a leader spoke during the pre-vote: this member follows it now
+            if not take_over and self._yields_to(st.term + 1, asked_ms):
+                self._next_vote_ms = self._clock() + self._rand_ms()
+                return
             st.next_term()
         term = st.term
         req = VoteRequest(term, st.ledger_end_term, st.ledger_end_index, st.self_id)
@@ -344,11 +354,30 @@ class DLedgerNode:
             st.change_to_candidate(v.known_max_term)
         self._next_vote_ms = self._clock() + v.retry_after_ms
 
+    def _yields_to(self, term: int, since_ms: int) -> bool:
+        """Whether this candidate, whose pre-vote for ``term`` passed, leaves ``term`` to another candidate: one
+        with a smaller id whose pre-vote for the same term it granted since ``since_ms`` (their pre-votes
+        crossed; both raising the term would split the vote, as happened in 2 of 20 failovers). The other's vote
+        request then raises this member's term and gets its vote. Once per crossing: a candidate that asked and
+        then never campaigned cannot hold this one back twice."""
+        granted, self._pre_vote_granted = self._pre_vote_granted, None
+        if granted is None:
+            return False
+        g_term, peer, at_ms = granted
+        if g_term != term or at_ms < since_ms or peer >= self.state.self_id:
+            return False
+        log.info("dledger %s: %s asked for term %d too; leaving the term to it", self.state.self_id, peer, term)
+        return True
+
     async def _collect_votes(self, term: int, own: VoteResult, body: bytes) -> list[VoteReply | None]:
         """Ask every peer (a vote or a pre-vote); stop waiting once the verdict is known -- a quorum accepted, or
         accepted or asked to revote once their term caught up (REJECT_TERM_NOT_READY), or can no longer -- or after
         a heartbeat interval and a random share of the back-off, so a dead peer that never answers (its host gone,
-        its port still accepting) cannot stall a round."""
+        its port still accepting) cannot stall a round. Nor is the leader whose silence started the campaign
+        waited for once every other member has answered: it was heard from by nobody for the election timeout,
+        and a split vote (two candidates of one term, each refusing the other) would otherwise wait for it until
+        the deadline before its back-off even began -- the failover times past 3 s with 500 ms heartbeats. A
+        vote is still counted only when it arrives: this bounds the wait, not what wins."""
         st = self.state
         replies: list[VoteReply | None] = [VoteReply(own, term)]
         accepted = int(own is VoteResult.ACCEPT)
@@ -356,6 +385,7 @@ class DLedgerNode:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self._clients[p].request(MsgType.VOTE, body, self.config.request_timeout_s))
                  for p in self._others]
+        silent = {t for t, p in zip(tasks, self._others, strict=True) if p == self._silent_leader}
         # DLedger waits 2000 ms plus a random [0, 1000); here one heartbeat interval plus a random share of the vote
         # back-off (the same 2-2.7 s with the default 2000 ms): a member that does not answer a vote within a
         # heartbeat interval is as good as dead for this round, and a split vote must not wait seconds for it.
@@ -381,6 +411,8 @@ class DLedgerNode:
                     replies.append(reply)
                     accepted += reply.result is VoteResult.ACCEPT
                     not_ready += reply.result is VoteResult.REJECT_TERM_NOT_READY
+                if pending and pending <= silent:
+                    break  # only the silent leader has not answered
         finally:
             self._round_over = None
             if not over.done():
@@ -407,6 +439,7 @@ class DLedgerNode:
     def _become_leader(self, term: int) -> None:
         st = self.state
         st.change_to_leader(term)
+        self._silent_leader = None
         now = self._clock()
         self._last_quorum_heartbeat_ms = now
         self._next_heartbeat_ms = 0
@@ -682,7 +715,7 @@ class DLedgerNode:
         head = encode_push_head(kind, term, self.store.committed_index, first if entries else -1,
                                 last - first + 1 if entries else 0)
         try:
-            f = await client.request(MsgType.PUSH, head + entries, self.config.request_timeout_s)
+            f = await client.request(MsgType.PUSH, head, self.config.request_timeout_s, entries)
             r = decode_push_reply(f.body)
         except (PeerError, ValueError):
             return  # pushed again after maxPushTimeOutMs
@@ -690,13 +723,19 @@ class DLedgerNode:
             return
         if r.code is PushCode.SUCCESS:
             disp.on_append(True, first, min(last, r.acked_index))
+            committed = self.store.committed_index
             if self._tracker is not None and self.state.term == term:
                 self._tracker.ack(term, client.peer_id, min(last, r.acked_index))
                 self._check_quorum()
-            self._kick()
+            # The ack frees this follower's window; the others need a look only when the commit moved (they
+            # carry it to their followers).
+            if self.store.committed_index != committed:
+                self._kick()
+            else:
+                self._new_data[client.peer_id].set()
         elif r.code is PushCode.INCONSISTENT_STATE:
             disp.on_append(False, first, last, inconsistent=True)
-            self._kick()
+            self._new_data[client.peer_id].set()
 
     def _term_reply(self, r: PushReply) -> bool:
         """A follower answered with a larger term: step down. True when it did."""
@@ -728,6 +767,8 @@ class DLedgerNode:
             result = handle_pre_vote(st, req, now_ms=self._clock(),
                                      last_leader_heartbeat_ms=self.last_leader_heartbeat_ms,
                                      timings=self.config.timings)
+            if result is VoteResult.ACCEPT and st.role is Role.CANDIDATE:
+                self._pre_vote_granted = (v.term, peer, self._clock())
             return encode_vote_reply(result, st.term)
         result, increase = handle_vote(st, req, from_self=False)
         if result is VoteResult.ACCEPT:
@@ -746,6 +787,7 @@ class DLedgerNode:
         code, increase = handle_heartbeat(self.state, term, peer)
         if code is HeartbeatCode.SUCCESS:
             self.last_leader_heartbeat_ms = self._clock()
+            self._silent_leader = None
             self._end_round()
         if increase:
             self._increase_term_now = True
@@ -796,7 +838,9 @@ class DLedgerNode:
         if code is not None:
             return self._reply(PushCode.REPEATED_PUSH if code is FollowerCode.REPEATED_PUSH
                                else PushCode.INCONSISTENT_STATE)
-        self._pending_entries[push.first_index] = bytes(push.entries)
+        # The transport hands each frame over in a buffer of its own (FrameDecoder.feed copies it out of the
+        # read buffer): parking the view keeps that buffer, not one more copy of the entries.
+        self._pending_entries[push.first_index] = push.entries
         self._drain(push.committed_index)
         return await waiter
 

@@ -119,8 +119,10 @@ class Frame(NamedTuple):
     body: memoryview
 
 
-def encode_frame(msg_type: MsgType, request_id: int, body: bytes = b"") -> bytes:
-    return HEADER.pack(_AFTER_LENGTH + len(body), MAGIC, VERSION, msg_type, request_id) + body
+def encode_frame(msg_type: MsgType, request_id: int, body: bytes = b"", tail: bytes = b"") -> bytes:
+    """One frame whose body is ``body + tail``, joined in one copy (a PUSH's head and its entries)."""
+    head = HEADER.pack(_AFTER_LENGTH + len(body) + len(tail), MAGIC, VERSION, msg_type, request_id)
+    return b"".join((head, body, tail)) if tail else head + body
 
 
 class FrameDecoder:

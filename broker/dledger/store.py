@@ -34,7 +34,7 @@ from broker.dledger.entry import (
 )
 from broker.store.commitlog import CommitLog
 from broker.store.io import FileIO
-from broker.store.mapped_file import MappedFile, file_name, list_offset_files
+from broker.store.mapped_file import MappedFile, list_offset_files
 
 __all__ = ["DLedgerStore", "EntryRefused", "copying", "read_properties"]
 
@@ -69,8 +69,8 @@ class _Chain(CommitLog):
     readers, its flush thread (incremental msync of ``[flushed, wrote)``) and its disk guard work on it unchanged;
     the DLedger store moves each file's ``wrote`` as it writes, and truncation moves it back."""
 
-    def __init__(self, io: FileIO, directory: str, file_size: int) -> None:
-        super().__init__(io, directory, file_size)
+    def __init__(self, io: FileIO, directory: str, file_size: int, *, preallocate: bool = False) -> None:
+        super().__init__(io, directory, file_size, preallocate=preallocate)
         self.on_retired: Callable[[int], None] | None = None
         """Called with the time after :meth:`retire_head` took files out (the DLedger store moves its begin)."""
 
@@ -86,7 +86,10 @@ class _Chain(CommitLog):
             self.files.append(mf)
 
     def ensure(self, offset: int) -> MappedFile:
-        """The file holding ``offset``, created (with every file before it) when missing.
+        """The file holding ``offset``, created (with every file before it) when missing. With ``preallocate``
+        a file is created ahead and its pages faulted in by a background thread, as the commit log's are
+        (:meth:`CommitLog._create`): a write into never-touched pages of the map costs a page fault per 4 KiB,
+        on the leader's append and on every follower.
 
         Raises:
             OSError: a full disk (nothing is half-created).
@@ -99,8 +102,7 @@ class _Chain(CommitLog):
             raise ValueError(f"{offset} is before the first file of {self.directory}")
         nxt = self.files[-1].end if self.files else start
         while True:
-            mf = MappedFile.open(self.io, os.path.join(self.directory, file_name(nxt)), nxt, self.file_size,
-                                 create=True)
+            mf = self._create(nxt)
             with self.lock:
                 self.files.append(mf)
             if mf.end > offset:
@@ -122,6 +124,7 @@ class _Chain(CommitLog):
 
     def drop_from(self, offset: int) -> None:
         """Zero everything from ``offset`` and delete the files after its file."""
+        self._discard_prepared()  # its populater may hold a map that goes, and the next file starts elsewhere
         with self.lock:
             for mf in list(self.files):
                 if mf.start >= offset and mf is not self.files[0]:
@@ -132,6 +135,7 @@ class _Chain(CommitLog):
         self.set_end(offset)
 
     def clear(self) -> None:
+        self._discard_prepared()
         with self.lock:
             for mf in self.files:
                 mf.destroy()
@@ -154,16 +158,19 @@ class DLedgerStore:
         directory: ``<storePathRootDir>/dledger-<selfId>``.
         data_file_size: ``mappedFileSizeForEntryData`` (RocketMQ: ``mappedFileSizeCommitLog``).
         index_file_size: ``mappedFileSizeForEntryIndex`` (a multiple of 32).
+        preallocate: create each data file ahead and fault its pages in from a background thread (the store's
+            ``preallocate_commitlog``, as for the classic commit log).
     """
 
-    def __init__(self, io: FileIO, directory: str, *, data_file_size: int, index_file_size: int) -> None:
+    def __init__(self, io: FileIO, directory: str, *, data_file_size: int, index_file_size: int,
+                 preallocate: bool = False) -> None:
         if index_file_size % INDEX_UNIT_SIZE:
             raise ValueError(f"index file size {index_file_size} is not a multiple of {INDEX_UNIT_SIZE}")
         if data_file_size < 2 * BODY_OFFSET:
             raise ValueError(f"data file size {data_file_size} is too small")
         self.io = io
         self.directory = directory
-        self.data = _Chain(io, os.path.join(directory, "data"), data_file_size)
+        self.data = _Chain(io, os.path.join(directory, "data"), data_file_size, preallocate=preallocate)
         self.index = _Chain(io, os.path.join(directory, "index"), index_file_size)
         self.index.retired = self.data.retired  # one list of deleted maps, closed by the store's cleaner
         self.data.on_retired = self._head_retired

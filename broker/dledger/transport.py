@@ -189,8 +189,9 @@ class PeerClient:
             if not fut.done():
                 fut.set_exception(PeerError(f"connection to peer {self.peer_id} lost: {why}"))
 
-    async def request(self, msg_type: MsgType, body: bytes, timeout_s: float) -> Frame:
-        """Send one request and wait for its answer.
+    async def request(self, msg_type: MsgType, body: bytes, timeout_s: float, tail: bytes = b"") -> Frame:
+        """Send one request (its body ``body + tail``: a PUSH head and its entries, copied once into the frame)
+        and wait for its answer.
 
         Raises:
             PeerError: dropped by the fault layer, not connected, too many in flight, timed out, or lost.
@@ -204,7 +205,7 @@ class PeerClient:
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
         try:
-            writer.write(encode_frame(msg_type, rid, body))
+            writer.write(encode_frame(msg_type, rid, body, tail))
             answer = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             raise PeerError(f"peer {self.peer_id} did not answer {msg_type.name} within {timeout_s:.1f} s") from None

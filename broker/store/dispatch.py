@@ -3,7 +3,7 @@ offset and builds consume-queue units and index entries.
 
 Two sources, one builder. On a master the store hands over each appended batch with what its send path already
 read (queue, offsets, tags, keys, unique key of every message: :meth:`Dispatcher.handover`), so nothing is parsed
-again; anything else (a slave fed with replicated bytes, recovery, a DLedger member's committed entries, a batch
+again; anything else (a slave fed with replicated bytes, recovery, a DLedger follower's committed entries, a batch
 whose hand-over was dropped) is parsed from the record bytes, once per record. Either way records are grouped in
 *runs* (consecutive records of one queue) and each run becomes one bulk write of its units
 (:meth:`ConsumeQueue.put_run`) and one batch of index entries (:meth:`IndexService.build_batch`): per-record

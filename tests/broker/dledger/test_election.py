@@ -209,6 +209,9 @@ def test_timers(silent_ms: int, campaign: bool) -> None:
         ({"term": 5, "role": Role.LEADER, "leader_id": "n0"}, VoteRequest(6, 4, 10, "n1"), 0, R.REJECT_LEADER_ALIVE),
         ({"term": 5, "role": Role.FOLLOWER, "leader_id": "n2"}, VoteRequest(6, 4, 10, "n1"), 6001, R.ACCEPT),
         ({"term": 5}, VoteRequest(6, 4, 10, "n1"), 0, R.ACCEPT),  # a candidate knows no leader
+        # a candidate that already voted for itself in that term would refuse the real vote (no split vote)
+        ({"term": 6, "vote_for": "n0"}, VoteRequest(6, 4, 10, "n1"), 0, R.REJECT_ALREADY_VOTED),
+        ({"term": 6, "vote_for": "n1"}, VoteRequest(6, 4, 10, "n1"), 0, R.ACCEPT),
         ({"term": 5, "ledger_end_term": 4, "ledger_end_index": 11}, VoteRequest(6, 4, 10, "n1"), 0,
          R.REJECT_SMALL_LEDGER_END_INDEX),
         ({"term": 7}, VoteRequest(6, 4, 10, "n1"), 0, R.REJECT_EXPIRED_VOTE_TERM),

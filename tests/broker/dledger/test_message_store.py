@@ -226,3 +226,38 @@ def test_retention_deletes_the_oldest_entries_and_a_follower_far_behind_restarts
         assert queue_bodies(far) == [*kept, b"after"]
 
     run(tmp_path, scenario, clock)
+
+
+def test_the_leader_dispatches_its_entries_from_the_hand_over_only_for_the_same_index_and_term(
+        tmp_path: Path) -> None:
+    """The append hands its records to dispatch (no parse of the bytes back); a hand-over noted for another term
+    -- an entry of a lost leadership that a new leader replaced at the same index -- is never used."""
+    async def scenario(m: Members) -> None:
+        _, store = await m.leader()
+        entries = store.entries
+        used: list[int] = []
+        parsed: list[int] = []
+        real_handover, real_file = entries._dispatch_handover, entries._dispatch_file
+
+        def handover(entry, notify):  # type: ignore[no-untyped-def]
+            used.append(entry[0])
+            real_handover(entry, notify)
+
+        def from_file(mm, start, size, pos, limit, budget_end, notify):  # type: ignore[no-untyped-def]
+            parsed.append(start + pos)
+            return real_file(mm, start, size, pos, limit, budget_end, notify)
+
+        entries._dispatch_handover = handover  # type: ignore[method-assign]
+        entries._dispatch_file = from_file  # type: ignore[method-assign]
+        first = store.append_batch("T", 0, batch("T", 2, body=b"own"), born_host=HOST)
+        await first.committed  # type: ignore[misc]
+        assert queue_bodies(store) == [b"own", b"own"]
+        assert used == [first.wrote_offset] and parsed == []
+        second = store.append_batch("T", 0, batch("T", 2, body=b"other"), born_host=HOST)
+        index, term = entries._handed[-1]
+        entries._handed[-1] = (index, term - 1)  # as if noted while leading an older term
+        await second.committed  # type: ignore[misc]
+        assert queue_bodies(store) == [b"own", b"own", b"other", b"other"]
+        assert used == [first.wrote_offset] and parsed == [second.wrote_offset]
+
+    run(tmp_path, scenario)

@@ -12,12 +12,22 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import attrs
 import pytest
 
-from broker.dledger.election import ElectionTimings
+from broker.dledger.election import ElectionTimings, Verdict, VoteResult
 from broker.dledger.member import Role
 from broker.dledger.node import AppendError, DLedgerNode, NodeConfig
-from broker.dledger.protocol import Hello, MsgType, encode_frame, encode_hello
+from broker.dledger.protocol import (
+    Frame,
+    Hello,
+    MsgType,
+    Vote,
+    decode_vote_reply,
+    encode_frame,
+    encode_hello,
+    encode_vote,
+)
 from broker.dledger.store import DLedgerStore
 from broker.store.io import FileIO
 from tests.waiting import wait_until
@@ -225,6 +235,75 @@ def test_pre_vote_keeps_an_isolated_follower_from_deposing_the_leader(tmp_path: 
         await lead.append(b"still here")
 
     run(tmp_path, scenario)
+
+
+def test_a_vote_round_does_not_wait_for_the_silent_leader_once_the_others_answered(tmp_path: Path) -> None:
+    """A follower cut off from a leader that never answers (its port silent): once the other member has answered
+    its (pre-)vote -- here with a refusal, as the other candidate of a split vote would -- the round ends without
+    waiting a heartbeat interval for the leader whose silence started it."""
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        lone = next(n for n in g.nodes.values() if n is not lead)
+        # A long heartbeat interval (the round's deadline) but the usual election timeout for this member.
+        lone.config = attrs.evolve(lone.config, timings=attrs.evolve(FAST, heartbeat_interval_ms=1000,
+                                                                      max_heartbeat_leak=1))
+        rounds: list[float] = []
+        collect = lone._collect_votes
+
+        async def timed(*args: object) -> object:
+            t0 = time.monotonic()
+            try:
+                return await collect(*args)  # type: ignore[arg-type]
+            finally:
+                rounds.append(time.monotonic() - t0)
+
+        lone._collect_votes = timed  # type: ignore[method-assign,assignment]
+        lead.faults.block(lone.state.self_id)  # the leader's heartbeats and pushes never reach it
+        lone.faults.delay_s[lead.state.self_id] = 30.0  # and its requests to the leader are never answered
+        await wait_until(lambda: len(rounds) >= 2, 10, "two pre-vote rounds of the cut-off member")
+        # The other follower still hears the leader and refuses at once; without the rule each round would last
+        # the 1 s deadline.
+        assert max(rounds) < 0.5, rounds
+        assert lead.state.role is Role.LEADER  # pre-vote: nobody was deposed
+        lone.faults.delay_s.clear()
+        lead.faults.heal()
+
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(("asker", "raises"), [("n0", False), ("n2", True)])
+def test_of_two_candidates_whose_pre_votes_crossed_only_the_smaller_id_raises_the_term(
+        tmp_path: Path, asker: str, raises: bool) -> None:
+    """``n1`` grants ``asker``'s pre-vote while its own pre-vote round runs: both would raise the term and split
+    the vote, so ``n1`` leaves the term to a smaller id (``n0``) and campaigns against a larger one (``n2``)."""
+    socks = [socket.socket() for _ in range(3)]  # bound, not listening: requests to them fail at once
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    peers = {f"n{i}": f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(socks)}
+    store = DLedgerStore(FileIO(), str(tmp_path / "dledger-n1"), data_file_size=1 << 16, index_file_size=32 * 1024)
+    store.load()
+    node = DLedgerNode(NodeConfig(group="g", self_id="n1", peers=peers, timings=FAST), store)
+    term = node.state.term
+
+    async def crossed_pre_vote(for_term: int) -> bool:
+        body = encode_vote(Vote(for_term, -1, -1, True))
+        assert decode_vote_reply(node._on_vote(asker, Frame(MsgType.VOTE, 1, memoryview(body))))[0] is VoteResult.ACCEPT
+        return True  # our own pre-vote passed too
+
+    async def main() -> None:
+        node._last_verdict = Verdict.WAIT_TO_VOTE_NEXT
+        node._pre_vote = crossed_pre_vote  # type: ignore[method-assign]
+        await node._campaign()
+        for c in node._clients.values():
+            await c.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+        for s in socks:
+            s.close()
+    assert (node.state.term, node.state.vote_for) == ((term + 1, "n1") if raises else (term, None))
 
 
 def test_all_members_restart_with_every_committed_entry_and_their_votes(tmp_path: Path) -> None:

@@ -74,6 +74,14 @@ def test_round_trips() -> None:
     assert decode_push_reply(frames[6].body) == PushReply(PushCode.SUCCESS, 5, 2, 0, 2)
 
 
+def test_a_push_head_and_its_entries_join_into_one_frame() -> None:
+    head = encode_push_head(PushKind.APPEND, 5, 7, 0, 3)
+    frame = encode_frame(MsgType.PUSH, 3, head, entries(3))
+    assert frame == encode_frame(MsgType.PUSH, 3, head + entries(3))
+    (f,) = FrameDecoder(1 << 16).feed(frame)
+    assert bytes(decode_push(f.body).entries) == entries(3)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_any_split(seed: int) -> None:
     data, msgs = stream()

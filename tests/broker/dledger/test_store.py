@@ -17,8 +17,9 @@ DATA = 1024
 INDEX = 32 * 16
 
 
-def store(root: Path, name: str = "n0", io: FileIO | None = None) -> DLedgerStore:
-    s = DLedgerStore(io or FileIO(), str(root / f"dledger-{name}"), data_file_size=DATA, index_file_size=INDEX)
+def store(root: Path, name: str = "n0", io: FileIO | None = None, *, preallocate: bool = False) -> DLedgerStore:
+    s = DLedgerStore(io or FileIO(), str(root / f"dledger-{name}"), data_file_size=DATA, index_file_size=INDEX,
+                     preallocate=preallocate)
     s.load()
     return s
 
@@ -94,6 +95,39 @@ def test_a_follower_refuses_an_entry_that_does_not_continue_its_log(tmp_path: Pa
     follower.append_as_follower(leader.get(0))  # type: ignore[arg-type]
     with pytest.raises(EntryRefused, match="expected 1"):
         follower.append_as_follower(leader.get(2 if which == "skip" else 0))  # type: ignore[arg-type]
+
+
+def test_preallocated_data_files_hold_the_same_log_through_truncation_reset_and_recovery(tmp_path: Path) -> None:
+    """With ``preallocate`` (the broker's default) the next data file is made and faulted in ahead by a thread;
+    truncation, reset and recovery must not trip over it."""
+    leader = store(tmp_path, "n0", preallocate=True)
+    follower = store(tmp_path, "n1", preallocate=True)
+    for i in range(20):
+        leader.append_as_leader(1, body(i))
+        follower.append_as_follower(leader.get(i))  # type: ignore[arg-type]
+    assert leader.data.wait_prepared(10) and leader.data._prepared is not None  # the file after the last one
+    for i in range(20, 40):  # the follower, once a leader, appended entries nobody acknowledged: 3 more files
+        follower.append_as_leader(2, body(100 + i))
+    for i in range(20, 26):
+        leader.append_as_leader(3, body(i))
+    assert follower.truncate(leader.get(9)) == 9  # type: ignore[arg-type]
+    for i in range(10, 26):
+        follower.append_as_follower(leader.get(i))  # type: ignore[arg-type]
+    reset = store(tmp_path, "n2", preallocate=True)
+    for i in range(12):
+        reset.append_as_leader(4, body(200 + i))
+    assert reset.truncate(leader.get(20)) == 20  # type: ignore[arg-type]
+    for i in range(21, 26):
+        reset.append_as_follower(leader.get(i))  # type: ignore[arg-type]
+    entries = [leader.get(i) for i in range(26)]
+    for s in (leader, follower, reset):
+        s.flush()
+        s.close()
+    for name in ("n0", "n1", "n2"):
+        again = store(tmp_path, name, preallocate=True)
+        assert again.end_index == 25 and all(again.get(i) == entries[i] for i in range(again.begin_index, 26))
+        assert again.append_as_leader(5, body(99))[0] == 26
+        again.close()
 
 
 def test_a_follower_refuses_a_corrupt_entry(tmp_path: Path) -> None:
