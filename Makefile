@@ -35,8 +35,11 @@ browser-deps:
 		echo "warning: the dashboard browser tests need $(BROWSER_PKGS): sudo apt-get install -y $(BROWSER_PKGS)"; \
 	fi
 
+# Most tests wait on servers they start (processes, sockets, JVMs), so two workers take about two thirds of the
+# time of one even on two cores; each test file runs whole on one worker (its module fixtures start once).
+TEST_WORKERS ?= 2
 test: $(STAMP_ALL) browser-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP_CORE)
 	$(BIN)/ruff check .
