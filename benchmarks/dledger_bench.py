@@ -52,6 +52,7 @@ import attrs
 import httpx
 
 from benchmarks import Row
+from benchmarks._load import send_batch_rate, settle_group, wait_for
 from client import Admin, Message, MessageQueue, Producer, PullStatus, SendStatus
 from client.cluster import BrokerHandle, ClusterError, LocalCluster
 from client.errors import ClientError
@@ -76,14 +77,6 @@ _READ_BACK = {"maxTransferCountOnMessageInMemory": "512", "maxTransferBytesOnMes
               "maxTransferCountOnMessageInDisk": "512", "maxTransferBytesOnMessageInDisk": str(1 << 20)}
 #: Bounds of every wait on the cluster: a breach is reported with the member logs, never waited out.
 WAIT_S = 60.0
-
-
-def _wait(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not within {timeout_s} s")
-        time.sleep(0.02)  # polling servers with a deadline
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -113,40 +106,11 @@ def _create_topic(cluster: LocalCluster, prefix: str) -> str:
         return all(topic in httpx.get(f"http://{b.addr}/topics", timeout=5).json()["topicConfigTable"]
                    for b in cluster.members(GROUP))
 
-    _wait(everywhere, WAIT_S, f"topic {topic} on every member")
+    wait_for(everywhere, WAIT_S, f"topic {topic} on every member")
     return topic
 
 
-def _settle(cluster: LocalCluster) -> None:
-    """Until every member has the master's whole log and has dispatched it."""
-    cluster.wait_slave_caught_up(GROUP, timeout_s=WAIT_S)
-    members = cluster.members(GROUP)
-    _wait(lambda: all(int(b.runtime()["dispatchBehindBytes"]) == 0 for b in members), WAIT_S, "dispatch caught up")
-
-
 # --- send_batch: DLedger vs SYNC_MASTER -------------------------------------------------------------------------
-
-def _batch_rate(p: Producer, msgs: list[Message], seconds: float, threads: int) -> float:
-    """``threads`` senders sharing ``p``, each calling ``send_batch`` in a loop for ``seconds``."""
-    counts = [0] * threads
-    start = threading.Barrier(threads + 1)
-
-    def work(i: int) -> None:
-        start.wait()
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            p.send_batch(msgs)
-            counts[i] += len(msgs)
-
-    workers = [threading.Thread(target=work, args=(i,), name=f"bench-dl-send-{i}") for i in range(threads)]
-    for t in workers:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in workers:
-        t.join(seconds + WAIT_S)
-    return sum(counts) / (time.perf_counter() - t0)
-
 
 def bench_send_batch(dl: LocalCluster, sync: LocalCluster, *, quick: bool) -> tuple[list[Row], float]:
     """Rows of ``send_batch`` DLedger vs SYNC_MASTER (1 and 4 threads), and the DLedger one-thread median."""
@@ -159,14 +123,14 @@ def bench_send_batch(dl: LocalCluster, sync: LocalCluster, *, quick: bool) -> tu
         producers = {"dledger": pd, "sync": ps}
         msgs = {k: [Message(t, BODY) for _ in range(BATCH)] for k, t in topics.items()}
         for k in clusters:  # routes, connections, the first commit-log file
-            _batch_rate(producers[k], msgs[k], 0.5, 1)
-            _settle(clusters[k])
+            send_batch_rate(producers[k], msgs[k], 0.5, 1)
+            settle_group(clusters[k], GROUP, WAIT_S)
         for threads in (1, 4):
             rates: dict[str, list[float]] = {k: [] for k in clusters}
             for i in range(rounds):
                 for k in (("dledger", "sync") if i % 2 == 0 else ("sync", "dledger")):
-                    rates[k].append(_batch_rate(producers[k], msgs[k], seconds, threads))
-                    _settle(clusters[k])
+                    rates[k].append(send_batch_rate(producers[k], msgs[k], seconds, threads))
+                    settle_group(clusters[k], GROUP, WAIT_S)
             d, s = statistics.median(rates["dledger"]), statistics.median(rates["sync"])
             print(f"dledger: send_batch {threads} thread(s), {rounds} rounds of {seconds:.0f} s: DLedger "
                   + ", ".join(f"{r:,.0f}" for r in rates["dledger"]) + "; SYNC_MASTER "
@@ -233,7 +197,7 @@ def bench_replication_lag(dl: LocalCluster, max_rate: float, *, quick: bool) -> 
     stop = threading.Event()
     with Producer("bench_dl_lag", dl.namesrv_addr) as p, BrokerClient(dl.namesrv_addr) as bc:
         p.send_batch(msgs, queue=mq)
-        _settle(dl)
+        settle_group(dl, GROUP, WAIT_S)
         start = bc.queue_offset(leader.addr, "max", mq)
         threads = [threading.Thread(target=_watch, args=(bc, f.addr, mq, start, stop, seen[f.addr]), daemon=True,
                                     name=f"bench-dl-watch-{f.broker_id}") for f in followers]
@@ -252,7 +216,7 @@ def bench_replication_lag(dl: LocalCluster, max_rate: float, *, quick: bool) -> 
             sent += len(msgs)
         elapsed = time.monotonic() - t0
         last = acks[-1][1]
-        _wait(lambda: all(s and s[-1][1] >= last for s in seen.values()), WAIT_S, "followers pullable to the end")
+        wait_for(lambda: all(s and s[-1][1] >= last for s in seen.values()), WAIT_S, "followers pullable to the end")
         stop.set()
         for t in threads:
             t.join(5)
@@ -394,7 +358,7 @@ def _member_name(b: BrokerHandle) -> str:
 
 def _wait_flowing(prod: _SteadyProducer, timeout_s: float) -> None:
     n = len(prod.acks)
-    _wait(lambda: len(prod.acks) >= n + 5, timeout_s, "the steady producer's next acknowledgements")
+    wait_for(lambda: len(prod.acks) >= n + 5, timeout_s, "the steady producer's next acknowledgements")
 
 
 def _kill_once(cluster: LocalCluster, prod: _SteadyProducer, *, refuse_dead_port: bool) -> KillRecord:
@@ -418,7 +382,7 @@ def _kill_once(cluster: LocalCluster, prod: _SteadyProducer, *, refuse_dead_port
     t_restart = time.monotonic()
     leader.start()
     target = int(new.runtime()["dledger"]["ledgerEndIndex"])
-    _wait(lambda: int(leader.runtime()["dledger"]["ledgerEndIndex"]) >= target, WAIT_S,
+    wait_for(lambda: int(leader.runtime()["dledger"]["ledgerEndIndex"]) >= target, WAIT_S,
           f"restarted {_member_name(leader)} catching up to entry {target}")
     return KillRecord(_member_name(leader), _member_name(new), ack.acked - t_kill, time.monotonic() - t_restart)
 
@@ -433,7 +397,7 @@ def _converge(cluster: LocalCluster) -> None:
         return all(int(rt["dledger"]["committedIndex"]) >= end and int(rt["dispatchBehindBytes"]) == 0
                    for rt in rts)
 
-    _wait(done, WAIT_S, "every member committing and dispatching the leader's log")
+    wait_for(done, WAIT_S, "every member committing and dispatching the leader's log")
 
 
 def _read_keys(bc: BrokerClient, addr: str, topic: str) -> tuple[collections.Counter[str], list[str]]:

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from benchmarks import Row
+from benchmarks._load import send_batch_rate, settle_group, wait_for
 from client import (
     Admin,
     AsyncProducer,
@@ -76,14 +77,6 @@ def _cluster(tmp_dir: str | os.PathLike[str] | None, label: str, **kwargs: Any) 
             yield cluster
 
 
-def _wait(pred: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not within {timeout_s} s")
-        time.sleep(0.02)  # polling a server with a deadline
-
-
 def _linked(cluster: LocalCluster) -> bool:
     ha = httpx.get(f"http://{cluster.broker('broker-a', 0).addr}/ha", timeout=5).json()
     return bool(ha["connectionCount"] >= 1 and all(s["ackOffset"] >= ha["masterMaxOffset"] for s in ha["slaves"]))
@@ -93,47 +86,8 @@ def _topic(cluster: LocalCluster, queue_nums: int) -> str:
     topic = f"BenchHA_{uuid.uuid4().hex[:8]}"
     with Admin(cluster.namesrv_addr) as admin:
         admin.create_topic(topic, queue_nums=queue_nums)
-    _wait(lambda: _linked(cluster), 30, "slave linked")
+    wait_for(lambda: _linked(cluster), 30, "slave linked")
     return topic
-
-
-def _batch_rate(p: Producer, msgs: list[Message], seconds: float) -> float:
-    n = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        p.send_batch(msgs)
-        n += len(msgs)
-    return n / (time.perf_counter() - t0)
-
-
-def _settle(cluster: LocalCluster) -> None:
-    """Until the slave has the whole commit log and both brokers have dispatched it: a run must not leave work
-    behind that the next run (of the other cluster) pays for. An ASYNC_MASTER run ends with its slave behind."""
-    cluster.wait_slave_caught_up("broker-a", timeout_s=60)
-    brokers = [cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)]
-    _wait(lambda: all(int(b.runtime()["dispatchBehindBytes"]) == 0 for b in brokers), 60, "dispatch caught up")
-
-
-def _batch_rate_threads(p: Producer, msgs: list[Message], seconds: float, threads: int) -> float:
-    """``threads`` senders sharing one producer, each calling ``send_batch`` in a loop (requests overlap)."""
-    counts = [0] * threads
-    start = threading.Barrier(threads + 1)
-
-    def work(i: int) -> None:
-        start.wait()
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            p.send_batch(msgs)
-            counts[i] += len(msgs)
-
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    for t in ts:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.join(seconds + 30)
-    return sum(counts) / (time.perf_counter() - t0)
 
 
 def _batch_rate_tasks(namesrv: str, topic: str, seconds: float, concurrency: int) -> float:
@@ -181,16 +135,16 @@ def bench_send_batch_sync_vs_async(tmp_dir: str | os.PathLike[str] | None = None
         ta, ts = _topic(ca, 4), _topic(cs, 4)
         with Producer("bench_ha_a", ca.namesrv_addr) as pa, Producer("bench_ha_s", cs.namesrv_addr) as ps:
             ma, ms = [Message(ta, BODY) for _ in range(64)], [Message(ts, BODY) for _ in range(64)]
-            _batch_rate(pa, ma, 0.3)
-            _batch_rate(ps, ms, 0.3)
+            send_batch_rate(pa, ma, 0.3)
+            send_batch_rate(ps, ms, 0.3)
 
             def once(cluster: LocalCluster, kind: str, n: int) -> float:
                 if kind == "threads":
                     p, m = (pa, ma) if cluster is ca else (ps, ms)
-                    rate = _batch_rate_threads(p, m, seconds, n)
+                    rate = send_batch_rate(p, m, seconds, n)
                 else:
                     rate = _batch_rate_tasks(cluster.namesrv_addr, ta if cluster is ca else ts, seconds, n)
-                _settle(cluster)
+                settle_group(cluster, "broker-a", 60)
                 return rate
 
             for label, kind, n in _SEND_SETUPS:
@@ -243,7 +197,7 @@ def bench_replication_lag(tmp_dir: str | os.PathLike[str] | None = None, *, quic
         master = cluster.broker("broker-a", 0)
         with Producer("bench_ha_lag", cluster.namesrv_addr) as p:
             msgs = [Message(topic, BODY) for _ in range(64)]
-            max_rate = _batch_rate(p, msgs, 1.5)
+            max_rate = send_batch_rate(p, msgs, 1.5)
             target = max_rate / 2
             stop = threading.Event()
             samples: list[tuple[float, int, int]] = []
@@ -288,8 +242,8 @@ def _fill(cluster: LocalCluster, topic: str, per_queue: int, queues: int) -> lis
         return all(httpx.get(f"http://{slave.addr}/offset/max", params={"topic": topic, "queueId": mq.queue_id},
                              timeout=5).json()["offset"] >= per_queue // 256 * 256 for mq in mqs)
 
-    _wait(dispatched, 120, "slave dispatch")
-    _wait(lambda: topic in httpx.get(f"http://{slave.addr}/topics", timeout=5).json()["topicConfigTable"], 30,
+    wait_for(dispatched, 120, "slave dispatch")
+    wait_for(lambda: topic in httpx.get(f"http://{slave.addr}/topics", timeout=5).json()["topicConfigTable"], 30,
           "topic sync to the slave")
     return mqs
 
