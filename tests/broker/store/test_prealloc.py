@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import mmap
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
 from broker.store import commitlog as commitlog_module
+from broker.store import io as store_io
 from broker.store.api import PutMessageStatus
 
 from .conftest import BORN_HOST, StoreFactory, batch
@@ -40,3 +46,36 @@ def test_roll_does_not_wait_for_populating(make_store: StoreFactory, monkeypatch
     assert not store.commitlog.wait_prepared(0.05)  # still populating
     store.shutdown()  # stops it: returns although the populater is never released
     assert store.commitlog._prep_thread is None
+
+
+def test_populater_behind_the_writer_resumes_ahead_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A populater that the writer overtook skips what the writer faulted in and resumes ``_PREFAULT_LEAD`` past
+    it (both faulting the same pages only makes each wait for the other), then goes on to the end in steps."""
+    assert store_io._libc_madvise is not None, "libc madvise not found on this POSIX system"
+    real = store_io._libc_madvise
+    step, lead = store_io._PREFAULT_CHUNK, store_io._PREFAULT_LEAD
+    size = 2 * step + 5 * mmap.PAGESIZE
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(fd, size)
+    mm = mmap.mmap(fd, size)
+    anchor = ctypes.c_char.from_buffer(mm)
+    base = ctypes.addressof(anchor)
+    spans: list[tuple[int, int]] = []
+
+    def spy(addr: int, length: int, advice: int) -> int:
+        spans.append((addr - base, length))
+        return real(addr, length, advice)
+
+    monkeypatch.setattr(store_io, "_libc_madvise", spy)
+    writer_at = 3 * mmap.PAGESIZE + 100
+    try:
+        store_io.prefault(mm, 0, size, floor=lambda: writer_at)
+        first = writer_at + lead - (writer_at + lead) % mmap.PAGESIZE
+        assert spans[0][0] == first, spans
+        for (a, n), (b, _) in itertools.pairwise(spans):
+            assert n == step and b == a + n, spans
+        assert spans[-1][0] + spans[-1][1] == size, spans
+    finally:
+        del anchor
+        mm.close()
+        os.close(fd)
