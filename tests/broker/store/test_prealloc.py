@@ -48,6 +48,31 @@ def test_roll_does_not_wait_for_populating(make_store: StoreFactory, monkeypatch
     assert store.commitlog._prep_thread is None
 
 
+def test_reopened_log_is_prepared_at_start(make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restarted store populates the rest of its current file and creates the next one at start(), before the
+    first append (the writer used to fault in the rest of the file itself, a fault per page, after every restart)."""
+    store = make_store()
+    r = store.append_batch("T", 0, batch("T", 4, body=b"x" * 1000), born_host=BORN_HOST)
+    assert r.status is PutMessageStatus.PUT_OK, r
+    store.shutdown()
+
+    calls: list[tuple[int, int]] = []
+    real = commitlog_module.prefault
+
+    def spy(mm: mmap.mmap, start: int, end: int, **kw: object) -> None:
+        calls.append((len(mm), start))
+        real(mm, start, end, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(commitlog_module, "prefault", spy)
+    reopened = make_store()
+    assert reopened.commitlog.wait_prepared(10.0)
+    written = reopened.max_physical_offset
+    assert 0 < written < FILE
+    assert calls and calls[0] == (FILE, written), calls  # the current file, from the write position on
+    prepared = reopened.commitlog._prepared
+    assert prepared is not None and prepared.start == FILE and os.path.exists(prepared.path)
+
+
 def test_populater_behind_the_writer_resumes_ahead_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A populater that the writer overtook skips what the writer faulted in and resumes ``_PREFAULT_LEAD`` past
     it (both faulting the same pages only makes each wait for the other), then goes on to the end in steps."""
