@@ -35,9 +35,6 @@ _MADV_POPULATE_WRITE = 23
 #: the process's mmap lock for reading meanwhile, and any mmap/munmap (a new consume-queue file, a large
 #: allocation) waits for it: 4 MiB is ~1 ms on reused memory, ~15 ms on memory the VM's host had taken back.
 _PREFAULT_CHUNK = 4 << 20
-#: How far past the writer a populater that fell behind resumes: both faulting the same folios only makes
-#: each wait for the other's fault.
-_PREFAULT_LEAD = 2 << 20
 _MS_SYNC = 4  # Linux <sys/mman.h>
 
 
@@ -105,7 +102,7 @@ def prefault(
         start: first byte (rounded down to a page).
         end: end of the range (at most the map's length).
         floor: the writer's position in this map, read before every step: pages below it were faulted in by the
-            writer itself, so a populater that fell behind jumps ``_PREFAULT_LEAD`` past the writer instead of
+            writer itself, so a populater that fell behind jumps to the writer instead of
             walking over them (a fresh file is written from its start while it is being populated).
         stop: set by the owner to end the work between two steps (a file being discarded or the store closing).
     """
@@ -117,8 +114,10 @@ def prefault(
         if floor is not None:
             behind = floor()
             if behind > off:
-                off = min(end, behind + _PREFAULT_LEAD)
-                off -= off % PAGE_SIZE
+                # At the writer, not ahead of it: where populating is slower than writing (memory the host
+                # has taken back, on a busy VM), a writer that meets the populater waits for its faults, and
+                # does not fault pages in itself on the put path's CPU share (a 2 MiB lead measured no better).
+                off = behind - behind % PAGE_SIZE
                 if off >= end:
                     return
         length = min(_PREFAULT_CHUNK, end - off)

@@ -73,12 +73,12 @@ def test_reopened_log_is_prepared_at_start(make_store: StoreFactory, monkeypatch
     assert prepared is not None and prepared.start == FILE and os.path.exists(prepared.path)
 
 
-def test_populater_behind_the_writer_resumes_ahead_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A populater that the writer overtook skips what the writer faulted in and resumes ``_PREFAULT_LEAD`` past
-    it (both faulting the same pages only makes each wait for the other), then goes on to the end in steps."""
+def test_populater_behind_the_writer_resumes_at_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A populater that the writer overtook skips what the writer faulted in and resumes at the writer's page,
+    then goes on to the end in ``_PREFAULT_CHUNK`` steps."""
     assert store_io._libc_madvise is not None, "libc madvise not found on this POSIX system"
     real = store_io._libc_madvise
-    step, lead = store_io._PREFAULT_CHUNK, store_io._PREFAULT_LEAD
+    step = store_io._PREFAULT_CHUNK
     size = 2 * step + 5 * mmap.PAGESIZE
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)
     os.ftruncate(fd, size)
@@ -95,8 +95,7 @@ def test_populater_behind_the_writer_resumes_ahead_of_it(tmp_path: Path, monkeyp
     writer_at = 3 * mmap.PAGESIZE + 100
     try:
         store_io.prefault(mm, 0, size, floor=lambda: writer_at)
-        first = writer_at + lead - (writer_at + lead) % mmap.PAGESIZE
-        assert spans[0][0] == first, spans
+        assert spans[0][0] == writer_at - writer_at % mmap.PAGESIZE, spans
         for (a, n), (b, _) in itertools.pairwise(spans):
             assert n == step and b == a + n, spans
         assert spans[-1][0] + spans[-1][1] == size, spans
