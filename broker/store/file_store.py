@@ -157,7 +157,7 @@ class FileMessageStore:
             self._lock_fd = None
 
     def start(self) -> None:
-        """Start the flush thread(s)."""
+        """Start the flush thread(s), and the preparation of the commit log's current and next file."""
         if self._state is not _State.LOADED:
             raise RuntimeError(f"start() needs a loaded store; state is {self._state.value}")
         cfg = self.config
@@ -176,6 +176,7 @@ class FileMessageStore:
                 lambda: self._flush_commitlog(0), lambda: self.commitlog.flushed_where, cfg.sync_flush_timeout_ms
             )
             self._group_commit.start()
+        self.commitlog.prepare_ahead()
         self._state = _State.RUNNING
 
     def shutdown(self) -> None:

@@ -109,8 +109,8 @@ def test_flush_calls_libc_msync_which_runs_without_the_gil(tmp_path, monkeypatch
 
 
 def test_prefault_calls_libc_madvise_step_by_step_and_stops_at_a_closed_map(tmp_path, monkeypatch) -> None:
-    """Populating pages goes through libc (the GIL is free meanwhile), 1 MiB at a time, and ends quietly once
-    the map is closed."""
+    """Populating pages goes through libc (the GIL is free meanwhile), ``_PREFAULT_CHUNK`` at a time, and ends
+    quietly once the map is closed."""
     import mmap
     import os
 
@@ -120,7 +120,8 @@ def test_prefault_calls_libc_madvise_step_by_step_and_stops_at_a_closed_map(tmp_
     real = store_io._libc_madvise
     lengths: list[int] = []
     path = tmp_path / "f"
-    size = 3 * (1 << 20) + mmap.PAGESIZE
+    step = store_io._PREFAULT_CHUNK
+    size = 3 * step + mmap.PAGESIZE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     os.ftruncate(fd, size)
     mm = mmap.mmap(fd, size)
@@ -133,7 +134,7 @@ def test_prefault_calls_libc_madvise_step_by_step_and_stops_at_a_closed_map(tmp_
     try:
         store_io.prefault(mm, 10, size)
         # Kernels before 5.14 refuse MADV_POPULATE_WRITE: one refused call, then it stops.
-        assert lengths in ([1 << 20] * 3 + [mmap.PAGESIZE], [1 << 20]), lengths
+        assert lengths in ([step] * 3 + [mmap.PAGESIZE], [step]), lengths
         mm.close()
         lengths.clear()
         store_io.prefault(mm, 0, size)  # closed: nothing, no error
