@@ -96,8 +96,14 @@ class Dispatcher:
         """An append wrote ``runs`` (as planned by the writer) at ``[start, end)`` with store time ``store_ts``:
         keep what dispatch needs of them, so it builds their units and index entries without parsing the bytes
         back. Bounded by :data:`HANDOVER_MAX_MESSAGES` (the oldest are dropped: dispatch parses those)."""
-        info = [(topic, queue_id, first, items[0].sys_flag & 0xC, nbytes, list(map(_TAGS, items)),
-                 list(map(_UNIQ, items)), list(map(_KEYS, items))) for topic, queue_id, first, items, nbytes in runs]
+        if len(offsets) == 1:  # a single send: no column set-up
+            topic, queue_id, first, items, nbytes = runs[0]
+            item = items[0]
+            info = [(topic, queue_id, first, item.sys_flag & 0xC, nbytes, [item[6]], [item[8]], [item[7]])]
+        else:
+            info = [(topic, queue_id, first, items[0].sys_flag & 0xC, nbytes, list(map(_TAGS, items)),
+                     list(map(_UNIQ, items)), list(map(_KEYS, items)))
+                    for topic, queue_id, first, items, nbytes in runs]
         with self._handover_lock:
             pending = self._handovers
             pending.append((start, end, store_ts, info, offsets))
@@ -234,10 +240,14 @@ class Dispatcher:
         k = 0
         for topic, queue_id, first_offset, tx, nbytes, tags, uniqs, keys in runs:
             n = len(tags)
-            phys = list(offsets[k : k + n])
+            if n == 1:
+                phys = [offsets[k]]
+                sizes = [nbytes]
+            else:
+                phys = list(offsets[k : k + n])
+                sizes = list(map(sub, phys[1:], phys[:-1]))
+                sizes.append(phys[0] + nbytes - phys[-1])
             k += n
-            sizes = list(map(sub, phys[1:], phys[:-1]))
-            sizes.append(phys[0] + nbytes - phys[-1])
             self._emit(topic, queue_id, first_offset, tx, phys, sizes, tags, store_ts, uniqs, keys, notify)
         self.last_store_ts = store_ts
 
