@@ -543,7 +543,9 @@ class IndexService:
         hasher = self.hasher(topic)
         hs = [hasher.uniq(uniq)] if uniq else []
         if keys:
-            hs.extend(hasher(k) for k in (keys.split(b" ") if b" " in keys else (keys,)) if k)
+            for k in keys.split(b" "):
+                if k:
+                    hs.append(hasher(k))
         for h in hs:
             if f is None or not f.put_key(h, phy, store_ts):
                 f = self._new_file()
