@@ -120,6 +120,13 @@ class Dispatcher:
             self._handovers.clear()
             self._handover_msgs = self._handover_bytes = 0
 
+    def _drop_parsed(self, reput: int) -> None:
+        """Forget the hand-overs of batches below ``reput`` (parsed from the bytes): their requests go now."""
+        pending = self._handovers
+        with self._handover_lock:
+            while pending and pending[0][0] < reput:
+                self._forget(pending.popleft())
+
     def _take_handover(self, reput: int) -> _Handover | None:
         """The hand-over of the batch that starts at ``reput``, if any; drops older ones (already parsed)."""
         pending = self._handovers
@@ -180,6 +187,8 @@ class Dispatcher:
                 new_pos = mf.size
             consumed += new_pos - pos
             self.reput = mf.start + new_pos
+            if self._handovers and self._handovers[0][0] < self.reput:
+                self._drop_parsed(self.reput)
             if new_pos == pos:
                 break
         return consumed
