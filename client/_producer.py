@@ -219,7 +219,8 @@ class _ProducerBase:
                 else:
                     results = rq.send_results(reply, mq, uniq_keys)
                     if metrics.on and results:
-                        metrics.sent(topic, results[0].send_status.name, len(results), began)
+                        # ``_name_``: the member's plain attribute (``.name`` is a Python-level descriptor).
+                        metrics.sent(topic, results[0].send_status._name_, len(results), began)
                     return results
                 # Out of the except block: a deadline error raised by the wait is not chained to the attempt's
                 # error (the attempts it holds say what failed).

@@ -46,9 +46,15 @@ log = logging.getLogger(__name__)
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _SCHEDULE_B = SCHEDULE_TOPIC.encode()
 _I64 = struct.Struct(">q").unpack_from
-#: Messages of appended batches held for hand-over (a few hundred bytes each: their tags, keys and unique
-#: key); past it the oldest batches are dropped and parsed from the log when their turn comes.
+#: Messages of appended batches held for hand-over; past it (or past :data:`HANDOVER_MAX_BYTES`) the oldest
+#: batches are dropped and parsed from the log when their turn comes.
 HANDOVER_MAX_MESSAGES = 65536
+#: Stored bytes of the batches held for hand-over. A hand-over holds the send's items (reading their tags, keys
+#: and unique keys at append time cost the append path about 0.1 µs a message, and the lists built for them as
+#: much again in garbage-collector work while they wait), and the items' bodies are views into the requests:
+#: this bounds the request memory a dispatch backlog keeps alive. The driver dispatches after each append, so
+#: normally one batch is held.
+HANDOVER_MAX_BYTES = 16 << 20
 _TAGS = itemgetter(6)
 _KEYS = itemgetter(7)
 _UNIQ = itemgetter(8)
@@ -56,11 +62,8 @@ _UNIQ = itemgetter(8)
 DispatchListener = Callable[[str, int, int], None]
 #: ``(topic bytes, queue id, first queue offset, items, bytes)``: one run of an append (:data:`commitlog.Run`).
 _Run = tuple[bytes, int, int, Sequence[BatchItem], int]
-#: What dispatch keeps of a run: ``(topic, queue id, first queue offset, transaction type, bytes, tags, unique
-#: keys, keys)`` -- not the items, whose bodies would keep the requests' buffers alive.
-_RunInfo = tuple[bytes, int, int, int, int, list[bytes], list[bytes], list[bytes]]
 #: An appended batch: ``(first offset, end offset, store time, runs, offset of every record)``.
-_Handover = tuple[int, int, int, list[_RunInfo], Sequence[int]]
+_Handover = tuple[int, int, int, Sequence[_Run], Sequence[int]]
 
 
 class Dispatcher:
@@ -89,27 +92,40 @@ class Dispatcher:
         #: Appended batches not dispatched yet, in log order, and how many messages they hold.
         self._handovers: deque[_Handover] = deque()
         self._handover_msgs = 0
+        self._handover_bytes = 0
         self._handover_lock = threading.Lock()
 
     # -- hand-over ----------------------------------------------------------------------------------------
     def handover(self, start: int, end: int, store_ts: int, runs: Sequence[_Run], offsets: Sequence[int]) -> None:
         """An append wrote ``runs`` (as planned by the writer) at ``[start, end)`` with store time ``store_ts``:
-        keep what dispatch needs of them, so it builds their units and index entries without parsing the bytes
-        back. Bounded by :data:`HANDOVER_MAX_MESSAGES` (the oldest are dropped: dispatch parses those)."""
-        info = [(topic, queue_id, first, items[0].sys_flag & 0xC, nbytes, list(map(_TAGS, items)),
-                 list(map(_UNIQ, items)), list(map(_KEYS, items))) for topic, queue_id, first, items, nbytes in runs]
+        keep them, so dispatch builds their units and index entries from what the send path read instead of
+        parsing the bytes back. Bounded by :data:`HANDOVER_MAX_MESSAGES` and :data:`HANDOVER_MAX_BYTES` (the
+        oldest are dropped: dispatch parses those)."""
         with self._handover_lock:
             pending = self._handovers
-            pending.append((start, end, store_ts, info, offsets))
+            pending.append((start, end, store_ts, runs, offsets))
             self._handover_msgs += len(offsets)
-            while self._handover_msgs > HANDOVER_MAX_MESSAGES and pending:
-                self._handover_msgs -= len(pending.popleft()[4])
+            self._handover_bytes += end - start
+            while (self._handover_msgs > HANDOVER_MAX_MESSAGES or self._handover_bytes > HANDOVER_MAX_BYTES) \
+                    and pending:
+                self._forget(pending.popleft())
+
+    def _forget(self, entry: _Handover) -> None:
+        self._handover_msgs -= len(entry[4])
+        self._handover_bytes -= entry[1] - entry[0]
 
     def drop_handovers(self) -> None:
         """Forget every hand-over (the log was cut or restarted: its bytes may no longer be these records)."""
         with self._handover_lock:
             self._handovers.clear()
-            self._handover_msgs = 0
+            self._handover_msgs = self._handover_bytes = 0
+
+    def _drop_parsed(self, reput: int) -> None:
+        """Forget the hand-overs of batches below ``reput`` (parsed from the bytes): their requests go now."""
+        pending = self._handovers
+        with self._handover_lock:
+            while pending and pending[0][0] < reput:
+                self._forget(pending.popleft())
 
     def _take_handover(self, reput: int) -> _Handover | None:
         """The hand-over of the batch that starts at ``reput``, if any; drops older ones (already parsed)."""
@@ -118,11 +134,11 @@ class Dispatcher:
             return None
         with self._handover_lock:
             while pending and pending[0][0] < reput:
-                self._handover_msgs -= len(pending.popleft()[4])
+                self._forget(pending.popleft())
             if not pending or pending[0][0] != reput:
                 return None
             entry = pending.popleft()
-            self._handover_msgs -= len(entry[4])
+            self._forget(entry)
         return entry
 
     # -- dispatch ---------------------------------------------------------------------------------------
@@ -171,6 +187,8 @@ class Dispatcher:
                 new_pos = mf.size
             consumed += new_pos - pos
             self.reput = mf.start + new_pos
+            if self._handovers and self._handovers[0][0] < self.reput:
+                self._drop_parsed(self.reput)
             if new_pos == pos:
                 break
         return consumed
@@ -232,12 +250,20 @@ class Dispatcher:
     def _dispatch_handover(self, entry: _Handover, notify: dict[ConsumeQueue, int]) -> None:
         _, _, store_ts, runs, offsets = entry
         k = 0
-        for topic, queue_id, first_offset, tx, nbytes, tags, uniqs, keys in runs:
-            n = len(tags)
-            phys = list(offsets[k : k + n])
+        for topic, queue_id, first_offset, items, nbytes in runs:
+            n = len(items)
+            tx = items[0].sys_flag & 0xC
+            if n == 1:  # a single send: no column set-up
+                item = items[0]
+                tags, uniqs, keys = [item[6]], [item[8]], [item[7]]
+                phys = [offsets[k]]
+                sizes = [nbytes]
+            else:
+                tags, uniqs, keys = list(map(_TAGS, items)), list(map(_UNIQ, items)), list(map(_KEYS, items))
+                phys = list(offsets[k : k + n])
+                sizes = list(map(sub, phys[1:], phys[:-1]))
+                sizes.append(phys[0] + nbytes - phys[-1])
             k += n
-            sizes = list(map(sub, phys[1:], phys[:-1]))
-            sizes.append(phys[0] + nbytes - phys[-1])
             self._emit(topic, queue_id, first_offset, tx, phys, sizes, tags, store_ts, uniqs, keys, notify)
         self.last_store_ts = store_ts
 

@@ -12,8 +12,7 @@ a name wins when it is read (:mod:`client.protocol.properties`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import repeat
-from operator import attrgetter, contains
+from operator import attrgetter
 
 from broker.metadata.topics import TIMER_TOPIC
 from broker.schedule import restore_message
@@ -37,10 +36,12 @@ _MAX_DIGITS = 15
 
 
 def has_timer(items: Sequence[BatchItem]) -> bool:
-    """Whether any item may carry a timer property: a byte search of each property string (bytes, as
-    :func:`client.protocol.codec.decode_batch` makes them), iterated in C -- the only cost a message without a
-    timer pays (about 0.15 us a message on a 2-core CI machine, a tenth of decoding it)."""
-    return any(map(contains, map(_PROPERTIES, items), repeat(_MARK)))
+    """Whether any item may carry a timer property: one byte search of the items' property strings joined (a
+    false match across two of them only costs a parse) -- the only cost a message without a timer pays.
+
+    ``bytes.find``, not ``in``: ``in`` first tries the needle as an int, and the TypeError it raises and
+    clears cost about 2k instructions a call, more than the search (a single send paid it per message)."""
+    return b"".join(map(_PROPERTIES, items)).find(_MARK) >= 0
 
 
 def _number(name: str, raw: str) -> int:

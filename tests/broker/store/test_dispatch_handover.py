@@ -179,3 +179,23 @@ def test_abnormal_recovery_replays_nothing_twice(make_store: StoreFactory, tmp_p
     assert [f[:4] for f in after[1]] == [f[:4] for f in before[1]]
     assert after[1][-1][5] <= before[1][-1][5] + 2  # at most the last indexed record's 2 entries once more
     assert len(again.query_message("TopicA", "pick", 64, 0, 1 << 62).records) == 12
+
+
+def test_hand_over_holds_at_most_its_byte_bound(make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held batches keep their requests' bodies alive: past HANDOVER_MAX_BYTES the oldest are dropped (and
+    parsed from the log), and what is built is the same."""
+    monkeypatch.setattr(dispatch_module, "HANDOVER_MAX_BYTES", 2000)
+    store = make_store()
+    uniq = UniqKeyGenerator()
+    for i in range(6):
+        store.append_batch("T", 0, _items("T", [(f"Tag{i}", f"key-{i}")] * 3, uniq), born_host=BORN_HOST)
+        held = store.dispatcher._handover_bytes
+        assert 0 < held <= 2000 or len(store.dispatcher._handovers) == 1
+    assert len(store.dispatcher._handovers) < 6
+    while store.dispatch_available():
+        pass
+    assert store.dispatcher._handover_bytes == store.dispatcher._handover_msgs == 0
+    cq = store.cqs.get("T", 0)
+    assert cq is not None
+    assert [u[3] for u in cq.iter_units(0)] == [tags_hash(f"Tag{i}") for i in range(6) for _ in range(3)]
+    assert len(store.query_message("T", "key-0", 8, 0, 1 << 62).records) == 3

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 from broker.store.index import INT_MAX, IndexFile, _abs_hash, _TopicHasher, key_hash
 from client.protocol.codec import UniqKeyGenerator, batch_item, decode_records, tags_hash
 
-from .conftest import BORN_HOST, StoreFactory, batch
+from .conftest import BORN_HOST, FakeClock, StoreFactory, batch
 
 
 def test_key_hash_and_slot_of_the_spec_example() -> None:
@@ -89,3 +90,26 @@ def test_batch_hashes_column_by_column_equal_the_plain_java_hash() -> None:
     assert hs == want
     edges = [0, 1, INT_MAX, INT_MAX + 1, INT_MAX + 2, (1 << 32) - 1]
     assert [_abs_hash(h) for h in edges] == [0, 1, INT_MAX, 0, INT_MAX, 1]
+
+
+def test_single_sends_index_as_the_batch_path_does(make_store: StoreFactory, tmp_path: Path) -> None:
+    """A single send's entries (put one by one from its hand-over) are the bytes the batch path writes for the
+    same records parsed from the log: items, slot chains, header -- across a file that fills up."""
+    clock = FakeClock()
+    single = make_store(root=tmp_path / "single", clock_ms=clock, max_hash_slot_num=8, max_index_num=40)
+    parsed = make_store(root=tmp_path / "parsed", clock_ms=clock, max_hash_slot_num=8, max_index_num=40)
+    for i in range(30):
+        keys = f"k{i} k{i}b" if i % 3 == 0 else (None if i % 5 == 0 else f"k{i}")
+        items = batch("T", 1, keys=keys, start=i) if keys else batch("T", 1, start=i)
+        clock.now_ms += 1500
+        single.append_batch("T", 0, items, born_host=BORN_HOST)
+        single.dispatch_available()
+        parsed.append_batch("T", 0, items, born_host=BORN_HOST)
+    parsed.dispatcher.drop_handovers()
+    parsed.dispatch_available()
+    assert single.index is not None and parsed.index is not None
+    single.index.flush()
+    parsed.index.flush()
+    assert len(single.index.files) == len(parsed.index.files) == 2
+    for a, b in zip(single.index.files, parsed.index.files, strict=True):
+        assert bytes(a.mf.mm) == bytes(b.mf.mm)
