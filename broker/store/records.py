@@ -15,10 +15,9 @@ up to TOTALSIZE, its PHYSICALOFFSET is its own offset and its BODYCRC matches th
 from __future__ import annotations
 
 import struct
-import zlib
 
 from client.errors import ProtocolViolationError
-from client.protocol.codec import BLANK_MAGIC, CHECK_HEAD_V4, MAGIC_V1, RECORD_PREFIX, record_layout
+from client.protocol.codec import BLANK_MAGIC, CHECK_HEAD_V4, MAGIC_V1, RECORD_PREFIX, crc32, record_layout
 
 __all__ = [
     "BAD",
@@ -52,7 +51,7 @@ def _check_generic(buf: memoryview, pos: int, size: int, phy: int, check_crc: bo
     if _I64_AT(buf, pos + 28)[0] != phy:
         return f"PHYSICALOFFSET {_I64_AT(buf, pos + 28)[0]} is not the record's offset"
     crc = int.from_bytes(buf[pos + 8 : pos + 12], "big", signed=True)
-    if check_crc and zlib.crc32(buf[body_len_pos + 4 : topic_len_pos]) & 0x7FFFFFFF != crc:
+    if check_crc and crc32(buf[body_len_pos + 4 : topic_len_pos]) & 0x7FFFFFFF != crc:
         return "BODYCRC does not match the body"
     return None
 
@@ -80,7 +79,7 @@ def check_records(
     prefix = RECORD_PREFIX.unpack_from
     head = CHECK_HEAD_V4.unpack_from
     u16 = _U16_AT
-    crc32 = zlib.crc32
+    crc_of = crc32
     limit = file_end - _MARKER  # a record must leave room for a blank marker
     fast_end = min(data_end, limit)
     while True:
@@ -94,7 +93,7 @@ def check_records(
                     and phy == base + pos and body_len >= 0 and tp + 3 <= end):
                 pp = tp + 1 + buf[tp]
                 if pp + 2 <= end and pp + 2 + u16(buf, pp)[0] == end and (
-                        not check_crc or crc32(buf[pos + 88 : tp]) & 0x7FFFFFFF == crc):
+                        not check_crc or crc_of(buf[pos + 88 : tp]) & 0x7FFFFFFF == crc):
                     pos = end
                     continue
         if pos + _MARKER > data_end:
@@ -121,7 +120,7 @@ def check_records(
                 return pos, "field lengths do not add up to TOTALSIZE"
             if phy != base + pos:
                 return pos, f"PHYSICALOFFSET {phy} is not the record's offset"
-            if check_crc and crc32(buf[pos + 88 : tp]) & 0x7FFFFFFF != crc:
+            if check_crc and crc_of(buf[pos + 88 : tp]) & 0x7FFFFFFF != crc:
                 return pos, "BODYCRC does not match the body"
             pos = end
         elif magic == BLANK_MAGIC:
