@@ -379,10 +379,15 @@ def test_entries_appended_while_pushes_are_out_go_to_a_follower_in_few_frames(tm
     appended one by one meanwhile wait and go together: far fewer APPEND frames than entries, and every follower
     still holds every entry."""
     async def scenario(g: Group) -> None:
+        async def all_hold(index: int) -> None:
+            for n in g.nodes.values():
+                def holds(n: DLedgerNode = n) -> bool:
+                    return n.store.end_index >= index
+                await wait_until(holds, 5, f"{n.state.self_id} holding {index}")
+
         lead = await g.wait_leader()
         first, _ = await lead.append(b"first")  # every follower past COMPARE: pushing entries as they come
-        for n in g.nodes.values():
-            await wait_until(lambda n=n: n.store.end_index >= first, 5, f"{n.state.self_id} holding {first}")
+        await all_hold(first)
         frames: dict[str, list[int]] = {}
         for peer, client in lead._clients.items():
             frames[peer] = []
@@ -400,8 +405,8 @@ def test_entries_appended_while_pushes_are_out_go_to_a_follower_in_few_frames(tm
             pending.append(asyncio.ensure_future(lead.append(b"e%02d" % i)))
             await asyncio.sleep(0.003)  # pacing, so each append has the loop to itself (not a synchronisation)
         last = max(i for i, _ in await asyncio.gather(*pending))
+        await all_hold(last)
         for n in g.nodes.values():
-            await wait_until(lambda n=n: n.store.end_index >= last, 5, f"{n.state.self_id} holding {last}")
             assert entries(n, last) == entries(lead, last)
         for peer, sizes in frames.items():
             assert 0 < len(sizes) <= 20, f"{len(sizes)} APPEND frames to {peer} for 40 entries"
