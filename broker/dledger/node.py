@@ -95,6 +95,11 @@ class NodeConfig:
     max_batch_entries: int = 64
     max_batch_bytes: int = 4 << 20
     max_in_flight: int = 1000
+    max_pushes_in_flight: int = 2
+    """APPEND requests out to one follower at once at most: entries appended while they are out wait for the next
+    push and go in one frame (with several senders, fewer and larger pushes cost the leader and the follower less
+    per entry; a lone sender finds no push out and is pushed at once). A push out longer than
+    ``max_push_timeout_ms`` does not hold the next one back."""
     request_timeout_s: float = 3.0
     preferred_leader_id: str | None = None
     """``preferredLeaderIds``: a leader hands leadership to this member once it has every entry."""
@@ -654,9 +659,16 @@ class DLedgerNode:
         client = self._clients[peer]
         loop = asyncio.get_running_loop()
         inflight: set[asyncio.Task[None]] = set()
+        appends: dict[asyncio.Task[None], int] = {}  # APPEND pushes out -> sent at ms
         try:
             while st.role is Role.LEADER and st.term == term and not self._stopping:
-                for s in disp.poll(store.begin_index, store.end_index, self._clock(), store.committed_index):
+                now = self._clock()
+                if (len(appends) >= cfg.max_pushes_in_flight
+                        and now - min(appends.values()) <= cfg.max_push_timeout_ms):
+                    # Pushes enough are out: what is appended meanwhile goes in one frame when one comes back.
+                    await self._new_data[peer].wait(0.01)
+                    continue
+                for s in disp.poll(store.begin_index, store.end_index, now, store.committed_index):
                     if s.kind in (PushKind.COMPARE, PushKind.TRUNCATE):
                         await self._compare_or_truncate(client, disp, s.kind, s.index, term)
                     elif s.kind is PushKind.APPEND:
@@ -667,6 +679,8 @@ class DLedgerNode:
                         t = loop.create_task(self._push(client, disp, term, s.index, last, body))
                         inflight.add(t)
                         t.add_done_callback(inflight.discard)
+                        appends[t] = now
+                        t.add_done_callback(appends.pop)
                         if last < s.index + s.count - 1:
                             break
                     else:

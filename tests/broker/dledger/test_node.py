@@ -372,3 +372,43 @@ def test_bad_hellos_and_frames_are_logged_and_closed_and_the_log_is_untouched(
 
     with caplog.at_level(logging.INFO, logger="broker.dledger"):
         run(tmp_path, scenario)
+
+
+def test_entries_appended_while_pushes_are_out_go_to_a_follower_in_few_frames(tmp_path: Path) -> None:
+    """With ``max_pushes_in_flight`` pushes out to a follower (held 30 ms each way by the fault layer), entries
+    appended one by one meanwhile wait and go together: far fewer APPEND frames than entries, and every follower
+    still holds every entry."""
+    async def scenario(g: Group) -> None:
+        async def all_hold(index: int) -> None:
+            for n in g.nodes.values():
+                def holds(n: DLedgerNode = n) -> bool:
+                    return n.store.end_index >= index
+                await wait_until(holds, 5, f"{n.state.self_id} holding {index}")
+
+        lead = await g.wait_leader()
+        first, _ = await lead.append(b"first")  # every follower past COMPARE: pushing entries as they come
+        await all_hold(first)
+        frames: dict[str, list[int]] = {}
+        for peer, client in lead._clients.items():
+            frames[peer] = []
+
+            async def counting(msg_type: MsgType, body: bytes, timeout_s: float, tail: bytes = b"", *,
+                               peer: str = peer, inner: Callable[..., Awaitable[Frame]] = client.request) -> Frame:
+                if msg_type is MsgType.PUSH and tail:
+                    frames[peer].append(len(tail))
+                return await inner(msg_type, body, timeout_s, tail)
+
+            client.request = counting  # type: ignore[method-assign]
+            lead.faults.delay_s[peer] = 0.03
+        pending = []
+        for i in range(40):
+            pending.append(asyncio.ensure_future(lead.append(b"e%02d" % i)))
+            await asyncio.sleep(0.003)  # pacing, so each append has the loop to itself (not a synchronisation)
+        last = max(i for i, _ in await asyncio.gather(*pending))
+        await all_hold(last)
+        for n in g.nodes.values():
+            assert entries(n, last) == entries(lead, last)
+        for peer, sizes in frames.items():
+            assert 0 < len(sizes) <= 20, f"{len(sizes)} APPEND frames to {peer} for 40 entries"
+
+    run(tmp_path, scenario, max_pushes_in_flight=1)
