@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import mmap
 import struct
-import zlib
 from typing import NamedTuple, TypeAlias
+
+from client.protocol.codec import crc32
 
 __all__ = [
     "BLANK_MAGIC",
@@ -101,7 +102,7 @@ def seal_entry(buf: WriteBuffer, at: int, *, index: int, term: int, pos: int, bo
     returns the entry's size."""
     body = memoryview(buf)[at + BODY_OFFSET : at + BODY_OFFSET + body_length]
     ENTRY_HEADER.pack_into(buf, at, ENTRY_MAGIC, BODY_OFFSET + body_length, index, term, pos, 0, 0,
-                           zlib.crc32(body) & 0x7FFFFFFF, body_length)
+                           crc32(body) & 0x7FFFFFFF, body_length)
     body.release()
     return BODY_OFFSET + body_length
 
@@ -129,7 +130,7 @@ def check_entry(buf: ReadBuffer, at: int, *, end: int, pos: int | None = None,
     if index is not None and h.entry_index != index:
         return f"entry has index {h.entry_index}, expected {index}"
     body = memoryview(buf)[at + BODY_OFFSET : at + h.size]
-    if zlib.crc32(body) & 0x7FFFFFFF != h.body_crc:
+    if crc32(body) & 0x7FFFFFFF != h.body_crc:
         return "body CRC does not match"
     return None
 
