@@ -112,23 +112,22 @@ class Principal:
     def _who(self) -> str:
         return f"account {self.access_key}" if self.access_key else f"white-listed address {self.host} (no account)"
 
-    def _topic_bits(self, account: Account, topic: str) -> int:
-        topics = self._topics
-        bits = topics.get(topic)
+    @staticmethod
+    def _bits(cache: dict[str, int], allowed: Callable[[Account, str, Action], bool], account: Account,
+              name: str) -> int:
+        """The actions ``allowed`` grants ``account`` on ``name``, asked once and kept in ``cache`` (bounded)."""
+        bits = cache.get(name)
         if bits is None:
-            if len(topics) >= _DECISIONS_MAX:
-                topics.clear()
-            bits = topics[topic] = sum(a for a in Action if topic_allowed(account, topic, a))
+            if len(cache) >= _DECISIONS_MAX:
+                cache.clear()
+            bits = cache[name] = sum(a for a in Action if allowed(account, name, a))
         return bits
 
+    def _topic_bits(self, account: Account, topic: str) -> int:
+        return self._bits(self._topics, topic_allowed, account, topic)
+
     def _group_bits(self, account: Account, group: str) -> int:
-        groups = self._groups
-        bits = groups.get(group)
-        if bits is None:
-            if len(groups) >= _DECISIONS_MAX:
-                groups.clear()
-            bits = groups[group] = sum(a for a in Action if group_allowed(account, group, a))
-        return bits
+        return self._bits(self._groups, group_allowed, account, group)
 
     def need_admin(self, what: str) -> None:
         """Raises NoPermissionError unless the principal is an admin account."""
