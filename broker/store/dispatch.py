@@ -122,10 +122,13 @@ class Dispatcher:
 
     def _drop_parsed(self, reput: int) -> None:
         """Forget the hand-overs of batches below ``reput`` (parsed from the bytes): their requests go now."""
-        pending = self._handovers
         with self._handover_lock:
-            while pending and pending[0][0] < reput:
-                self._forget(pending.popleft())
+            self._forget_below(reput)
+
+    def _forget_below(self, reput: int) -> None:
+        pending = self._handovers
+        while pending and pending[0][0] < reput:
+            self._forget(pending.popleft())
 
     def _take_handover(self, reput: int) -> _Handover | None:
         """The hand-over of the batch that starts at ``reput``, if any; drops older ones (already parsed)."""
@@ -133,8 +136,7 @@ class Dispatcher:
         if not pending:
             return None
         with self._handover_lock:
-            while pending and pending[0][0] < reput:
-                self._forget(pending.popleft())
+            self._forget_below(reput)
             if not pending or pending[0][0] != reput:
                 return None
             entry = pending.popleft()
