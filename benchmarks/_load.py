@@ -35,13 +35,6 @@ def settle_group(cluster: LocalCluster, group: str, timeout_s: float) -> None:
 def send_batch_rate(p: Producer, msgs: list[Message], seconds: float, threads: int = 1) -> float:
     """Messages a second of ``threads`` senders sharing ``p``, each calling ``send_batch(msgs)`` in a loop for
     ``seconds`` (with several, their requests overlap)."""
-    if threads == 1:
-        n = 0
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            p.send_batch(msgs)
-            n += len(msgs)
-        return n / (time.perf_counter() - t0)
     counts = [0] * threads
     start = threading.Barrier(threads + 1)
 
