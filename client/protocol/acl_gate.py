@@ -301,14 +301,14 @@ class AclGate:
             self._refused(request, None, "no Authorization header")
             raise NoPermissionError(NOT_SIGNED)
         try:
-            access_key, timestamp_ms, nonce, sig = parse_authorization_fields(header)
+            access_key, timestamp_ms, nonce, sig, scheme = parse_authorization_fields(header)
         except SignatureError as e:
             self._refused(request, None, str(e))
             raise NoPermissionError(NOT_SIGNED) from None
         peer = self._peers.get((access_key, host))
         principal, key = peer if peer is not None else self._account_of(request, access_key, host)
         if not verify_fields(key, access_key, timestamp_ms, nonce, sig, request.method, request.path, request.query,
-                             request.body, request.raw_query.decode("latin-1")):
+                             request.body, request.raw_query.decode("latin-1"), scheme):
             self._refused(request, access_key, "signature does not verify")
             raise NoPermissionError(NOT_SIGNED)
         refusal = self._guard.admit(timestamp_ms, sig, self._clock_ms())

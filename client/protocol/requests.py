@@ -39,6 +39,7 @@ __all__ = [
     "INT64_MAX",
     "MAX_PULL_MAX_NUMS",
     "ArgumentError",
+    "CanonicalTarget",
     "PullRequestHeader",
     "SendRequestHeader",
     "checked_name",
@@ -66,6 +67,16 @@ class ArgumentError(ClientError):
     """A request argument is missing or malformed (answered as INVALID_PARAMETER)."""
 
     code = int(ResponseCode.INVALID_PARAMETER)
+
+
+class CanonicalTarget(str):
+    """A request target whose query is already the canonical query a signature covers
+    (:mod:`client.protocol.signing`): distinct argument names in sorted order, every value written by
+    :func:`quote_arg`. The data path's request models return one, so the ACL's signer uses the query as it is
+    instead of checking and sorting it again for every send and pull (``tests/protocol/test_requests.py`` checks
+    that the general path agrees)."""
+
+    __slots__ = ()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -213,23 +224,27 @@ class PullRequestHeader:
                    int(flag), commit, suspend, sub_expression, expression_type)
 
     def to_query(self) -> str:
-        """The query string (without ``?``); see the module docstring for which arguments are written."""
-        query = (f"group={quote_arg(self.group)}&topic={quote_arg(self.topic)}&queueId={self.queue_id}"
-                 f"&offset={self.offset}&maxNums={self.max_nums}&sysFlag={self.sys_flag}"
-                 f"&subExpression={quote_arg(self.sub_expression)}")
+        """The query string (without ``?``); see the module docstring for which arguments are written.
+
+        Arguments are written sorted by name, as a signed request's canonical query has them
+        (:mod:`client.protocol.signing`), so the ACL's signer sends this string as it is.
+        """
+        flag = self.sys_flag
+        query = f"commitOffset={self.commit_offset}&" if flag & PullSysFlag.COMMIT_OFFSET else ""
+        if self.expression_type != TAG:
+            query += f"expressionType={quote_arg(self.expression_type)}&"
+        query += f"group={quote_arg(self.group)}"
         if self.max_bytes != DEFAULT_PULL_MAX_BYTES:
             query += f"&maxBytes={self.max_bytes}"
-        if self.sys_flag & PullSysFlag.COMMIT_OFFSET:
-            query += f"&commitOffset={self.commit_offset}"
-        if self.sys_flag & PullSysFlag.SUSPEND:
+        query += (f"&maxNums={self.max_nums}&offset={self.offset}&queueId={self.queue_id}"
+                  f"&subExpression={quote_arg(self.sub_expression)}")
+        if flag & PullSysFlag.SUSPEND:
             query += f"&suspendTimeoutMs={self.suspend_timeout_ms}"
-        if self.expression_type != TAG:
-            query += f"&expressionType={quote_arg(self.expression_type)}"
-        return query
+        return f"{query}&sysFlag={flag}&topic={quote_arg(self.topic)}"
 
-    def target(self) -> str:
+    def target(self) -> CanonicalTarget:
         """Path and query of the request."""
-        return "/pull?" + self.to_query()
+        return CanonicalTarget("/pull?" + self.to_query())
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> PullRequestHeader:
@@ -288,19 +303,19 @@ class SendRequestHeader:
     route); None: not sent, the broker reads :data:`DEFAULT_SEND_TOPIC_QUEUE_NUMS`."""
 
     def to_query(self) -> str:
-        """The query string (without ``?``)."""
-        query = f"topic={quote_arg(self.topic)}&queueId={self.queue_id}"
+        """The query string (without ``?``), arguments sorted by name (as :meth:`PullRequestHeader.to_query`)."""
+        nums = self.default_topic_queue_nums
+        query = "" if nums is None else f"defaultTopicQueueNums={nums}&"
         if self.group:
-            query += f"&group={quote_arg(self.group)}"
+            query += f"group={quote_arg(self.group)}&"
+        query += f"queueId={self.queue_id}&"
         if self.reconsume_times:
-            query += f"&reconsumeTimes={self.reconsume_times}"
-        if self.default_topic_queue_nums is not None:
-            query += f"&defaultTopicQueueNums={self.default_topic_queue_nums}"
-        return query
+            query += f"reconsumeTimes={self.reconsume_times}&"
+        return f"{query}topic={quote_arg(self.topic)}"
 
-    def target(self) -> str:
+    def target(self) -> CanonicalTarget:
         """Path and query of the request."""
-        return "/send?" + self.to_query()
+        return CanonicalTarget("/send?" + self.to_query())
 
     @property
     def create_queue_nums(self) -> int:

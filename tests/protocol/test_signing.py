@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -51,10 +53,40 @@ def test_argument_order_and_encoding_do_not_matter() -> None:
     assert check(header, "GET", "/pull?group=g%201&topic=A|B", b"")
 
 
+def test_the_sdk_signs_blake3_bodies_and_servers_take_both_schemes() -> None:
+    from client.protocol.signing import SCHEME, SCHEME_BLAKE3, SIGNING_SCHEME, RequestSigner, string_to_sign
+
+    if platform.machine() in ("x86_64", "AMD64", "aarch64", "arm64"):  # where pyproject.toml installs blake3
+        assert SIGNING_SCHEME == SCHEME_BLAKE3
+    b3 = signed(body=b"abc")
+    assert b3.startswith(SCHEME_BLAKE3 + " ") and check(b3, "POST", "/send?topic=T&queueId=1", b"abc")
+    sha = RequestSigner(CREDS, SCHEME).header("POST", "/send?topic=T&queueId=1", b"abc", TS, "00ff")
+    assert sha.startswith(SCHEME + " ") and check(sha, "POST", "/send?topic=T&queueId=1", b"abc")
+    # The scheme word is signed: swapping it (a downgrade to the other digest) breaks the signature.
+    assert not check(SCHEME + b3[len(SCHEME_BLAKE3):], "POST", "/send?topic=T&queueId=1", b"abc")
+    assert not check(SCHEME_BLAKE3 + sha[len(SCHEME):], "POST", "/send?topic=T&queueId=1", b"abc")
+    # The digests are the published ones (BLAKE3's and SHA-256's of the empty input).
+    assert string_to_sign("GET", "/p", {}, 1, "n", "a", b"", scheme=SCHEME_BLAKE3).endswith(
+        b"\naf1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262")
+    assert string_to_sign("GET", "/p", {}, 1, "n", "a", b"").endswith(
+        b"\ne3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+
+
+def test_a_process_without_blake3_refuses_its_scheme_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from client.protocol import signing
+
+    header = signed()
+    monkeypatch.delitem(signing._BODY_DIGESTS, signing.SCHEME_BLAKE3)
+    with pytest.raises(SignatureError, match="blake3 package"):
+        parse_authorization(header)
+    with pytest.raises(SignatureError, match="blake3 package"):
+        parse_authorization(header.replace(",", ", "))  # the general parser too
+
+
 def test_a_changed_timestamp_or_nonce_breaks_it() -> None:
     auth = parse_authorization(signed())
-    for changed in (auth.__class__(auth.access_key, auth.timestamp_ms + 1, auth.nonce, auth.signature),
-                    auth.__class__(auth.access_key, auth.timestamp_ms, "00fe", auth.signature)):
+    for changed in (auth.__class__(auth.access_key, auth.timestamp_ms + 1, auth.nonce, auth.signature, auth.scheme),
+                    auth.__class__(auth.access_key, auth.timestamp_ms, "00fe", auth.signature, auth.scheme)):
         assert not verify(changed, "s3cret", "POST", "/send", {"topic": "T", "queueId": "1"}, b"abc")
 
 
@@ -145,9 +177,9 @@ def test_the_header_fast_path_reads_what_the_general_parser_reads(ak: str, ts: i
     from client.protocol.signing import _parse_general, parse_authorization_fields
 
     header = f"SPLITMQ-HMAC-SHA256 AccessKey={ak},Timestamp={ts},Nonce={nonce},Signature={sig}"
-    assert parse_authorization_fields(header.encode()) == _parse_general(header.encode()) == (ak, ts, nonce, sig)
+    assert parse_authorization_fields(header.encode()) == _parse_general(header.encode()) == (ak, ts, nonce, sig, "SPLITMQ-HMAC-SHA256")
     spaced = header.replace(",", ", ")  # another spelling: the general parser's
-    assert parse_authorization_fields(spaced.encode()) == (ak, ts, nonce, sig)
+    assert parse_authorization_fields(spaced.encode()) == (ak, ts, nonce, sig, "SPLITMQ-HMAC-SHA256")
 
 
 @given(st.lists(_RAW_FIELD, max_size=6))
@@ -161,26 +193,27 @@ def test_the_sdk_sends_the_canonical_query_and_the_server_verifies_it_as_receive
     path, _, qs = sent.partition("?")
     query = parse_query(qs.encode())
     assert path == "/p" and query == parse_query(target.partition("?")[2].encode())
-    ak, ts, nonce, sig = parse_authorization_fields(header)
+    ak, ts, nonce, sig, scheme = parse_authorization_fields(header)
     key = hmac_key("s3cret")
-    assert verify_fields(key, ak, ts, nonce, sig, "GET", path, query, b"", qs)
+    assert verify_fields(key, ak, ts, nonce, sig, "GET", path, query, b"", qs, scheme)
     reordered = "&".join(reversed(qs.split("&")))
-    assert verify_fields(key, ak, ts, nonce, sig, "GET", path, query, b"", reordered)
+    assert verify_fields(key, ak, ts, nonce, sig, "GET", path, query, b"", reordered, scheme)
     assert verify(parse_authorization(header), "s3cret", "GET", path, query, b"")
 
 
 def test_a_received_query_string_verifies_only_what_was_signed() -> None:
     from client.protocol.signing import hmac_key, parse_authorization_fields, verify_fields
 
-    ak, ts, nonce, sig = parse_authorization_fields(signed("GET", "/pull?topic=T&group=g", b""))
+    ak, ts, nonce, sig, scheme = parse_authorization_fields(signed("GET", "/pull?topic=T&group=g", b""))
     key = hmac_key("s3cret")
-    assert verify_fields(key, ak, ts, nonce, sig, "GET", "/pull", {"group": "g", "topic": "T"}, b"", "group=g&topic=T")
+    assert verify_fields(key, ak, ts, nonce, sig, "GET", "/pull", {"group": "g", "topic": "T"}, b"", "group=g&topic=T",
+                         scheme)
     # The raw string is only a shortcut: another received query (even one equal to what was signed, if its
     # decoding differs) does not verify.
     assert not verify_fields(key, ak, ts, nonce, sig, "GET", "/pull", {"group": "g", "topic": "U"}, b"",
-                             "group=g&topic=U")
+                             "group=g&topic=U", scheme)
     assert not verify_fields(key, ak, ts, nonce, sig, "GET", "/pull", {"group": "g", "topic": "T", "x": ""}, b"",
-                             "group=g&topic=T&x=")
+                             "group=g&topic=T&x=", scheme)
 
 
 @given(key=st.binary(max_size=200), msg=st.binary(max_size=300))
