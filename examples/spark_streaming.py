@@ -36,16 +36,21 @@ def main() -> int:
     parser.add_argument("--topic", default="SparkStreamExample")
     parser.add_argument("--messages", type=int, default=300, metavar="N",
                         help="messages to produce per run, a multiple of 50 (default 300)")
-    parser.add_argument("--out", default=None, help="output directory (default: a temporary one)")
+    parser.add_argument("--out", default=None,
+                        help="output directory, kept (default: a temporary one, removed at the end)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    with contextlib.ExitStack() as stack:
+        out = args.out or stack.enter_context(tempfile.TemporaryDirectory(prefix="splitmq-stream-out-"))
+        return _run(args, out)
 
+
+def _run(args: argparse.Namespace, out: str) -> int:
     from pyspark.sql import SparkSession
 
     import spark_connector
     from client import Admin, Message, Producer
 
-    out = args.out or tempfile.mkdtemp(prefix="splitmq-stream-out-")
     with _nameserver(args.namesrv) as ns:
         with Admin(ns) as admin:
             admin.create_topic(args.topic, queue_nums=4)
