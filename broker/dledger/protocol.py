@@ -58,6 +58,7 @@ __all__ = [
     "decode_vote",
     "decode_vote_reply",
     "encode_frame",
+    "encode_frame_parts",
     "encode_heartbeat_reply",
     "encode_hello",
     "encode_push_head",
@@ -125,6 +126,15 @@ def encode_frame(msg_type: MsgType, request_id: int, body: bytes = b"", tail: by
     return b"".join((head, body, tail)) if tail else head + body
 
 
+def encode_frame_parts(msg_type: MsgType, request_id: int, body: bytes,
+                       tail: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+    """The frame of :func:`encode_frame` as ``(header + body, tail)``, not joined: a PUSH's entries (``tail``,
+    often tens of KB) go to the socket as they are, in one ``writelines``, and one buffer of entries serves
+    every follower pushed the same range (only the small first part differs: the request id)."""
+    head = HEADER.pack(_AFTER_LENGTH + len(body) + len(tail), MAGIC, VERSION, msg_type, request_id)
+    return head + body, tail
+
+
 class FrameDecoder:
     """An incremental decoder over a fixed buffer of ``max_frame_bytes + 16`` (any split of the stream).
 
@@ -154,9 +164,24 @@ class FrameDecoder:
         self._end += n
 
     def feed(self, data: bytes) -> list[Frame]:
-        """Copy ``data`` in; every frame completed, bodies copied out (tests and small readers)."""
+        """Every frame ``data`` completes; no body views the decoder's buffer.
+
+        Frames that lie whole in ``data`` with nothing buffered before them are not copied: their bodies view
+        ``data`` (bytes: nothing can change them; a follower parks a pushed batch as it was read). A frame that
+        straddles reads goes through the buffer and its body is copied out once. Only a trailing partial frame
+        is copied in.
+        """
         out: list[Frame] = []
+        if not isinstance(data, bytes):
+            data = bytes(data)
         src = memoryview(data)
+        if self._start == self._end:
+            at, n = 0, len(src)
+            while (h := self._header(src, at, n - at)) is not None and n - at >= 4 + h[0]:
+                length, kind, request_id = h
+                out.append(Frame(kind, request_id, src[at + HEADER.size : at + 4 + length]))
+                at += 4 + length
+            src = src[at:]
         while True:
             while (f := self.next_frame()) is not None:
                 out.append(Frame(f.type, f.request_id, memoryview(bytes(f.body))))
@@ -168,16 +193,16 @@ class FrameDecoder:
             self.buffer_updated(k)
             src = src[k:]
 
-    def next_frame(self) -> Frame | None:
-        """The next complete frame, or None when more bytes are needed.
+    def _header(self, buf: memoryview | bytearray, at: int, avail: int) -> tuple[int, MsgType, int] | None:
+        """``(length, type, request id)`` of the frame at ``buf[at:]`` (``avail`` bytes there), checked; None
+        when its header is not all there yet.
 
         Raises:
             PeerProtocolError: a bad magic, version or type, or a length outside ``12..max_frame_bytes``.
         """
-        avail = self._end - self._start
         if avail < HEADER.size:
             return None
-        length, magic, version, msg_type, request_id = HEADER.unpack_from(self._buf, self._start)
+        length, magic, version, msg_type, request_id = HEADER.unpack_from(buf, at)
         if magic != MAGIC:
             raise PeerProtocolError(f"frame magic {magic:#06x} is not {MAGIC:#06x}: not a DLedger peer")
         if version != VERSION:
@@ -188,8 +213,18 @@ class FrameDecoder:
             kind = MsgType(msg_type)
         except ValueError:
             raise PeerProtocolError(f"frame type {msg_type} is unknown") from None
-        if avail < 4 + length:
+        return length, kind, request_id
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or None when more bytes are needed.
+
+        Raises:
+            PeerProtocolError: a bad magic, version or type, or a length outside ``12..max_frame_bytes``.
+        """
+        h = self._header(self._buf, self._start, self._end - self._start)
+        if h is None or self._end - self._start < 4 + h[0]:
             return None
+        length, kind, request_id = h
         body_start = self._start + HEADER.size
         self._start += 4 + length
         return Frame(kind, request_id, self._view[body_start : self._start])
