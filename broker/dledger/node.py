@@ -15,6 +15,7 @@ Two departures from DLedger, both for safety:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -69,7 +70,7 @@ from broker.dledger.quorum import AckCode, QuorumTracker
 from broker.dledger.store import DLedgerStore, EntryRefused, copying
 from broker.dledger.transport import FaultLayer, PeerClient, PeerError, PeerServer, serve_peers
 
-__all__ = ["AppendError", "DLedgerNode", "NodeConfig", "Wakeup"]
+__all__ = ["AppendError", "DLedgerNode", "NodeConfig", "PushBuffers", "Wakeup"]
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,40 @@ class Wakeup:
         self._set = False
 
 
+class PushBuffers:
+    """The entries read for APPEND pushes, kept for the followers pushed the same range: one copy out of the log
+    and one buffer on every follower's socket (the transport does not join it into a frame), where each follower
+    took its own copy before -- on the leader's one loop, per batch.
+
+    Valid for one leadership: a leader's log only grows (it truncates only as a follower, after its dispatchers
+    stopped), so the entries at an index do not change while it holds them; each leadership makes its own. Holds
+    the ``max_ranges`` latest ranges (the followers in step ask for the same one, one after the other).
+
+    Args:
+        store: the leader's log.
+        max_ranges: ranges kept at most (each at most ``max_bytes`` of a :meth:`get`).
+    """
+
+    def __init__(self, store: DLedgerStore, max_ranges: int) -> None:
+        self._store = store
+        self._recent: collections.deque[tuple[tuple[int, int, int], tuple[bytes, int]]] = collections.deque(
+            maxlen=max(1, max_ranges))
+        self.reads = 0
+        """Ranges read from the log (the others were shared)."""
+
+    def get(self, first: int, last: int, max_bytes: int) -> tuple[bytes, int]:
+        """:meth:`DLedgerStore.get_range` of ``first..last``, the very bytes object another follower got for it."""
+        key = (first, last, max_bytes)
+        for k, v in self._recent:
+            if k == key:
+                return v
+        v = self._store.get_range(first, last, max_bytes)
+        self.reads += 1
+        if v[1] >= first:
+            self._recent.append((key, v))
+        return v
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -203,6 +238,8 @@ class DLedgerNode:
         self._increase_term_now = False
         self._last_verdict = Verdict.WAIT_TO_REVOTE
         self._tracker: QuorumTracker | None = None
+        self.push_buffers: PushBuffers | None = None
+        """The entries pushed to the followers in this leadership (None when not leading)."""
         self._futures: dict[int, tuple[asyncio.Future[tuple[int, int]], int]] = {}
         self._handler = EntryHandler()
         self._pending_entries: dict[int, bytes | memoryview] = {}  # parked APPEND batches by first index
@@ -454,7 +491,8 @@ class DLedgerNode:
         index, _ = self.store.append_as_leader(term, b"")
         self._after_local_append(index)
         loop = asyncio.get_running_loop()
-        self._leader_tasks = [loop.create_task(self._replicate(p, term)) for p in self._others]
+        self.push_buffers = PushBuffers(self.store, 2 * len(self._others))
+        self._leader_tasks = [loop.create_task(self._replicate(p, term, self.push_buffers)) for p in self._others]
         self._role_changed()
         self._wake.set()
 
@@ -464,6 +502,7 @@ class DLedgerNode:
         self._leader_tasks = []
         self._fail_pending("TERM_CHANGED", "leadership changed before a quorum stored the entry")
         self._tracker = None
+        self.push_buffers = None
 
     def _fail_pending(self, code: str, message: str) -> None:
         futures, self._futures = self._futures, {}
@@ -651,8 +690,8 @@ class DLedgerNode:
             self._next_vote_ms = self._clock() + self._rand_ms()
             self._role_changed()
 
-    async def _replicate(self, peer: str, term: int) -> None:
-        """The dispatcher of one follower while this member leads ``term``."""
+    async def _replicate(self, peer: str, term: int, buffers: PushBuffers) -> None:
+        """The dispatcher of one follower while this member leads ``term`` (``buffers``: this leadership's)."""
         cfg, st, store = self.config, self.state, self.store
         disp = EntryDispatcher(peer, max_in_flight=cfg.max_in_flight, max_batch=cfg.max_batch_entries,
                                max_push_timeout_ms=cfg.max_push_timeout_ms)
@@ -673,7 +712,7 @@ class DLedgerNode:
                         await self._compare_or_truncate(client, disp, s.kind, s.index, term)
                     elif s.kind is PushKind.APPEND:
                         # at most max_batch_bytes, and never past the end of a data file
-                        body, last = store.get_range(s.index, s.index + s.count - 1, cfg.max_batch_bytes)
+                        body, last = buffers.get(s.index, s.index + s.count - 1, cfg.max_batch_bytes)
                         if last < s.index + s.count - 1:
                             disp.trim(s.index, last)
                         t = loop.create_task(self._push(client, disp, term, s.index, last, body))
@@ -852,8 +891,8 @@ class DLedgerNode:
         if code is not None:
             return self._reply(PushCode.REPEATED_PUSH if code is FollowerCode.REPEATED_PUSH
                                else PushCode.INCONSISTENT_STATE)
-        # The transport hands each frame over in a buffer of its own (FrameDecoder.feed copies it out of the
-        # read buffer): parking the view keeps that buffer, not one more copy of the entries.
+        # The transport hands each frame over in a buffer of its own (FrameDecoder.feed: a view of the bytes
+        # read, or a copy out of its buffer): parking the view keeps that buffer, not one more copy of the entries.
         self._pending_entries[push.first_index] = push.entries
         self._drain(push.committed_index)
         return await waiter
