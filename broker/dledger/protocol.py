@@ -109,6 +109,12 @@ class PushCode(enum.IntEnum):
 
 E = TypeVar("E", bound=enum.Enum)
 
+#: Codes by value: a dict lookup per frame and per ack, not an enum call.
+_MSG_TYPES = {t.value: t for t in MsgType}
+_PUSH_CODES = {c.value: c for c in PushCode}
+#: Entries a PUSH of each kind carries (APPEND: 1 .. 2^20).
+_PUSH_COUNTS = {PushKind.COMMIT: (0, 0), PushKind.COMPARE: (1, 1), PushKind.TRUNCATE: (1, 1)}
+
 _VOTE_RESULTS = list(VoteResult)
 _HB_CODES = list(HeartbeatCode)
 _PUSH_KINDS = list(PushKind)
@@ -209,10 +215,9 @@ class FrameDecoder:
             raise PeerProtocolError(f"frame version {version} is not {VERSION}")
         if not _AFTER_LENGTH <= length <= self.max_frame_bytes:
             raise PeerProtocolError(f"frame length {length} is outside {_AFTER_LENGTH}..{self.max_frame_bytes}")
-        try:
-            kind = MsgType(msg_type)
-        except ValueError:
-            raise PeerProtocolError(f"frame type {msg_type} is unknown") from None
+        kind = _MSG_TYPES.get(msg_type)
+        if kind is None:
+            raise PeerProtocolError(f"frame type {msg_type} is unknown")
         return length, kind, request_id
 
     def next_frame(self) -> Frame | None:
@@ -350,7 +355,7 @@ def decode_push(body: memoryview | bytes) -> Push:
     if kind >= len(_PUSH_KINDS):
         raise PeerProtocolError(f"PUSH kind {kind} is unknown")
     k = _PUSH_KINDS[kind]
-    want = {PushKind.COMMIT: (0, 0), PushKind.COMPARE: (1, 1), PushKind.TRUNCATE: (1, 1)}.get(k, (1, 1 << 20))
+    want = _PUSH_COUNTS.get(k, (1, 1 << 20))
     if term < 0 or committed < -1 or first < -1 or not want[0] <= count <= want[1]:
         raise PeerProtocolError(f"PUSH {k.value} fields out of range: term {term}, committed {committed}, "
                                 f"first index {first}, count {count}")
@@ -374,8 +379,7 @@ def encode_push_reply(r: PushReply) -> bytes:
 
 def decode_push_reply(body: memoryview | bytes) -> PushReply:
     code, term, index, begin, end = _exact(body, _PUSH_REPLY, "PUSH_REPLY")
-    try:
-        c = PushCode(code)
-    except ValueError:
-        raise PeerProtocolError(f"PUSH_REPLY code {code} is unknown") from None
+    c = _PUSH_CODES.get(code)
+    if c is None:
+        raise PeerProtocolError(f"PUSH_REPLY code {code} is unknown")
     return PushReply(c, term, index, begin, end)
