@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import random
 import socket
@@ -696,9 +697,8 @@ class DLedgerNode:
         disp = EntryDispatcher(peer, max_in_flight=cfg.max_in_flight, max_batch=cfg.max_batch_entries,
                                max_push_timeout_ms=cfg.max_push_timeout_ms)
         client = self._clients[peer]
-        loop = asyncio.get_running_loop()
-        inflight: set[asyncio.Task[None]] = set()
-        appends: dict[asyncio.Task[None], int] = {}  # APPEND pushes out -> sent at ms
+        inflight: set[asyncio.Future[Any]] = set()
+        appends: dict[asyncio.Future[Any], int] = {}  # APPEND pushes out -> sent at ms
         try:
             while st.role is Role.LEADER and st.term == term and not self._stopping:
                 now = self._clock()
@@ -715,7 +715,7 @@ class DLedgerNode:
                         body, last = buffers.get(s.index, s.index + s.count - 1, cfg.max_batch_bytes)
                         if last < s.index + s.count - 1:
                             disp.trim(s.index, last)
-                        t = loop.create_task(self._push(client, disp, term, s.index, last, body))
+                        t = self._send_push(client, disp, term, s.index, last, body)
                         inflight.add(t)
                         t.add_done_callback(inflight.discard)
                         appends[t] = now
@@ -723,7 +723,7 @@ class DLedgerNode:
                         if last < s.index + s.count - 1:
                             break
                     else:
-                        t = loop.create_task(self._push(client, disp, term, -1, -1, b""))
+                        t = self._send_push(client, disp, term, -1, -1, b"")
                         inflight.add(t)
                         t.add_done_callback(inflight.discard)
                 await self._new_data[peer].wait(0.01 if disp.owes_commit(store.committed_index) else 0.05)
@@ -762,17 +762,54 @@ class DLedgerNode:
                 self._tracker.ack(term, client.peer_id, index)
                 self._check_quorum()
 
-    async def _push(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
-                    entries: bytes) -> None:
+    def _send_push(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                   entries: bytes) -> asyncio.Future[Any]:
+        """Push entries ``first..last`` (none: a COMMIT) to the follower; returns a future done once the answer
+        was handled (cancel it to forget the push). Written at once when the transport can
+        (:meth:`PeerClient.send`: no task and no await per push, on the loop every send shares); else, with a
+        fault set or no connection yet, by a task (:meth:`_push`)."""
         kind = PushKind.APPEND if entries else PushKind.COMMIT
         head = encode_push_head(kind, term, self.store.committed_index, first if entries else -1,
                                 last - first + 1 if entries else 0)
+        fut = client.send(MsgType.PUSH, head, self.config.request_timeout_s, entries)
+        if fut is None:
+            return asyncio.get_running_loop().create_task(self._push(client, disp, term, first, last, entries, head))
+        fut.add_done_callback(functools.partial(self._push_answered, client, disp, term, first, last,
+                                                bool(entries)))
+        return fut
+
+    def _push_answered(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                       has_entries: bool, fut: asyncio.Future[Frame]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return  # pushed again after maxPushTimeOutMs
+        faults = self.faults
+        if faults.blocked or faults.delay_s:  # set since the push went out: the answer passes the layer too
+            task = asyncio.get_running_loop().create_task(
+                self._answer_through_faults(client, disp, term, first, last, has_entries, fut.result()))
+            self._leader_tasks.append(task)
+            return
+        self._on_push_answer(client, disp, term, first, last, has_entries, fut.result())
+
+    async def _answer_through_faults(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int,
+                                     last: int, has_entries: bool, f: Frame) -> None:
+        if await self.faults.passes(client.peer_id):
+            self._on_push_answer(client, disp, term, first, last, has_entries, f)
+
+    async def _push(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                    entries: bytes, head: bytes) -> None:
         try:
             f = await client.request(MsgType.PUSH, head, self.config.request_timeout_s, entries)
-            r = decode_push_reply(f.body)
-        except (PeerError, ValueError):
+        except PeerError:
             return  # pushed again after maxPushTimeOutMs
-        if not entries or self._term_reply(r):
+        self._on_push_answer(client, disp, term, first, last, bool(entries), f)
+
+    def _on_push_answer(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                        has_entries: bool, f: Frame) -> None:
+        try:
+            r = decode_push_reply(f.body)
+        except ValueError:
+            return  # pushed again after maxPushTimeOutMs
+        if not has_entries or self._term_reply(r):
             return
         if r.code is PushCode.SUCCESS:
             disp.on_append(True, first, min(last, r.acked_index))

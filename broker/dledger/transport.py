@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import secrets
@@ -235,6 +236,43 @@ class PeerClient:
         if (faults.blocked or faults.delay_s) and not await faults.passes(self.peer_id):
             raise PeerError(f"traffic from peer {self.peer_id} is blocked (fault layer)")
         return answer
+
+    def send(self, msg_type: MsgType, body: bytes, timeout_s: float,
+             tail: bytes | memoryview = b"") -> asyncio.Future[Frame] | None:
+        """:meth:`request` without a coroutine (the leader's pushes: no task, no await per push): the request is
+        written now and its answer arrives in the returned future -- a :class:`PeerError` in it when the peer does
+        not answer within ``timeout_s`` or the connection is lost; cancelling it forgets the request.
+
+        None when it cannot go at once: a fault is set (:meth:`request` waits and drops as the fault layer says),
+        not connected, or ``max_in_flight`` requests wait. The answer is not held against the fault layer here:
+        a caller that finds a fault set by then does that itself (:meth:`FaultLayer.passes`).
+        """
+        faults = self._faults
+        writer = self._writer
+        if (faults.blocked or faults.delay_s or writer is None or writer.is_closing()
+                or len(self._waiting) >= self._max_in_flight):
+            return None
+        rid = next(self._ids)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Frame] = loop.create_future()
+        self._waiting[rid] = fut
+        timer = loop.call_later(timeout_s, self._timed_out, rid, msg_type, timeout_s)
+        fut.add_done_callback(functools.partial(self._settled, rid, timer))
+        if tail:
+            writer.writelines(encode_frame_parts(msg_type, rid, body, tail))
+        else:
+            writer.write(encode_frame(msg_type, rid, body))
+        return fut
+
+    def _timed_out(self, rid: int, msg_type: MsgType, timeout_s: float) -> None:
+        fut = self._waiting.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(PeerError(f"peer {self.peer_id} did not answer {msg_type.name} within "
+                                        f"{timeout_s:.1f} s"))
+
+    def _settled(self, rid: int, timer: asyncio.TimerHandle, _fut: asyncio.Future[Frame]) -> None:
+        timer.cancel()
+        self._waiting.pop(rid, None)
 
     async def close(self) -> None:
         writer, self._writer = self._writer, None

@@ -114,3 +114,47 @@ def test_a_blocked_peer_gets_nothing() -> None:
             await server.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_send_writes_at_once_and_its_future_ends_like_a_request(loop: str) -> None:
+    """:meth:`PeerClient.send` (the leader's pushes, no task): None when it cannot go at once (not connected, a
+    fault set: the caller uses ``request``); else the answer, a timeout or a lost connection in its future, and
+    the request forgotten in every case (cancelled too)."""
+    async def main() -> None:
+        gate = asyncio.Event()
+        server = await digest_server("n1", gate)
+        faults = FaultLayer()
+        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", faults)
+        try:
+            assert client.send(MsgType.PUSH, b"h", 5.0, b"e") is None  # not connected yet
+            await client._connect()
+            faults.delay_s["n1"] = 0.01
+            assert client.send(MsgType.PUSH, b"h", 5.0, b"e") is None
+            faults.delay_s.clear()
+            timing_out = client.send(MsgType.PUSH, b"h", 0.1, b"e")
+            assert timing_out is not None
+            with pytest.raises(PeerError, match=r"did not answer PUSH within 0\.1 s"):
+                await timing_out
+            cancelled = client.send(MsgType.PUSH, b"h", 30.0, b"e")
+            assert cancelled is not None and len(client._waiting) == 1
+            cancelled.cancel()
+            await wait_until(lambda: not client._waiting, 5.0, "the cancelled request forgotten")
+            gate.set()
+            answered = client.send(MsgType.PUSH, b"head", 30.0, b"entries")
+            assert answered is not None
+            assert bytes((await answered).body) == hashlib.sha256(b"headentries").digest()
+            assert not client._waiting
+            gate.clear()
+            lost = client.send(MsgType.PUSH, b"h", 30.0, b"e")
+            assert lost is not None
+            await wait_until(lambda: len(server.connections) == 1, 5.0, "the connection open")
+            await server.close()
+            with pytest.raises(PeerError, match="connection to peer n1 lost"):
+                await lost
+            assert not client._waiting
+        finally:
+            await client.close()
+            await server.close()
+
+    LOOPS[loop](main())
