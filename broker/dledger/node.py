@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from broker.dledger.dispatcher import EntryDispatcher, PushKind
+from broker.dledger.dispatcher import EntryDispatcher, PushKind, PushState
 from broker.dledger.election import (
     ElectionTimings,
     HeartbeatCode,
@@ -818,10 +818,11 @@ class DLedgerNode:
                 self._tracker.ack(term, client.peer_id, min(last, r.acked_index))
                 self._check_quorum()
             # The ack frees this follower's window; the others need a look only when the commit moved (they
-            # carry it to their followers).
+            # carry it to their followers). A window freed with nothing left to push wakes nobody: the next
+            # append does (the second follower's ack of every batch was a loop turn for nothing).
             if self.store.committed_index != committed:
                 self._kick()
-            else:
+            elif disp.state is not PushState.APPEND or disp.write_index <= self.store.end_index:
                 self._new_data[client.peer_id].set()
         elif r.code is PushCode.INCONSISTENT_STATE:
             disp.on_append(False, first, last, inconsistent=True)
