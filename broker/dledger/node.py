@@ -560,7 +560,10 @@ class DLedgerNode:
         self._futures[index] = (fut, pos)
         self._tracker.add(term, index, index, self._clock())
         self._after_local_append(index)
-        self._check_quorum()
+        if not self._others:
+            # A member alone is its own quorum. With others the leader's own entry cannot move the quorum index
+            # (its watermark is the highest; a quorum needs a follower's); acks and the state loop's tick check.
+            self._check_quorum()
         return index, pos, fut
 
     def _check_quorum(self) -> None:
