@@ -15,7 +15,9 @@ Two departures from DLedger, both for safety:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import logging
 import random
 import socket
@@ -26,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from broker.dledger.dispatcher import EntryDispatcher, PushKind
+from broker.dledger.dispatcher import EntryDispatcher, PushKind, PushState
 from broker.dledger.election import (
     ElectionTimings,
     HeartbeatCode,
@@ -69,7 +71,7 @@ from broker.dledger.quorum import AckCode, QuorumTracker
 from broker.dledger.store import DLedgerStore, EntryRefused, copying
 from broker.dledger.transport import FaultLayer, PeerClient, PeerError, PeerServer, serve_peers
 
-__all__ = ["AppendError", "DLedgerNode", "NodeConfig", "Wakeup"]
+__all__ = ["AppendError", "DLedgerNode", "NodeConfig", "PushBuffers", "Wakeup"]
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +151,40 @@ class Wakeup:
         self._set = False
 
 
+class PushBuffers:
+    """The entries read for APPEND pushes, kept for the followers pushed the same range: one copy out of the log
+    and one buffer on every follower's socket (the transport does not join it into a frame), where each follower
+    took its own copy before -- on the leader's one loop, per batch.
+
+    Valid for one leadership: a leader's log only grows (it truncates only as a follower, after its dispatchers
+    stopped), so the entries at an index do not change while it holds them; each leadership makes its own. Holds
+    the ``max_ranges`` latest ranges (the followers in step ask for the same one, one after the other).
+
+    Args:
+        store: the leader's log.
+        max_ranges: ranges kept at most (each at most ``max_bytes`` of a :meth:`get`).
+    """
+
+    def __init__(self, store: DLedgerStore, max_ranges: int) -> None:
+        self._store = store
+        self._recent: collections.deque[tuple[tuple[int, int, int], tuple[bytes, int]]] = collections.deque(
+            maxlen=max(1, max_ranges))
+        self.reads = 0
+        """Ranges read from the log (the others were shared)."""
+
+    def get(self, first: int, last: int, max_bytes: int) -> tuple[bytes, int]:
+        """:meth:`DLedgerStore.get_range` of ``first..last``, the very bytes object another follower got for it."""
+        key = (first, last, max_bytes)
+        for k, v in self._recent:
+            if k == key:
+                return v
+        v = self._store.get_range(first, last, max_bytes)
+        self.reads += 1
+        if v[1] >= first:
+            self._recent.append((key, v))
+        return v
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -203,6 +239,8 @@ class DLedgerNode:
         self._increase_term_now = False
         self._last_verdict = Verdict.WAIT_TO_REVOTE
         self._tracker: QuorumTracker | None = None
+        self.push_buffers: PushBuffers | None = None
+        """The entries pushed to the followers in this leadership (None when not leading)."""
         self._futures: dict[int, tuple[asyncio.Future[tuple[int, int]], int]] = {}
         self._handler = EntryHandler()
         self._pending_entries: dict[int, bytes | memoryview] = {}  # parked APPEND batches by first index
@@ -454,7 +492,8 @@ class DLedgerNode:
         index, _ = self.store.append_as_leader(term, b"")
         self._after_local_append(index)
         loop = asyncio.get_running_loop()
-        self._leader_tasks = [loop.create_task(self._replicate(p, term)) for p in self._others]
+        self.push_buffers = PushBuffers(self.store, 2 * len(self._others))
+        self._leader_tasks = [loop.create_task(self._replicate(p, term, self.push_buffers)) for p in self._others]
         self._role_changed()
         self._wake.set()
 
@@ -464,6 +503,7 @@ class DLedgerNode:
         self._leader_tasks = []
         self._fail_pending("TERM_CHANGED", "leadership changed before a quorum stored the entry")
         self._tracker = None
+        self.push_buffers = None
 
     def _fail_pending(self, code: str, message: str) -> None:
         futures, self._futures = self._futures, {}
@@ -520,7 +560,10 @@ class DLedgerNode:
         self._futures[index] = (fut, pos)
         self._tracker.add(term, index, index, self._clock())
         self._after_local_append(index)
-        self._check_quorum()
+        if not self._others:
+            # A member alone is its own quorum. With others the leader's own entry cannot move the quorum index
+            # (its watermark is the highest; a quorum needs a follower's); acks and the state loop's tick check.
+            self._check_quorum()
         return index, pos, fut
 
     def _check_quorum(self) -> None:
@@ -651,15 +694,14 @@ class DLedgerNode:
             self._next_vote_ms = self._clock() + self._rand_ms()
             self._role_changed()
 
-    async def _replicate(self, peer: str, term: int) -> None:
-        """The dispatcher of one follower while this member leads ``term``."""
+    async def _replicate(self, peer: str, term: int, buffers: PushBuffers) -> None:
+        """The dispatcher of one follower while this member leads ``term`` (``buffers``: this leadership's)."""
         cfg, st, store = self.config, self.state, self.store
         disp = EntryDispatcher(peer, max_in_flight=cfg.max_in_flight, max_batch=cfg.max_batch_entries,
                                max_push_timeout_ms=cfg.max_push_timeout_ms)
         client = self._clients[peer]
-        loop = asyncio.get_running_loop()
-        inflight: set[asyncio.Task[None]] = set()
-        appends: dict[asyncio.Task[None], int] = {}  # APPEND pushes out -> sent at ms
+        inflight: set[asyncio.Future[Any]] = set()
+        appends: dict[asyncio.Future[Any], int] = {}  # APPEND pushes out -> sent at ms
         try:
             while st.role is Role.LEADER and st.term == term and not self._stopping:
                 now = self._clock()
@@ -673,10 +715,10 @@ class DLedgerNode:
                         await self._compare_or_truncate(client, disp, s.kind, s.index, term)
                     elif s.kind is PushKind.APPEND:
                         # at most max_batch_bytes, and never past the end of a data file
-                        body, last = store.get_range(s.index, s.index + s.count - 1, cfg.max_batch_bytes)
+                        body, last = buffers.get(s.index, s.index + s.count - 1, cfg.max_batch_bytes)
                         if last < s.index + s.count - 1:
                             disp.trim(s.index, last)
-                        t = loop.create_task(self._push(client, disp, term, s.index, last, body))
+                        t = self._send_push(client, disp, term, s.index, last, body)
                         inflight.add(t)
                         t.add_done_callback(inflight.discard)
                         appends[t] = now
@@ -684,7 +726,7 @@ class DLedgerNode:
                         if last < s.index + s.count - 1:
                             break
                     else:
-                        t = loop.create_task(self._push(client, disp, term, -1, -1, b""))
+                        t = self._send_push(client, disp, term, -1, -1, b"")
                         inflight.add(t)
                         t.add_done_callback(inflight.discard)
                 await self._new_data[peer].wait(0.01 if disp.owes_commit(store.committed_index) else 0.05)
@@ -723,17 +765,54 @@ class DLedgerNode:
                 self._tracker.ack(term, client.peer_id, index)
                 self._check_quorum()
 
-    async def _push(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
-                    entries: bytes) -> None:
+    def _send_push(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                   entries: bytes) -> asyncio.Future[Any]:
+        """Push entries ``first..last`` (none: a COMMIT) to the follower; returns a future done once the answer
+        was handled (cancel it to forget the push). Written at once when the transport can
+        (:meth:`PeerClient.send`: no task and no await per push, on the loop every send shares); else, with a
+        fault set or no connection yet, by a task (:meth:`_push`)."""
         kind = PushKind.APPEND if entries else PushKind.COMMIT
         head = encode_push_head(kind, term, self.store.committed_index, first if entries else -1,
                                 last - first + 1 if entries else 0)
+        fut = client.send(MsgType.PUSH, head, self.config.request_timeout_s, entries)
+        if fut is None:
+            return asyncio.get_running_loop().create_task(self._push(client, disp, term, first, last, entries, head))
+        fut.add_done_callback(functools.partial(self._push_answered, client, disp, term, first, last,
+                                                bool(entries)))
+        return fut
+
+    def _push_answered(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                       has_entries: bool, fut: asyncio.Future[Frame]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return  # pushed again after maxPushTimeOutMs
+        faults = self.faults
+        if faults.blocked or faults.delay_s:  # set since the push went out: the answer passes the layer too
+            task = asyncio.get_running_loop().create_task(
+                self._answer_through_faults(client, disp, term, first, last, has_entries, fut.result()))
+            self._leader_tasks.append(task)
+            return
+        self._on_push_answer(client, disp, term, first, last, has_entries, fut.result())
+
+    async def _answer_through_faults(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int,
+                                     last: int, has_entries: bool, f: Frame) -> None:
+        if await self.faults.passes(client.peer_id):
+            self._on_push_answer(client, disp, term, first, last, has_entries, f)
+
+    async def _push(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                    entries: bytes, head: bytes) -> None:
         try:
             f = await client.request(MsgType.PUSH, head, self.config.request_timeout_s, entries)
-            r = decode_push_reply(f.body)
-        except (PeerError, ValueError):
+        except PeerError:
             return  # pushed again after maxPushTimeOutMs
-        if not entries or self._term_reply(r):
+        self._on_push_answer(client, disp, term, first, last, bool(entries), f)
+
+    def _on_push_answer(self, client: PeerClient, disp: EntryDispatcher, term: int, first: int, last: int,
+                        has_entries: bool, f: Frame) -> None:
+        try:
+            r = decode_push_reply(f.body)
+        except ValueError:
+            return  # pushed again after maxPushTimeOutMs
+        if not has_entries or self._term_reply(r):
             return
         if r.code is PushCode.SUCCESS:
             disp.on_append(True, first, min(last, r.acked_index))
@@ -742,10 +821,11 @@ class DLedgerNode:
                 self._tracker.ack(term, client.peer_id, min(last, r.acked_index))
                 self._check_quorum()
             # The ack frees this follower's window; the others need a look only when the commit moved (they
-            # carry it to their followers).
+            # carry it to their followers). A window freed with nothing left to push wakes nobody: the next
+            # append does (the second follower's ack of every batch was a loop turn for nothing).
             if self.store.committed_index != committed:
                 self._kick()
-            else:
+            elif disp.state is not PushState.APPEND or disp.write_index <= self.store.end_index:
                 self._new_data[client.peer_id].set()
         elif r.code is PushCode.INCONSISTENT_STATE:
             disp.on_append(False, first, last, inconsistent=True)
@@ -852,8 +932,8 @@ class DLedgerNode:
         if code is not None:
             return self._reply(PushCode.REPEATED_PUSH if code is FollowerCode.REPEATED_PUSH
                                else PushCode.INCONSISTENT_STATE)
-        # The transport hands each frame over in a buffer of its own (FrameDecoder.feed copies it out of the
-        # read buffer): parking the view keeps that buffer, not one more copy of the entries.
+        # The transport hands each frame over in a buffer of its own (FrameDecoder.feed: a view of the bytes
+        # read, or a copy out of its buffer): parking the view keeps that buffer, not one more copy of the entries.
         self._pending_entries[push.first_index] = push.entries
         self._drain(push.committed_index)
         return await waiter

@@ -58,6 +58,7 @@ __all__ = [
     "decode_vote",
     "decode_vote_reply",
     "encode_frame",
+    "encode_frame_parts",
     "encode_heartbeat_reply",
     "encode_hello",
     "encode_push_head",
@@ -108,6 +109,12 @@ class PushCode(enum.IntEnum):
 
 E = TypeVar("E", bound=enum.Enum)
 
+#: Codes by value: a dict lookup per frame and per ack, not an enum call.
+_MSG_TYPES = {t.value: t for t in MsgType}
+_PUSH_CODES = {c.value: c for c in PushCode}
+#: Entries a PUSH of each kind carries (APPEND: 1 .. 2^20).
+_PUSH_COUNTS = {PushKind.COMMIT: (0, 0), PushKind.COMPARE: (1, 1), PushKind.TRUNCATE: (1, 1)}
+
 _VOTE_RESULTS = list(VoteResult)
 _HB_CODES = list(HeartbeatCode)
 _PUSH_KINDS = list(PushKind)
@@ -123,6 +130,15 @@ def encode_frame(msg_type: MsgType, request_id: int, body: bytes = b"", tail: by
     """One frame whose body is ``body + tail``, joined in one copy (a PUSH's head and its entries)."""
     head = HEADER.pack(_AFTER_LENGTH + len(body) + len(tail), MAGIC, VERSION, msg_type, request_id)
     return b"".join((head, body, tail)) if tail else head + body
+
+
+def encode_frame_parts(msg_type: MsgType, request_id: int, body: bytes,
+                       tail: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+    """The frame of :func:`encode_frame` as ``(header + body, tail)``, not joined: a PUSH's entries (``tail``,
+    often tens of KB) go to the socket as they are, in one ``writelines``, and one buffer of entries serves
+    every follower pushed the same range (only the small first part differs: the request id)."""
+    head = HEADER.pack(_AFTER_LENGTH + len(body) + len(tail), MAGIC, VERSION, msg_type, request_id)
+    return head + body, tail
 
 
 class FrameDecoder:
@@ -154,9 +170,24 @@ class FrameDecoder:
         self._end += n
 
     def feed(self, data: bytes) -> list[Frame]:
-        """Copy ``data`` in; every frame completed, bodies copied out (tests and small readers)."""
+        """Every frame ``data`` completes; no body views the decoder's buffer.
+
+        Frames that lie whole in ``data`` with nothing buffered before them are not copied: their bodies view
+        ``data`` (bytes: nothing can change them; a follower parks a pushed batch as it was read). A frame that
+        straddles reads goes through the buffer and its body is copied out once. Only a trailing partial frame
+        is copied in.
+        """
         out: list[Frame] = []
+        if not isinstance(data, bytes):
+            data = bytes(data)
         src = memoryview(data)
+        if self._start == self._end:
+            at, n = 0, len(src)
+            while (h := self._header(src, at, n - at)) is not None and n - at >= 4 + h[0]:
+                length, kind, request_id = h
+                out.append(Frame(kind, request_id, src[at + HEADER.size : at + 4 + length]))
+                at += 4 + length
+            src = src[at:]
         while True:
             while (f := self.next_frame()) is not None:
                 out.append(Frame(f.type, f.request_id, memoryview(bytes(f.body))))
@@ -168,28 +199,37 @@ class FrameDecoder:
             self.buffer_updated(k)
             src = src[k:]
 
-    def next_frame(self) -> Frame | None:
-        """The next complete frame, or None when more bytes are needed.
+    def _header(self, buf: memoryview | bytearray, at: int, avail: int) -> tuple[int, MsgType, int] | None:
+        """``(length, type, request id)`` of the frame at ``buf[at:]`` (``avail`` bytes there), checked; None
+        when its header is not all there yet.
 
         Raises:
             PeerProtocolError: a bad magic, version or type, or a length outside ``12..max_frame_bytes``.
         """
-        avail = self._end - self._start
         if avail < HEADER.size:
             return None
-        length, magic, version, msg_type, request_id = HEADER.unpack_from(self._buf, self._start)
+        length, magic, version, msg_type, request_id = HEADER.unpack_from(buf, at)
         if magic != MAGIC:
             raise PeerProtocolError(f"frame magic {magic:#06x} is not {MAGIC:#06x}: not a DLedger peer")
         if version != VERSION:
             raise PeerProtocolError(f"frame version {version} is not {VERSION}")
         if not _AFTER_LENGTH <= length <= self.max_frame_bytes:
             raise PeerProtocolError(f"frame length {length} is outside {_AFTER_LENGTH}..{self.max_frame_bytes}")
-        try:
-            kind = MsgType(msg_type)
-        except ValueError:
-            raise PeerProtocolError(f"frame type {msg_type} is unknown") from None
-        if avail < 4 + length:
+        kind = _MSG_TYPES.get(msg_type)
+        if kind is None:
+            raise PeerProtocolError(f"frame type {msg_type} is unknown")
+        return length, kind, request_id
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or None when more bytes are needed.
+
+        Raises:
+            PeerProtocolError: a bad magic, version or type, or a length outside ``12..max_frame_bytes``.
+        """
+        h = self._header(self._buf, self._start, self._end - self._start)
+        if h is None or self._end - self._start < 4 + h[0]:
             return None
+        length, kind, request_id = h
         body_start = self._start + HEADER.size
         self._start += 4 + length
         return Frame(kind, request_id, self._view[body_start : self._start])
@@ -315,7 +355,7 @@ def decode_push(body: memoryview | bytes) -> Push:
     if kind >= len(_PUSH_KINDS):
         raise PeerProtocolError(f"PUSH kind {kind} is unknown")
     k = _PUSH_KINDS[kind]
-    want = {PushKind.COMMIT: (0, 0), PushKind.COMPARE: (1, 1), PushKind.TRUNCATE: (1, 1)}.get(k, (1, 1 << 20))
+    want = _PUSH_COUNTS.get(k, (1, 1 << 20))
     if term < 0 or committed < -1 or first < -1 or not want[0] <= count <= want[1]:
         raise PeerProtocolError(f"PUSH {k.value} fields out of range: term {term}, committed {committed}, "
                                 f"first index {first}, count {count}")
@@ -339,8 +379,7 @@ def encode_push_reply(r: PushReply) -> bytes:
 
 def decode_push_reply(body: memoryview | bytes) -> PushReply:
     code, term, index, begin, end = _exact(body, _PUSH_REPLY, "PUSH_REPLY")
-    try:
-        c = PushCode(code)
-    except ValueError:
-        raise PeerProtocolError(f"PUSH_REPLY code {code} is unknown") from None
+    c = _PUSH_CODES.get(code)
+    if c is None:
+        raise PeerProtocolError(f"PUSH_REPLY code {code} is unknown")
     return PushReply(c, term, index, begin, end)

@@ -66,7 +66,10 @@ class QuorumTracker:
 
     def watermarks(self, term: int) -> dict[str, int]:
         """``peer -> highest index acked`` in ``term`` (-1 until it acks)."""
-        return self._watermarks.setdefault(term, dict.fromkeys(self._peers, -1))
+        marks = self._watermarks.get(term)
+        if marks is None:  # made once per term (this runs on every ack)
+            marks = self._watermarks[term] = dict.fromkeys(self._peers, -1)
+        return marks
 
     def pending_count(self, term: int) -> int:
         return len(self._pending.get(term, ()))
@@ -104,11 +107,14 @@ class QuorumTracker:
             ``(quorum index, completions)``: the index to commit, and the appends that complete now.
         """
         done: list[Completion] = []
-        for old in [t for t in self._pending if t < term]:
-            done.extend(Completion(p.token, i, AckCode.TERM_CHANGED)
-                        for i, p in sorted(self._pending.pop(old).items()) if not p.timed_out)
-        for old in [t for t in self._watermarks if t < term]:
-            del self._watermarks[old]
+        # Runs on every ack: the scans for older terms only when there is one (a map of another term).
+        if len(self._pending) > 1 or (self._pending and term not in self._pending):
+            for old in [t for t in self._pending if t < term]:
+                done.extend(Completion(p.token, i, AckCode.TERM_CHANGED)
+                            for i, p in sorted(self._pending.pop(old).items()) if not p.timed_out)
+        if len(self._watermarks) > 1 or (self._watermarks and term not in self._watermarks):
+            for old in [t for t in self._watermarks if t < term]:
+                del self._watermarks[old]
         q = self.quorum_index(term)
         pending = self._pending.get(term, {})
         for i in sorted(i for i in pending if i <= q):

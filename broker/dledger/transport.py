@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import secrets
@@ -34,6 +35,7 @@ from broker.dledger.protocol import (
     PeerProtocolError,
     decode_hello,
     encode_frame,
+    encode_frame_parts,
     encode_hello,
 )
 from broker.ha.admission import pending_to_evict
@@ -51,6 +53,10 @@ from client.tls import describe_tls_failure
 __all__ = ["FaultLayer", "PeerClient", "PeerError", "PeerServer", "RequestHandler", "serve_peers"]
 
 log = logging.getLogger(__name__)
+
+#: Bytes asked of the stream per read: a batch of entries (tens of KB, up to ``max_batch_bytes``) usually comes in
+#: one read, and then reaches the handler without a copy (see :meth:`FrameDecoder.feed`).
+_READ_BYTES = 1 << 18
 
 #: ``(peer id, frame) -> (answer type, answer body)``.
 RequestHandler = Callable[[str, Frame], Awaitable[tuple[MsgType, bytes]]]
@@ -165,7 +171,7 @@ class PeerClient:
         why = "closed by the peer"
         try:
             while True:
-                data = await reader.read(1 << 16)
+                data = await reader.read(_READ_BYTES)
                 if not data:
                     break
                 for f in dec.feed(data):
@@ -189,31 +195,84 @@ class PeerClient:
             if not fut.done():
                 fut.set_exception(PeerError(f"connection to peer {self.peer_id} lost: {why}"))
 
-    async def request(self, msg_type: MsgType, body: bytes, timeout_s: float, tail: bytes = b"") -> Frame:
-        """Send one request (its body ``body + tail``: a PUSH head and its entries, copied once into the frame)
-        and wait for its answer.
+    async def request(self, msg_type: MsgType, body: bytes, timeout_s: float,
+                      tail: bytes | memoryview = b"") -> Frame:
+        """Send one request (its body ``body + tail``: a PUSH head and its entries) and wait for its answer.
+
+        ``tail`` is not copied: it goes to the socket after the frame header and ``body`` in one ``writelines``
+        (one ``writev`` under uvloop; the transport keeps a view of what the socket did not take yet), so one
+        buffer of entries can be pushed to every follower. It must not change until the answer (bytes do not).
+
+        On the common path (no fault set, connected) this awaits nothing but the answer: the leader makes two of
+        these per batch of entries, and each await, lock and ``wait_for`` was CPU on the leader's one loop.
 
         Raises:
             PeerError: dropped by the fault layer, not connected, too many in flight, timed out, or lost.
         """
-        if not await self._faults.passes(self.peer_id):
+        faults = self._faults
+        if (faults.blocked or faults.delay_s) and not await faults.passes(self.peer_id):
             raise PeerError(f"traffic to peer {self.peer_id} is blocked (fault layer)")
         if len(self._waiting) >= self._max_in_flight:
             raise PeerError(f"{len(self._waiting)} requests to peer {self.peer_id} already wait (max_in_flight)")
-        writer = await self._connect()
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            writer = await self._connect()
         rid = next(self._ids)
-        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Frame] = loop.create_future()
         self._waiting[rid] = fut
+        timer = loop.call_later(timeout_s, _expire, fut)
         try:
-            writer.write(encode_frame(msg_type, rid, body, tail))
-            answer = await asyncio.wait_for(fut, timeout_s)
+            if tail:
+                writer.writelines(encode_frame_parts(msg_type, rid, body, tail))
+            else:
+                writer.write(encode_frame(msg_type, rid, body))
+            answer = await fut
         except TimeoutError:
             raise PeerError(f"peer {self.peer_id} did not answer {msg_type.name} within {timeout_s:.1f} s") from None
         finally:
+            timer.cancel()
             self._waiting.pop(rid, None)
-        if not await self._faults.passes(self.peer_id):
+        if (faults.blocked or faults.delay_s) and not await faults.passes(self.peer_id):
             raise PeerError(f"traffic from peer {self.peer_id} is blocked (fault layer)")
         return answer
+
+    def send(self, msg_type: MsgType, body: bytes, timeout_s: float,
+             tail: bytes | memoryview = b"") -> asyncio.Future[Frame] | None:
+        """:meth:`request` without a coroutine (the leader's pushes: no task, no await per push): the request is
+        written now and its answer arrives in the returned future -- a :class:`PeerError` in it when the peer does
+        not answer within ``timeout_s`` or the connection is lost; cancelling it forgets the request.
+
+        None when it cannot go at once: a fault is set (:meth:`request` waits and drops as the fault layer says),
+        not connected, or ``max_in_flight`` requests wait. The answer is not held against the fault layer here:
+        a caller that finds a fault set by then does that itself (:meth:`FaultLayer.passes`).
+        """
+        faults = self._faults
+        writer = self._writer
+        if (faults.blocked or faults.delay_s or writer is None or writer.is_closing()
+                or len(self._waiting) >= self._max_in_flight):
+            return None
+        rid = next(self._ids)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Frame] = loop.create_future()
+        self._waiting[rid] = fut
+        timer = loop.call_later(timeout_s, self._timed_out, rid, msg_type, timeout_s)
+        fut.add_done_callback(functools.partial(self._settled, rid, timer))
+        if tail:
+            writer.writelines(encode_frame_parts(msg_type, rid, body, tail))
+        else:
+            writer.write(encode_frame(msg_type, rid, body))
+        return fut
+
+    def _timed_out(self, rid: int, msg_type: MsgType, timeout_s: float) -> None:
+        fut = self._waiting.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(PeerError(f"peer {self.peer_id} did not answer {msg_type.name} within "
+                                        f"{timeout_s:.1f} s"))
+
+    def _settled(self, rid: int, timer: asyncio.TimerHandle, _fut: asyncio.Future[Frame]) -> None:
+        timer.cancel()
+        self._waiting.pop(rid, None)
 
     async def close(self) -> None:
         writer, self._writer = self._writer, None
@@ -225,6 +284,12 @@ class PeerClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._fail_all("closed")
+
+
+def _expire(fut: asyncio.Future[Frame]) -> None:
+    """A request's timer: its answer did not come in time (the waiter raises it as a PeerError)."""
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 class PeerServer:
@@ -311,7 +376,7 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
             # Made only now: the decoder's buffer is max_frame_bytes (32 MiB), not for anyone who connects.
             dec = FrameDecoder(max_frame_bytes)
             while True:
-                data = await reader.read(1 << 16)
+                data = await reader.read(_READ_BYTES)
                 if not data:
                     break
                 for f in dec.feed(data):

@@ -132,6 +132,36 @@ def test_three_members_elect_one_leader_and_commit_by_quorum(tmp_path: Path) -> 
     run(tmp_path, scenario)
 
 
+def test_followers_pushed_one_shared_buffer_hold_the_leaders_very_entries(tmp_path: Path) -> None:
+    """The entries read for a push are shared by the followers pushed the same range (one read of the log, one
+    buffer on both sockets): each follower still ends with byte-identical entries, one at a time and in batches,
+    and a new leadership reads its own (the old one's buffers are dropped)."""
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        assert lead.push_buffers is not None
+        reads0 = lead.push_buffers.reads
+        for i in range(40):  # one at a time: both followers are pushed the same one-entry range
+            await lead.append(bytes([i % 251]) * (100 + 37 * i))
+        one_by_one = lead.push_buffers.reads - reads0
+        assert one_by_one <= 48, f"{one_by_one} reads of the log for 40 entries pushed to two followers"
+        results = await asyncio.gather(*(lead.append(b"b%d" % i * 50) for i in range(60)))
+        last = results[-1][0]
+        for n in g.nodes.values():
+            await wait_until(lambda n=n: n.store.end_index >= last, 5, f"{n.state.self_id} holding {last}")
+            assert entries(n, last) == entries(lead, last)
+        old_buffers = lead.push_buffers
+        await lead.transfer_leadership(next(p for p in g.nodes if p != lead.state.self_id))
+        assert lead.push_buffers is None
+        new = await g.wait_leader()
+        assert new.push_buffers is not None and new.push_buffers is not old_buffers
+        index, _ = await new.append(b"after the hand-over")
+        for n in g.nodes.values():
+            await wait_until(lambda n=n: n.store.end_index >= index, 5, f"{n.state.self_id} holding {index}")
+            assert entries(n, index) == entries(new, index)
+
+    run(tmp_path, scenario)
+
+
 def test_the_leader_dies_a_follower_with_every_committed_entry_takes_over(tmp_path: Path) -> None:
     async def scenario(g: Group) -> None:
         lead = await g.wait_leader()

@@ -28,6 +28,7 @@ from broker.dledger.protocol import (
     decode_vote,
     decode_vote_reply,
     encode_frame,
+    encode_frame_parts,
     encode_heartbeat_reply,
     encode_hello,
     encode_push_head,
@@ -80,6 +81,28 @@ def test_a_push_head_and_its_entries_join_into_one_frame() -> None:
     assert frame == encode_frame(MsgType.PUSH, 3, head + entries(3))
     (f,) = FrameDecoder(1 << 16).feed(frame)
     assert bytes(decode_push(f.body).entries) == entries(3)
+
+
+def test_a_frame_in_parts_is_the_joined_frame() -> None:
+    head = encode_push_head(PushKind.APPEND, 5, 7, 0, 3)
+    first, tail = encode_frame_parts(MsgType.PUSH, 3, head, entries(3))
+    assert tail == entries(3)
+    assert first + tail == encode_frame(MsgType.PUSH, 3, head, entries(3))
+
+
+def test_whole_frames_of_a_read_view_it_and_later_reads_change_no_body() -> None:
+    """Frames whole in one read are handed over as views of that read's bytes (not copied); a frame that
+    straddles reads is copied out of the decoder's buffer. Either way a body handed over stays as it was while
+    the decoder takes more bytes (a follower parks a pushed batch until the log reaches it)."""
+    data, msgs = stream()
+    cut = len(data) - 5  # the last frame straddles the two reads
+    dec = FrameDecoder(1 << 16)
+    first = dec.feed(data[:cut])
+    assert [(f.type, f.request_id, bytes(f.body)) for f in first] == msgs[:-1]
+    assert all(f.body.obj is not None and bytes(f.body.obj) == data[:cut] for f in first)
+    second = dec.feed(data[cut:] + data)  # then the whole stream again: the buffer is reused
+    assert [(f.type, f.request_id, bytes(f.body)) for f in first + second] == msgs + msgs
+    assert [bytes(f.body) for f in first] == [b for _, _, b in msgs[:-1]]
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -1,0 +1,160 @@
+"""The peer transport's request path: a PUSH's entries go to the socket unjoined, one buffer to several peers, and
+survive partial writes; timeouts and lost connections still end a request with a PeerError."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Awaitable, Callable
+
+import pytest
+import uvloop
+
+from broker.dledger.protocol import Frame, MsgType
+from broker.dledger.transport import FaultLayer, PeerClient, PeerError, PeerServer, serve_peers
+from tests.waiting import wait_until
+
+PEERS = {"n0": "x:1", "n1": "x:2", "n2": "x:3"}
+
+#: The broker runs uvloop (its ``writelines`` is one ``writev`` that keeps views of what the socket did not take);
+#: the tests' default loop joins the buffers. Both must deliver the same bytes.
+LOOPS: dict[str, Callable[[Awaitable[None]], None]] = {
+    "asyncio": asyncio.run,  # type: ignore[dict-item]
+    "uvloop": uvloop.run,  # type: ignore[dict-item]
+}
+
+
+async def digest_server(self_id: str, gate: asyncio.Event) -> PeerServer:
+    """A peer that answers each request with the SHA-256 of its body, once ``gate`` is set (until then it does
+    not answer, and the requests' bytes pile up in its socket)."""
+    async def handler(peer: str, f: Frame) -> tuple[MsgType, bytes]:
+        await gate.wait()
+        return MsgType.PUSH_REPLY, hashlib.sha256(f.body).digest()
+
+    return await serve_peers("127.0.0.1", 0, group="g", self_id=self_id, peers=PEERS, handler=handler,
+                             faults=FaultLayer())
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_one_tail_buffer_reaches_two_peers_whole_through_partial_writes(loop: str) -> None:
+    """The same 16 MiB of entries (one bytes object) pushed to two peers at once, more than a socket takes in one
+    write: each peer gets exactly head + entries, and the buffer is not changed by being sent."""
+    tail = os.urandom(16 << 20)
+    kept = bytes(tail)
+
+    async def main() -> None:
+        gate = asyncio.Event()
+        servers = [await digest_server(p, gate) for p in ("n1", "n2")]
+        clients = [PeerClient("g", "n0", p, f"127.0.0.1:{s.port}", FaultLayer())
+                   for p, s in zip(("n1", "n2"), servers, strict=True)]
+        try:
+            for c in clients:  # connected first, so the write below is the request itself
+                await c._connect()
+            heads = [b"head for " + c.peer_id.encode() for c in clients]
+            tasks = [asyncio.get_running_loop().create_task(c.request(MsgType.PUSH, h, 30.0, tail))
+                     for c, h in zip(clients, heads, strict=True)]
+            await asyncio.sleep(0)  # each request has written what its socket took, and holds the rest
+            assert any(c._writer is not None and c._writer.transport.get_write_buffer_size() > 0 for c in clients), \
+                "no write was partial: the test did not exercise the held remainder"
+            gate.set()
+            answers = await asyncio.gather(*tasks)
+            for h, a in zip(heads, answers, strict=True):
+                assert bytes(a.body) == hashlib.sha256(h + kept).digest()
+            assert tail == kept
+        finally:
+            for c in clients:
+                await c.close()
+            for s in servers:
+                await s.close()
+
+    LOOPS[loop](main())
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_request_times_out_and_a_lost_connection_fails_the_waiting_ones(loop: str) -> None:
+    async def main() -> None:
+        gate = asyncio.Event()
+        server = await digest_server("n1", gate)
+        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", FaultLayer())
+        try:
+            with pytest.raises(PeerError, match=r"did not answer PUSH within 0\.1 s"):
+                await client.request(MsgType.PUSH, b"h", 0.1, b"entries")
+            assert not client._waiting
+            waiting = asyncio.get_running_loop().create_task(client.request(MsgType.PUSH, b"h", 30.0, b"entries"))
+            await wait_until(lambda: len(client._waiting) == 1, 5.0, "the request waiting")
+            await server.close()
+            with pytest.raises(PeerError, match="connection to peer n1 lost"):
+                await waiting
+            assert not client._waiting
+        finally:
+            await client.close()
+            await server.close()
+
+    LOOPS[loop](main())
+
+
+def test_a_blocked_peer_gets_nothing() -> None:
+    async def main() -> None:
+        gate = asyncio.Event()
+        gate.set()
+        server = await digest_server("n1", gate)
+        faults = FaultLayer()
+        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", faults)
+        try:
+            assert bytes((await client.request(MsgType.PUSH, b"h", 5.0, b"e")).body) == hashlib.sha256(b"he").digest()
+            faults.block("n1")
+            with pytest.raises(PeerError, match="blocked"):
+                await client.request(MsgType.PUSH, b"h", 5.0, b"e")
+            faults.heal()
+            faults.delay_s["n1"] = 0.01
+            assert bytes((await client.request(MsgType.PUSH, b"h", 5.0, b"e")).body) == hashlib.sha256(b"he").digest()
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_send_writes_at_once_and_its_future_ends_like_a_request(loop: str) -> None:
+    """:meth:`PeerClient.send` (the leader's pushes, no task): None when it cannot go at once (not connected, a
+    fault set: the caller uses ``request``); else the answer, a timeout or a lost connection in its future, and
+    the request forgotten in every case (cancelled too)."""
+    async def main() -> None:
+        gate = asyncio.Event()
+        server = await digest_server("n1", gate)
+        faults = FaultLayer()
+        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", faults)
+        try:
+            assert client.send(MsgType.PUSH, b"h", 5.0, b"e") is None  # not connected yet
+            await client._connect()
+            faults.delay_s["n1"] = 0.01
+            assert client.send(MsgType.PUSH, b"h", 5.0, b"e") is None
+            faults.delay_s.clear()
+            timing_out = client.send(MsgType.PUSH, b"h", 0.1, b"e")
+            assert timing_out is not None
+            with pytest.raises(PeerError, match=r"did not answer PUSH within 0\.1 s"):
+                await timing_out
+            cancelled = client.send(MsgType.PUSH, b"h", 30.0, b"e")
+            assert cancelled is not None and len(client._waiting) == 1
+            cancelled.cancel()
+            await wait_until(lambda: not client._waiting, 5.0, "the cancelled request forgotten")
+            gate.set()
+            answered = client.send(MsgType.PUSH, b"head", 30.0, b"entries")
+            assert answered is not None
+            assert bytes((await answered).body) == hashlib.sha256(b"headentries").digest()
+            assert not client._waiting
+            gate.clear()
+            lost = client.send(MsgType.PUSH, b"h", 30.0, b"e")
+            assert lost is not None
+            await wait_until(lambda: len(server.connections) == 1, 5.0, "the connection open")
+            await server.close()
+            with pytest.raises(PeerError, match="connection to peer n1 lost"):
+                await lost
+            assert not client._waiting
+        finally:
+            await client.close()
+            await server.close()
+
+    LOOPS[loop](main())
