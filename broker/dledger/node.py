@@ -23,7 +23,7 @@ import random
 import socket
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -842,13 +842,18 @@ class DLedgerNode:
         return False
 
     # -- answering peers ------------------------------------------------------------------------------------
-    async def _handle(self, peer: str, f: Frame) -> tuple[MsgType, bytes]:
+    def _handle(self, peer: str, f: Frame) -> tuple[MsgType, bytes] | Awaitable[tuple[MsgType, bytes]]:
+        """The answer to a peer's request, at once when it is known (every request but a PUSH whose entries wait
+        for an earlier batch): the transport writes it without a task and a loop turn per request."""
+        if f.type is MsgType.PUSH:
+            r = self._on_push(peer, f)
+            if isinstance(r, PushReply):
+                return MsgType.PUSH_REPLY, encode_push_reply(r)
+            return self._push_answer(r)
         if f.type is MsgType.VOTE:
             return MsgType.VOTE_REPLY, self._on_vote(peer, f)
         if f.type is MsgType.HEARTBEAT:
             return MsgType.HB_REPLY, self._on_heartbeat(peer, decode_term(f.body))
-        if f.type is MsgType.PUSH:
-            return MsgType.PUSH_REPLY, encode_push_reply(await self._on_push(peer, f))
         if f.type is MsgType.TAKE_LEADERSHIP:
             return MsgType.TAKE_LEADERSHIP_REPLY, self._on_take_leadership(peer, decode_term(f.body))
         raise ValueError(f"peer {peer} sent a {f.type.name} request")
@@ -893,7 +898,12 @@ class DLedgerNode:
         s = self.store
         return PushReply(code, self.state.term, index if index >= 0 else s.end_index, s.begin_index, s.end_index)
 
-    async def _on_push(self, peer: str, f: Frame) -> PushReply:
+    @staticmethod
+    async def _push_answer(waiter: asyncio.Future[PushReply]) -> tuple[MsgType, bytes]:
+        return MsgType.PUSH_REPLY, encode_push_reply(await waiter)
+
+    def _on_push(self, peer: str, f: Frame) -> PushReply | asyncio.Future[PushReply]:
+        """The reply to a PUSH, or the future of it while its entries are parked behind a missing batch."""
         push = decode_push(f.body)
         st, store = self.state, self.store
         # A push speaks for its leader as a heartbeat does (the same checks; a candidate follows it).
@@ -936,7 +946,7 @@ class DLedgerNode:
         # read, or a copy out of its buffer): parking the view keeps that buffer, not one more copy of the entries.
         self._pending_entries[push.first_index] = push.entries
         self._drain(push.committed_index)
-        return await waiter
+        return waiter.result() if waiter.done() else waiter
 
     def _drain(self, committed: int) -> None:
         """Append every parked batch that continues the log, in order."""

@@ -58,8 +58,10 @@ log = logging.getLogger(__name__)
 #: one read, and then reaches the handler without a copy (see :meth:`FrameDecoder.feed`).
 _READ_BYTES = 1 << 18
 
-#: ``(peer id, frame) -> (answer type, answer body)``.
-RequestHandler = Callable[[str, Frame], Awaitable[tuple[MsgType, bytes]]]
+#: ``(peer id, frame) -> (answer type, answer body)``, or an awaitable of it when the answer is not known yet: a
+#: handler that answers at once spares the peer port a task and a loop turn per request (a follower answers most
+#: PUSHes so); a coroutine function is a handler too.
+RequestHandler = Callable[[str, Frame], tuple[MsgType, bytes] | Awaitable[tuple[MsgType, bytes]]]
 
 
 class PeerError(ConnectionError):
@@ -356,14 +358,17 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
         counted = False  # one of the ``established``
         tasks: set[asyncio.Task[None]] = set()
 
-        async def answer(f: Frame, who: str) -> None:
-            try:
-                kind, body = await handler(who, f)
-            except Exception:
-                log.exception("handling %s from peer %s failed", f.type.name, who)
-                return
+        async def answer(f: Frame, who: str, pending: Awaitable[tuple[MsgType, bytes]] | None,
+                         ready: tuple[MsgType, bytes] | None = None) -> None:
+            if pending is not None:
+                try:
+                    ready = await pending
+                except Exception:
+                    log.exception("handling %s from peer %s failed", f.type.name, who)
+                    return
+            assert ready is not None
             if await faults.passes(who) and not writer.is_closing():
-                writer.write(encode_frame(kind, f.request_id, body))
+                writer.write(encode_frame(ready[0], f.request_id, ready[1]))
 
         async def write(data: bytes) -> None:
             writer.write(data)
@@ -391,7 +396,24 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                         continue
                     if len(tasks) >= 1024:
                         raise PeerProtocolError("more than 1024 requests waiting on one connection")
-                    t = loop.create_task(answer(f, peer))
+                    try:
+                        r = handler(peer, f)
+                    except Exception:
+                        log.exception("handling %s from peer %s failed", f.type.name, peer)
+                        continue
+                    if isinstance(r, tuple):
+                        if not (faults.blocked or faults.delay_s):  # answered now: no task, no loop turn
+                            if not writer.is_closing():
+                                writer.write(encode_frame(r[0], f.request_id, r[1]))
+                            continue
+                        t = loop.create_task(answer(f, peer, None, r))
+                    else:
+                        if asyncio.iscoroutine(r):  # a task of its own: closing the connection cancels it
+                            inner = loop.create_task(r)
+                            tasks.add(inner)
+                            inner.add_done_callback(tasks.discard)
+                            r = inner
+                        t = loop.create_task(answer(f, peer, r))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
         except HandshakeError as e:

@@ -158,3 +158,46 @@ def test_send_writes_at_once_and_its_future_ends_like_a_request(loop: str) -> No
             await server.close()
 
     LOOPS[loop](main())
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_handler_answers_at_once_later_or_by_raising_and_the_connection_serves_on(loop: str) -> None:
+    """A handler may return its answer (written in the same read step, no task), an awaitable of it (answered when
+    it completes, after later requests), or raise (logged; the request goes unanswered and the connection keeps
+    serving); a fault set on the peer still holds the at-once answers back."""
+    async def main() -> None:
+        later: asyncio.Future[tuple[MsgType, bytes]] = asyncio.get_running_loop().create_future()
+        seen: list[bytes] = []
+
+        def handler(peer: str, f: Frame) -> tuple[MsgType, bytes] | Awaitable[tuple[MsgType, bytes]]:
+            body = bytes(f.body)
+            seen.append(body)
+            if body == b"later":
+                return later
+            if body == b"boom":
+                raise RuntimeError("handler bug")
+            return MsgType.PUSH_REPLY, b"now:" + body
+
+        faults = FaultLayer()
+        server = await serve_peers("127.0.0.1", 0, group="g", self_id="n1", peers=PEERS, handler=handler,
+                                   faults=faults)
+        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", FaultLayer())
+        try:
+            waiting = asyncio.get_running_loop().create_task(client.request(MsgType.PUSH, b"later", 5.0))
+            assert bytes((await client.request(MsgType.PUSH, b"a", 5.0)).body) == b"now:a"
+            assert not waiting.done()  # the at-once answer overtook the one still waiting
+            with pytest.raises(PeerError, match="did not answer"):
+                await client.request(MsgType.PUSH, b"boom", 0.2)
+            later.set_result((MsgType.PUSH_REPLY, b"done later"))
+            assert bytes((await waiting).body) == b"done later"
+            faults.block("n0")
+            with pytest.raises(PeerError, match="did not answer"):
+                await client.request(MsgType.PUSH, b"b", 0.2)
+            faults.heal()
+            assert bytes((await client.request(MsgType.PUSH, b"c", 5.0)).body) == b"now:c"
+            assert sorted(seen) == [b"a", b"b", b"boom", b"c", b"later"]
+        finally:
+            await client.close()
+            await server.close()
+
+    LOOPS[loop](main())
