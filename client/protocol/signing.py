@@ -34,7 +34,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from urllib.parse import quote, unquote
 
 import attrs
@@ -81,6 +81,30 @@ MAX_AUTH_HEADER_BYTES = 512
 _MAX_KEY_CHARS = 128
 _MAX_NONCE_CHARS = 64
 _NONCE_MASK = (1 << 64) - 1
+
+
+def _nonce_count() -> Iterator[int]:
+    return itertools.count(int.from_bytes(os.urandom(8), "big"))
+
+
+#: The SDK's nonces: they only need to differ (the server's replay guard remembers signatures), so one count per
+#: process from a random 64-bit start serves every signer, not a getrandom() call per request. A forked child
+#: starts a count of its own (else parent and child would sign two equal requests in one millisecond alike, and
+#: the server would refuse the second as a replay).
+_nonces = _nonce_count()
+
+
+def _reseed_nonces() -> None:
+    global _nonces
+    _nonces = _nonce_count()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reseed_nonces)
+
+
+def _next_nonce() -> str:
+    return f"{next(_nonces) & _NONCE_MASK:016x}"
 
 
 def _sha256_hex(body: bytes) -> str:
@@ -436,7 +460,7 @@ class RequestSigner:
     ``scheme`` names the body's digest (the module docstring); the default is :data:`SIGNING_SCHEME`.
     """
 
-    __slots__ = ("_access_key", "_key", "_nonces", "_prefix", "_scheme")
+    __slots__ = ("_access_key", "_key", "_prefix", "_scheme")
 
     _cache: dict[Credentials, RequestSigner] = {}
     _cache_lock = threading.Lock()
@@ -447,9 +471,6 @@ class RequestSigner:
         self._key = hmac_key(credentials.secret_key)
         self._scheme = _known_scheme(scheme)
         self._prefix = f"{scheme} AccessKey={credentials.access_key},Timestamp="
-        # Nonces only need to differ (the server's replay guard remembers signatures): a count from a random
-        # 64-bit start, not a getrandom() call per request.
-        self._nonces = itertools.count(int.from_bytes(os.urandom(8), "big"))
 
     @classmethod
     def of(cls, credentials: Credentials) -> RequestSigner:
@@ -470,7 +491,7 @@ class RequestSigner:
         return f"{self._prefix}{timestamp_ms},Nonce={nonce},Signature={self._key.hexdigest(msg)}"
 
     def _nonce(self) -> str:
-        return f"{next(self._nonces) & _NONCE_MASK:016x}"
+        return _next_nonce()
 
     def fresh(self, method: str, target: str, body: bytes) -> str:
         """:meth:`header` with the wall clock and a fresh 64-bit nonce (what a client sends)."""
@@ -484,7 +505,7 @@ class RequestSigner:
         canonicalising it again.
         """
         path, canonical = _split_target(target)
-        timestamp_ms, nonce = time.time_ns() // 1_000_000, f"{next(self._nonces) & _NONCE_MASK:016x}"
+        timestamp_ms, nonce = time.time_ns() // 1_000_000, _next_nonce()
         msg = _message(self._scheme, method, path, canonical, timestamp_ms, nonce, self._access_key, body)
         header = f"{self._prefix}{timestamp_ms},Nonce={nonce},Signature={self._key.hexdigest(msg)}"
         # The canonical query decodes to the same arguments as the target's (decoding inverts the encoding).

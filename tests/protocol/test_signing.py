@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 import pytest
@@ -238,3 +239,26 @@ def test_the_hmac_key_at_the_block_size_edges() -> None:
     for n in (0, 63, 64, 65, 128):
         key = bytes(range(n))
         assert HmacKey(key).hexdigest(b"m") == hmac.new(key, b"m", hashlib.sha256).hexdigest(), n
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_signs_with_nonces_of_its_own() -> None:
+    """Nonces count from a random start per process: a child forked from a process that signed must not repeat
+    its parent's next nonces (two equal requests in one millisecond would carry one signature, and the server
+    would refuse the second as a replay)."""
+    from client.protocol import signing
+
+    signing._next_nonce()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next nonce and leave at once
+        try:
+            os.write(write_end, signing._next_nonce().encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    parent = signing._next_nonce()
+    with os.fdopen(read_end, "rb") as r:
+        child = r.read().decode()
+    os.waitpid(pid, 0)
+    assert len(child) == 16 and child != parent
