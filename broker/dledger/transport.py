@@ -219,22 +219,7 @@ class PeerClient:
         writer = self._writer
         if writer is None or writer.is_closing():
             writer = await self._connect()
-        rid = next(self._ids)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Frame] = loop.create_future()
-        self._waiting[rid] = fut
-        timer = loop.call_later(timeout_s, _expire, fut)
-        try:
-            if tail:
-                writer.writelines(encode_frame_parts(msg_type, rid, body, tail))
-            else:
-                writer.write(encode_frame(msg_type, rid, body))
-            answer = await fut
-        except TimeoutError:
-            raise PeerError(f"peer {self.peer_id} did not answer {msg_type.name} within {timeout_s:.1f} s") from None
-        finally:
-            timer.cancel()
-            self._waiting.pop(rid, None)
+        answer = await self._write(writer, msg_type, body, timeout_s, tail)
         if (faults.blocked or faults.delay_s) and not await faults.passes(self.peer_id):
             raise PeerError(f"traffic from peer {self.peer_id} is blocked (fault layer)")
         return answer
@@ -254,16 +239,22 @@ class PeerClient:
         if (faults.blocked or faults.delay_s or writer is None or writer.is_closing()
                 or len(self._waiting) >= self._max_in_flight):
             return None
+        return self._write(writer, msg_type, body, timeout_s, tail)
+
+    def _write(self, writer: asyncio.StreamWriter, msg_type: MsgType, body: bytes, timeout_s: float,
+               tail: bytes | memoryview) -> asyncio.Future[Frame]:
+        """Write one request and return the future of its answer (what :meth:`request` awaits and :meth:`send`
+        hands out): a PeerError in it after ``timeout_s``; done or cancelled, the request is forgotten."""
         rid = next(self._ids)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Frame] = loop.create_future()
-        self._waiting[rid] = fut
-        timer = loop.call_later(timeout_s, self._timed_out, rid, msg_type, timeout_s)
-        fut.add_done_callback(functools.partial(self._settled, rid, timer))
         if tail:
             writer.writelines(encode_frame_parts(msg_type, rid, body, tail))
         else:
             writer.write(encode_frame(msg_type, rid, body))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Frame] = loop.create_future()
+        self._waiting[rid] = fut  # after the write: no answer can come in before this returns (one loop)
+        timer = loop.call_later(timeout_s, self._timed_out, rid, msg_type, timeout_s)
+        fut.add_done_callback(functools.partial(self._settled, rid, timer))
         return fut
 
     def _timed_out(self, rid: int, msg_type: MsgType, timeout_s: float) -> None:
@@ -286,12 +277,6 @@ class PeerClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._fail_all("closed")
-
-
-def _expire(fut: asyncio.Future[Frame]) -> None:
-    """A request's timer: its answer did not come in time (the waiter raises it as a PeerError)."""
-    if not fut.done():
-        fut.set_exception(TimeoutError())
 
 
 class PeerServer:
@@ -358,17 +343,17 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
         counted = False  # one of the ``established``
         tasks: set[asyncio.Task[None]] = set()
 
-        async def answer(f: Frame, who: str, pending: Awaitable[tuple[MsgType, bytes]] | None,
-                         ready: tuple[MsgType, bytes] | None = None) -> None:
-            if pending is not None:
+        async def answer(f: Frame, who: str, result: tuple[MsgType, bytes] | Awaitable[tuple[MsgType, bytes]]
+                         ) -> None:
+            """Write the answer once it is known and the fault layer lets it pass."""
+            if not isinstance(result, tuple):
                 try:
-                    ready = await pending
+                    result = await result
                 except Exception:
                     log.exception("handling %s from peer %s failed", f.type.name, who)
                     return
-            assert ready is not None
             if await faults.passes(who) and not writer.is_closing():
-                writer.write(encode_frame(ready[0], f.request_id, ready[1]))
+                writer.write(encode_frame(result[0], f.request_id, result[1]))
 
         async def write(data: bytes) -> None:
             writer.write(data)
@@ -401,19 +386,16 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                     except Exception:
                         log.exception("handling %s from peer %s failed", f.type.name, peer)
                         continue
-                    if isinstance(r, tuple):
-                        if not (faults.blocked or faults.delay_s):  # answered now: no task, no loop turn
-                            if not writer.is_closing():
-                                writer.write(encode_frame(r[0], f.request_id, r[1]))
-                            continue
-                        t = loop.create_task(answer(f, peer, None, r))
-                    else:
-                        if asyncio.iscoroutine(r):  # a task of its own: closing the connection cancels it
-                            inner = loop.create_task(r)
-                            tasks.add(inner)
-                            inner.add_done_callback(tasks.discard)
-                            r = inner
-                        t = loop.create_task(answer(f, peer, r))
+                    if isinstance(r, tuple) and not (faults.blocked or faults.delay_s):
+                        if not writer.is_closing():  # answered now: no task, no loop turn
+                            writer.write(encode_frame(r[0], f.request_id, r[1]))
+                        continue
+                    if asyncio.iscoroutine(r):  # a task of its own: closing the connection cancels it
+                        inner = loop.create_task(r)
+                        tasks.add(inner)
+                        inner.add_done_callback(tasks.discard)
+                        r = inner
+                    t = loop.create_task(answer(f, peer, r))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
         except HandshakeError as e:
