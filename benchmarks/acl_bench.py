@@ -28,8 +28,6 @@ a broker, the gate of a send_batch took about 55 µs where this loop says 37). `
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 import statistics
 import tempfile
@@ -40,9 +38,6 @@ from pathlib import Path
 
 import attrs
 
-with contextlib.suppress(ImportError):  # only where the SDK signs with BLAKE3 (see body_digest)
-    import blake3
-
 from benchmarks import Row
 from benchmarks.client_bench import CpuMeter
 from client import Admin, ClientConfig, Credentials, Message, Producer, PullConsumer, PullStatus
@@ -52,20 +47,13 @@ from client.protocol.acl_gate import SIGNED, AclGate
 from client.protocol.asgi import Request, parse_query
 from client.protocol.codec import encode_batch
 from client.protocol.requests import PullRequestHeader, SendRequestHeader
-from client.protocol.signing import SCHEME_BLAKE3, SIGNING_SCHEME, RequestSigner
+from client.protocol.signing import SCHEME_BLAKE3, SIGNING_SCHEME, RequestSigner, body_digest
 
-__all__ = ["AclFigures", "AclWork", "Profile", "Side", "acl_work", "body_digest", "interleave", "measure", "rows", "run"]
+__all__ = ["AclFigures", "AclWork", "Profile", "Side", "acl_work", "interleave", "measure", "rows", "run"]
 
 BODY = b"x" * 1024
 #: The body digest the SDK signs with (client/protocol/signing.py), timed on its own by :func:`acl_work`.
 DIGEST_NAME = "BLAKE3" if SIGNING_SCHEME == SCHEME_BLAKE3 else "SHA-256"
-
-
-def body_digest(body: bytes) -> str:
-    """The hex digest of ``body`` that the SDK's signature covers."""
-    if SIGNING_SCHEME == SCHEME_BLAKE3:
-        return blake3.blake3(body).hexdigest()
-    return hashlib.sha256(body).hexdigest()
 
 BATCH = 64
 PULL_NUMS = 32

@@ -59,6 +59,7 @@ __all__ = [
     "SignedAuth",
     "SigningAuth",
     "authorization_header",
+    "body_digest",
     "canonical_query",
     "fresh_authorization",
     "hmac_key",
@@ -126,8 +127,14 @@ _EMPTY_BODY_DIGESTS = {scheme: digest(b"") for scheme, digest in _BODY_DIGESTS.i
 SIGNING_SCHEME = SCHEME_BLAKE3 if SCHEME_BLAKE3 in _BODY_DIGESTS else SCHEME
 
 
-def _body_digest(scheme: str, body: bytes) -> str:
-    return _BODY_DIGESTS[scheme](body) if body else _EMPTY_BODY_DIGESTS[scheme]
+def body_digest(body: bytes, scheme: str = SIGNING_SCHEME) -> str:
+    """The hex digest of ``body`` that a signature of ``scheme`` covers (the SDK's scheme by default).
+
+    Raises:
+        SignatureError: an unknown scheme, or BLAKE3 without the ``blake3`` package.
+    """
+    digest = _BODY_DIGESTS[_known_scheme(scheme)]
+    return digest(body) if body else _EMPTY_BODY_DIGESTS[scheme]
 
 
 @attrs.frozen(repr=False)
@@ -274,7 +281,7 @@ def _split_target(target: str) -> tuple[str, str]:
 
 def _message(scheme: str, method: str, path: str, canonical: str, timestamp_ms: int, nonce: str, access_key: str,
              body: bytes) -> bytes:
-    body_hash = _body_digest(scheme, body)  # the body's only pass
+    body_hash = body_digest(body, scheme)  # the body's only pass
     return (f"{scheme}\n{method.upper()}\n{path}\n{canonical}\n{timestamp_ms}\n{nonce}\n{access_key}\n"
             f"{body_hash}").encode()
 
@@ -429,7 +436,7 @@ def verify_fields(key: HmacKey, access_key: str, timestamp_ms: int, nonce: str, 
     request is accepted that its signer did not sign. Otherwise (another client, a proxy that reordered or
     re-encoded the query) ``query`` is canonicalised as usual.
     """
-    body_hash = _body_digest(_known_scheme(scheme), body)
+    body_hash = body_digest(body, scheme)
     method = method.upper()
     if raw_query is not None and "\n" not in raw_query:
         msg = f"{scheme}\n{method}\n{path}\n{raw_query}\n{timestamp_ms}\n{nonce}\n{access_key}\n{body_hash}"

@@ -55,7 +55,14 @@ def test_argument_order_and_encoding_do_not_matter() -> None:
 
 
 def test_the_sdk_signs_blake3_bodies_and_servers_take_both_schemes() -> None:
-    from client.protocol.signing import SCHEME, SCHEME_BLAKE3, SIGNING_SCHEME, RequestSigner, string_to_sign
+    from client.protocol.signing import (
+        SCHEME,
+        SCHEME_BLAKE3,
+        SIGNING_SCHEME,
+        RequestSigner,
+        body_digest,
+        string_to_sign,
+    )
 
     if platform.machine() in ("x86_64", "AMD64", "aarch64", "arm64"):  # where pyproject.toml installs blake3
         assert SIGNING_SCHEME == SCHEME_BLAKE3
@@ -71,6 +78,9 @@ def test_the_sdk_signs_blake3_bodies_and_servers_take_both_schemes() -> None:
         b"\naf1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262")
     assert string_to_sign("GET", "/p", {}, 1, "n", "a", b"").endswith(
         b"\ne3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+    assert body_digest(b"", SCHEME) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert body_digest(b"abc", SCHEME_BLAKE3) == \
+        "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
 
 
 def test_a_process_without_blake3_refuses_its_scheme_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
