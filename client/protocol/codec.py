@@ -56,6 +56,8 @@ from collections.abc import Callable, Iterator, Sequence
 from operator import mul
 from typing import NamedTuple
 
+import attrs
+
 from client.errors import MessageIllegalError, ProtocolViolationError
 from client.protocol.codes import SysFlag
 from client.protocol.message import Message, MessageExt
@@ -652,29 +654,30 @@ def decode_records(
 ) -> list[MessageExt]:
     """Decode back-to-back stored records (a pull response body) into messages.
 
-    Bodies are copied once, out of ``data``; nothing else holds a reference to ``data``. ``offset`` is where the
-    first record starts (a pull response passes its whole body and the head size, saving a copy).
+    Each record's lengths and magic are checked here; its fields are read from it when first used (see
+    :class:`_StoredMessage`), so a consumer that reads only bodies pays for bodies only. Each message holds a copy
+    of its own record; nothing holds a reference to ``data``. ``offset`` is where the first record starts (a pull
+    response passes its whole body and the head size, saving a copy).
 
     Raises:
         ProtocolViolationError: a record is truncated, has a bad magic, or (with ``verify_crc``) a bad body CRC.
     """
-    # The hot loop of every consumer: one unpack per record, slices straight out of ``bytes``, hosts and the
-    # msgId prefix cached per host, properties split inline.
+    # The hot loop of every consumer: one unpack of the four fields the checks need, one copy of the record.
     is_bytes = isinstance(data, bytes)
     buf: bytes | memoryview = data if is_bytes else memoryview(data)
     n = len(buf)
     out: list[MessageExt] = []
     append = out.append
     pos = offset
-    head = RECORD_HEAD.unpack_from
+    check = _RECORD_CHECK.unpack_from
     u16 = _U16.unpack_from
-    hosts: dict[tuple[bytes, int], tuple[str, str]] = {}
-    new = MessageExt
+    new = object.__new__
+    stored = _StoredMessage
+    set_state = _set_stored_state
     while pos < n:
         if n - pos < RECORD_FIXED_SIZE:
             raise ProtocolViolationError(f"record at byte {pos} is truncated ({n - pos} bytes left)")
-        (size, magic, crc, queue_id, flag, queue_offset, phy, sys_flag, born_ts, born_ip, born_port, store_ts,
-         store_ip, store_port, reconsume, _, body_len) = head(buf, pos)
+        size, magic, crc, sys_flag, body_len = check(buf, pos)
         if magic != MAGIC_V1:
             raise ProtocolViolationError(f"record at byte {pos} has bad magic {magic & 0xFFFFFFFF:#x}")
         if size < RECORD_FIXED_SIZE or pos + size > n:
@@ -687,32 +690,168 @@ def decode_records(
         topic_at = pos + 88 + body_len
         if body_len < 0 or topic_at + 3 > end:
             raise ProtocolViolationError(f"record at byte {pos}: body length {body_len} exceeds size {size}")
-        body = buf[pos + 88 : topic_at] if is_bytes else bytes(buf[pos + 88 : topic_at])
-        if verify_crc and body_crc(body) != crc:
-            raise ProtocolViolationError(f"record at byte {pos} (offset {phy}): body CRC mismatch")
         props_at = topic_at + 1 + buf[topic_at]
-        topic = _topic_str(bytes(buf[topic_at + 1 : props_at]))
-        props_len = u16(buf, props_at)[0]
-        if props_at + 2 + props_len != end:
+        if props_at + 2 > end or props_at + 2 + u16(buf, props_at)[0] != end:
             raise ProtocolViolationError(f"record at byte {pos}: field lengths do not add up to {size}")
-        props = decode_properties(buf[props_at + 2 : end]) if props_len else {}
-        store = hosts.get((store_ip, store_port))
-        if store is None:
-            packed = store_ip + _I32.pack(store_port)
-            store = hosts[(store_ip, store_port)] = (unpack_host(packed), packed.hex().upper())
-        born = hosts.get((born_ip, born_port))
-        if born is None:
-            packed = born_ip + _I32.pack(born_port)
-            born = hosts[(born_ip, born_port)] = (unpack_host(packed), packed.hex().upper())
-        offset_msg_id = f"{store[1]}{phy & 0xFFFFFFFFFFFFFFFF:016X}"
-        keys = props.get(KEYS)
-        append(new(
-            topic, body, props.get(TAGS), tuple(keys.split()) if keys else (), props, broker_name, queue_id,  # type: ignore[arg-type]
-            queue_offset, phy, props.get(UNIQ_KEY) or offset_msg_id, offset_msg_id, born_ts, store_ts,
-            born[0], store[0], reconsume, size, flag, sys_flag, crc,
-        ))
+        record = buf[pos:end] if is_bytes else bytes(buf[pos:end])
+        body = None
+        if verify_crc:
+            body = record[88 : 88 + body_len]
+            if body_crc(body) != crc:
+                phy = _Q_OFFSET.unpack_from(record, 28)[0]
+                raise ProtocolViolationError(f"record at byte {pos} (offset {phy}): body CRC mismatch")
+        m = new(stored)
+        set_state(m, [record, broker_name, None, body])
+        append(m)
         pos = end
     return out
+
+
+#: TOTALSIZE, MAGICCODE, BODYCRC, SYSFLAG and BODYLENGTH of an IPv4 record: what :func:`decode_records` checks.
+_RECORD_CHECK = struct.Struct(">iii24xi44xi")
+_BODY_AT = 88  # an IPv4 record's body starts here (BODYLENGTH is at 84)
+_READ_I32 = _I32.unpack_from
+_READ_I64 = _Q_OFFSET.unpack_from
+
+
+class _StoredMessage(MessageExt):
+    """A :class:`MessageExt` that reads each field from its stored (IPv4) record when the field is first used.
+
+    Building all twenty fields of every message (a properties dict, hosts, two ids) cost more than the rest of a
+    large pull, and a consumer often reads a few of them. :func:`decode_records` checked the record's lengths, so no
+    field read can fail; the body and the properties are kept once read (``properties`` is the same dict on every
+    access). Everything else behaves as a MessageExt: ``attrs.evolve``, ``copy`` and pickling give a plain
+    :class:`MessageExt` with the same fields, and equality compares fields with any MessageExt.
+    """
+
+    __slots__ = ("_state",)
+    _state: list[bytes | str | dict[str, str] | None]
+    """``[record, broker name, properties or None, body or None]``."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> MessageExt:  # type: ignore[misc]
+        # Only attrs.evolve (and any other caller of the class with fields) gets here: decode_records builds its
+        # instances with object.__new__. The fields are all given, so a plain MessageExt holds them.
+        return MessageExt(*args, **kwargs)  # type: ignore[arg-type]
+
+    def __reduce__(self) -> tuple[type[MessageExt], tuple[object, ...]]:
+        return MessageExt, attrs.astuple(self, recurse=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MessageExt):
+            return NotImplemented
+        return attrs.astuple(self, recurse=False) == attrs.astuple(other, recurse=False)
+
+    __hash__ = MessageExt.__hash__
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{a.name}={getattr(self, a.name)!r}" for a in attrs.fields(MessageExt))
+        return f"MessageExt({fields})"
+
+
+_set_stored_state = _StoredMessage._state.__set__  # type: ignore[attr-defined]  # the slot, past the frozen setattr
+
+
+def _stored_record(m: _StoredMessage) -> bytes:
+    return m._state[0]  # type: ignore[return-value]
+
+
+def _stored_body(m: _StoredMessage) -> bytes:
+    state = m._state
+    body = state[3]
+    if body is None:
+        record = state[0]
+        body = state[3] = record[_BODY_AT : _BODY_AT + _READ_I32(record, 84)[0]]  # type: ignore[index,arg-type]
+    return body  # type: ignore[return-value]
+
+
+def _stored_properties(m: _StoredMessage) -> dict[str, str]:
+    state = m._state
+    props = state[2]
+    if props is None:
+        record: bytes = state[0]  # type: ignore[assignment]
+        topic_at = _BODY_AT + _READ_I32(record, 84)[0]
+        props_at = topic_at + 1 + record[topic_at]
+        props = state[2] = decode_properties(record[props_at + 2 :]) if props_at + 2 < len(record) else {}
+    return props  # type: ignore[return-value]
+
+
+def _stored_topic(m: _StoredMessage) -> str:
+    record = _stored_record(m)
+    topic_at = _BODY_AT + _READ_I32(record, 84)[0]
+    return _topic_str(record[topic_at + 1 : topic_at + 1 + record[topic_at]])
+
+
+def _stored_keys(m: _StoredMessage) -> tuple[str, ...]:
+    keys = _stored_properties(m).get(KEYS)
+    return tuple(keys.split()) if keys else ()
+
+
+def _stored_offset_msg_id(m: _StoredMessage) -> str:
+    record = _stored_record(m)
+    return create_offset_msg_id(record[64:72], _READ_I64(record, 28)[0])
+
+
+def _stored_msg_id(m: _StoredMessage) -> str:
+    return _stored_properties(m).get(UNIQ_KEY) or _stored_offset_msg_id(m)
+
+
+def _int_at(fmt: struct.Struct, at: int) -> Callable[[_StoredMessage], int]:
+    read = fmt.unpack_from
+
+    def field(m: _StoredMessage) -> int:
+        return read(m._state[0], at)[0]  # type: ignore[arg-type]
+
+    return field
+
+
+def _host_at(at: int) -> Callable[[_StoredMessage], str]:
+    def field(m: _StoredMessage) -> str:
+        return _host_str(_stored_record(m)[at : at + 8])
+
+    return field
+
+
+_HOST_STRS: dict[bytes, str] = {}
+
+
+def _host_str(packed: bytes) -> str:
+    """:func:`unpack_host` of an IPv4 host, cached (a consumer sees few distinct hosts)."""
+    host = _HOST_STRS.get(packed)
+    if host is None:
+        host = unpack_host(packed)
+        if len(_HOST_STRS) < 10_000:
+            _HOST_STRS[packed] = host
+    return host
+
+
+# Each field of MessageExt, read from the record: the attrs slots of the base class stay empty (set as properties
+# here, where mypy does not see them override the fields).
+for _name, _read in {
+    "topic": _stored_topic,
+    "body": _stored_body,
+    "tags": lambda m: _stored_properties(m).get(TAGS),
+    "keys": _stored_keys,
+    "properties": _stored_properties,
+    "broker_name": lambda m: m._state[1],
+    "queue_id": _int_at(_I32, 12),
+    "queue_offset": _int_at(_Q_OFFSET, 20),
+    "commit_log_offset": _int_at(_Q_OFFSET, 28),
+    "msg_id": _stored_msg_id,
+    "offset_msg_id": _stored_offset_msg_id,
+    "born_timestamp": _int_at(_Q_OFFSET, 40),
+    "store_timestamp": _int_at(_Q_OFFSET, 56),
+    "born_host": _host_at(48),
+    "store_host": _host_at(64),
+    "reconsume_times": _int_at(_I32, 72),
+    "store_size": lambda m: len(m._state[0]),
+    "flag": _int_at(_I32, 16),
+    "sys_flag": _int_at(_I32, 36),
+    "body_crc": _int_at(_I32, 8),
+}.items():
+    setattr(_StoredMessage, _name, property(_read, doc=f"``{_name}``, read from the stored record."))
+if {a.name for a in attrs.fields(MessageExt)} != {n for n in dir(_StoredMessage)
+                                                   if isinstance(getattr(_StoredMessage, n), property)}:
+    raise AssertionError("_StoredMessage must read every field of MessageExt")  # pragma: no cover
 
 
 _HOST_V6_BITS = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
