@@ -278,7 +278,7 @@ class _ProducerBase:
     def _send_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], queue: MessageQueue | None
                        ) -> _PausingOp[list[SendResult]]:
         topic = check_batch(msgs, self.config.max_message_size)
-        keys = [self._uniq.next() for _ in msgs]
+        keys = self._uniq.next_many(len(msgs))
         body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
                                   max_message_size=self.config.max_message_size)
         fixed = explicit_queue(queue, topic)

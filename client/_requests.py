@@ -306,12 +306,15 @@ def send_results(reply: wire.SendReply, mq: MessageQueue, uniq_keys: Sequence[st
     """One SendResult per message of a stored batch, each with its own offsets."""
     status = SendStatus.from_code(reply.code)
     queue = mq if mq.queue_id == reply.queue_id else MessageQueue(mq.topic, mq.broker_name, reply.queue_id)
-    host = reply.store_host
+    host = reply.store_host.hex().upper()  # codec.create_offset_msg_id, its host part written once per batch
     base = reply.queue_offset
     return [
-        SendResult(status, uniq_keys[i], queue, base + i, codec.create_offset_msg_id(host, phy))
+        SendResult(status, uniq_keys[i], queue, base + i, f"{host}{phy & _U64:016X}")
         for i, phy in enumerate(reply.commit_log_offsets)
     ]
+
+
+_U64 = 0xFFFFFFFFFFFFFFFF
 
 
 # --- pull -------------------------------------------------------------------------------------------------

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
 import zlib
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from client._requests import send_results
 from client.protocol.codec import (
+    UniqKeyGenerator,
     body_crc,
     crc32,
     create_offset_msg_id,
@@ -19,7 +22,8 @@ from client.protocol.codec import (
     pack_host,
     write_batch_records,
 )
-from client.protocol.message import Message
+from client.protocol.message import Message, MessageQueue
+from client.protocol.wire import SendReply
 
 NAME = st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=20)
 VALUE = st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]), max_size=30)
@@ -104,3 +108,21 @@ def test_crc32_is_zlibs(data: bytes, start: int, seed: int) -> None:
     assert crc32(view) == zlib.crc32(view)
     assert crc32(view, seed) == zlib.crc32(view, seed)
     assert body_crc(view) == zlib.crc32(view) & 0x7FFFFFFF
+
+
+def test_uniq_keys_in_bulk_are_the_ids_next_would_give() -> None:
+    clock = [1_700_000_000_000]
+    one = UniqKeyGenerator(b"\x0a\x00\x00\x01", clock_ms=lambda: clock[0], rng=random.Random(7))
+    bulk = UniqKeyGenerator(b"\x0a\x00\x00\x01", clock_ms=lambda: clock[0], rng=random.Random(7))
+    assert bulk.next_many(70_000) == [one.next() for _ in range(70_000)]  # the 16-bit counter wraps on the way
+    clock[0] += 40 * 86_400_000  # the next month: the time part restarts from its first instant
+    assert bulk.next_many(3) == [one.next() for _ in range(3)] and bulk.next_many(0) == []
+
+
+@given(phys=st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=5), port=st.integers(1, 65535))
+def test_send_results_carry_the_offset_msg_id_of_each_message(phys: list[int], port: int) -> None:
+    host = pack_host("10.9.8.7", port)
+    reply = SendReply(0, 2, 100, host, tuple(phys))
+    out = send_results(reply, MessageQueue("T", "b", 2), [f"u{i}" for i in range(len(phys))])
+    assert [r.offset_msg_id for r in out] == [create_offset_msg_id(host, p) for p in phys]
+    assert [r.queue_offset for r in out] == list(range(100, 100 + len(phys)))
