@@ -54,7 +54,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from operator import mul
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import attrs
 
@@ -176,19 +176,32 @@ def java_hash(s: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-_TAGS_HASH_CACHE: dict[str, int] = {}
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _bounded_memo(compute: Callable[[_K], _V], limit: int) -> Callable[[_K], _V]:
+    """``compute`` remembered for the first ``limit`` keys (tags, topics and hosts repeat; a stream of distinct
+    ones must not grow memory)."""
+    memo: dict[_K, _V] = {}
+
+    def lookup(key: _K) -> _V:
+        value = memo.get(key)
+        if value is None:
+            value = compute(key)
+            if len(memo) < limit:
+                memo[key] = value
+        return value
+
+    return lookup
+
+
+_tags_code = _bounded_memo(java_hash, 65536)
 
 
 def tags_hash(tags: str | None) -> int:
     """Consume-queue tag code: ``java_hash(tags)``, 0 without tags (cached: tags repeat)."""
-    if not tags:
-        return 0
-    h = _TAGS_HASH_CACHE.get(tags)
-    if h is None:
-        h = java_hash(tags)
-        if len(_TAGS_HASH_CACHE) < 65536:
-            _TAGS_HASH_CACHE[tags] = h
-    return h
+    return _tags_code(tags) if tags else 0
 
 
 # --- hosts and msgIds ---------------------------------------------------------------------------------
@@ -588,16 +601,11 @@ class DispatchInfo(NamedTuple):
     delay_level: int
 
 
-_TOPIC_CACHE: dict[bytes, str] = {}
+def _decode_topic(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
-def _topic_str(raw: bytes) -> str:
-    t = _TOPIC_CACHE.get(raw)
-    if t is None:
-        t = raw.decode("utf-8", "replace")
-        if len(_TOPIC_CACHE) < 100_000:
-            _TOPIC_CACHE[raw] = t
-    return t
+_topic_str = _bounded_memo(_decode_topic, 100_000)
 
 
 def _host_sizes(sys_flag: int) -> tuple[int, int]:
@@ -821,17 +829,7 @@ def _host_at(at: int) -> Callable[[_StoredMessage], str]:
     return field
 
 
-_HOST_STRS: dict[bytes, str] = {}
-
-
-def _host_str(packed: bytes) -> str:
-    """:func:`unpack_host` of an IPv4 host, cached (a consumer sees few distinct hosts)."""
-    host = _HOST_STRS.get(packed)
-    if host is None:
-        host = unpack_host(packed)
-        if len(_HOST_STRS) < 10_000:
-            _HOST_STRS[packed] = host
-    return host
+_host_str = _bounded_memo(unpack_host, 10_000)
 
 
 # Each field of MessageExt, read from the record: the attrs slots of the base class stay empty (set as properties
