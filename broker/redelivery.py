@@ -23,7 +23,7 @@ import attrs
 
 from broker.store.api import AppendResult, MessageStore
 from client.errors import ProtocolViolationError
-from client.protocol.codec import decode_records
+from client.protocol.codec import decode_records, packed_born_host
 from client.protocol.codes import SysFlag
 from client.protocol.message import MessageExt
 from client.protocol.properties import UNIQ_KEY
@@ -68,8 +68,6 @@ class Delivery:
                 and msg.properties.get(UNIQ_KEY, "") == self.uniq_key)
 
 
-def _born_host_bytes(record: bytes, sys_flag: int) -> bytes:
-    return record[48 : 48 + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8)]
 
 
 def put_copy(store: MessageStore, d: Delivery, msg: MessageExt, record: bytes, props: dict[str, str]
@@ -77,7 +75,7 @@ def put_copy(store: MessageStore, d: Delivery, msg: MessageExt, record: bytes, p
     """Put ``msg`` (read as ``record``) under ``d.topic`` / ``d.queue_id`` with ``props``, keeping its body,
     born host and time, flag and reconsume count (the store host is the master's own)."""
     return store.put_message(
-        d.topic, d.queue_id, msg.body, props, born_host=_born_host_bytes(record, msg.sys_flag),
+        d.topic, d.queue_id, msg.body, props, born_host=packed_born_host(record, msg.sys_flag),
         born_timestamp=msg.born_timestamp, flag=msg.flag,
         sys_flag=msg.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6),
         reconsume_times=msg.reconsume_times,

@@ -44,7 +44,7 @@ from client.errors import (
     SubscriptionGroupNotExistError,
 )
 from client.protocol.asgi import Request, Response, json_response
-from client.protocol.codec import decode_records
+from client.protocol.codec import decode_records, packed_born_host
 from client.protocol.codes import Perm, ResponseCode, SysFlag
 from client.protocol.message import MessageExt
 from client.protocol.properties import WAIT, validate_group
@@ -162,7 +162,7 @@ class SendBackProcessor:
             reconsume_times=msg.reconsume_times, max_reconsume_times=max_times, delay_level=level,
         )
         result = self._store.put_message(
-            tc.topic_name, queue_id, msg.body, props, born_host=_born_host(record, msg.sys_flag),
+            tc.topic_name, queue_id, msg.body, props, born_host=packed_born_host(record, msg.sys_flag),
             born_timestamp=msg.born_timestamp, flag=msg.flag,
             sys_flag=msg.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6),
             reconsume_times=msg.reconsume_times + 1,
@@ -195,5 +195,3 @@ class SendBackProcessor:
         return tc
 
 
-def _born_host(record: bytes, sys_flag: int) -> bytes:
-    return record[48 : 48 + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8)]

@@ -141,11 +141,16 @@ class Perm(enum.IntFlag):
 
     @staticmethod
     def readable(perm: int) -> bool:
-        return bool(perm & Perm.READ)
+        return bool(perm & _READ)
 
     @staticmethod
     def writeable(perm: int) -> bool:
-        return bool(perm & Perm.WRITE)
+        return bool(perm & _WRITE)
+
+
+# Plain ints: ``int & Perm.READ`` goes through IntFlag's Python-level __rand__ (about 0.6 µs, every send and pull).
+_READ = int(Perm.READ)
+_WRITE = int(Perm.WRITE)
 
 
 class SysFlag(enum.IntFlag):
