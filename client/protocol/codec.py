@@ -683,15 +683,15 @@ def decode_records(
 ) -> list[MessageExt]:
     """Decode back-to-back stored records (a pull response body) into messages.
 
-    Each record's lengths and magic are checked here; its fields are read from it when first used (see
-    :class:`_StoredMessage`), so a consumer that reads only bodies pays for bodies only. Each message holds a copy
-    of its own record; nothing holds a reference to ``data``. ``offset`` is where the first record starts (a pull
+    Each record's lengths and magic are checked here and its body copied out; its other fields are read from it
+    when first used (see :class:`_StoredMessage`), so a consumer that reads only bodies pays for little more.
+    Each message holds copies of its own record's bytes; nothing holds a reference to ``data``. ``offset`` is where the first record starts (a pull
     response passes its whole body and the head size, saving a copy).
 
     Raises:
         ProtocolViolationError: a record is truncated, has a bad magic, or (with ``verify_crc``) a bad body CRC.
     """
-    # The hot loop of every consumer: one unpack of the four fields the checks need, one copy of the record.
+    # The hot loop of every consumer: one unpack of the five fields the checks need, three slices.
     is_bytes = isinstance(data, bytes)
     buf: bytes | memoryview = data if is_bytes else memoryview(data)
     n = len(buf)
@@ -716,21 +716,22 @@ def decode_records(
             pos += size
             continue
         end = pos + size
-        topic_at = pos + 88 + body_len
+        topic_at = pos + _BODY_AT + body_len
         if body_len < 0 or topic_at + 3 > end:
             raise ProtocolViolationError(f"record at byte {pos}: body length {body_len} exceeds size {size}")
         props_at = topic_at + 1 + buf[topic_at]
         if props_at + 2 > end or props_at + 2 + u16(buf, props_at)[0] != end:
             raise ProtocolViolationError(f"record at byte {pos}: field lengths do not add up to {size}")
-        record = buf[pos:end] if is_bytes else bytes(buf[pos:end])
-        body = None
-        if verify_crc:
-            body = record[88 : 88 + body_len]
-            if body_crc(body) != crc:
-                phy = _Q_OFFSET.unpack_from(record, 28)[0]
-                raise ProtocolViolationError(f"record at byte {pos} (offset {phy}): body CRC mismatch")
+        if is_bytes:
+            head, body, tail = buf[pos : pos + _BODY_AT], buf[pos + _BODY_AT : topic_at], buf[topic_at:end]
+        else:
+            head, body, tail = bytes(buf[pos : pos + _BODY_AT]), bytes(buf[pos + _BODY_AT : topic_at]), \
+                bytes(buf[topic_at:end])
+        if verify_crc and body_crc(body) != crc:
+            phy = _Q_OFFSET.unpack_from(head, 28)[0]
+            raise ProtocolViolationError(f"record at byte {pos} (offset {phy}): body CRC mismatch")
         m = new(stored)
-        set_state(m, [record, broker_name, None, body])
+        set_state(m, (head, body, tail, broker_name, []))
         append(m)
         pos = end
     return out
@@ -739,23 +740,22 @@ def decode_records(
 #: TOTALSIZE, MAGICCODE, BODYCRC, SYSFLAG and BODYLENGTH of an IPv4 record: what :func:`decode_records` checks.
 _RECORD_CHECK = struct.Struct(">iii24xi44xi")
 _BODY_AT = 88  # an IPv4 record's body starts here (BODYLENGTH is at 84)
-_READ_I32 = _I32.unpack_from
-_READ_I64 = _Q_OFFSET.unpack_from
 
 
 class _StoredMessage(MessageExt):
-    """A :class:`MessageExt` that reads each field from its stored (IPv4) record when the field is first used.
+    """A :class:`MessageExt` that reads its fields from its stored (IPv4) record when they are first used.
 
     Building all twenty fields of every message (a properties dict, hosts, two ids) cost more than the rest of a
     large pull, and a consumer often reads a few of them. :func:`decode_records` checked the record's lengths, so no
-    field read can fail; the body and the properties are kept once read (``properties`` is the same dict on every
-    access). Everything else behaves as a MessageExt: ``attrs.evolve``, ``copy`` and pickling give a plain
+    field read can fail. The body is copied out at once (as before); the record's fixed head and its topic and
+    properties are kept beside it, so no byte is held twice, and the properties dict is built once, on first use.
+    Everything else behaves as a MessageExt: ``attrs.evolve``, ``copy`` and pickling give a plain
     :class:`MessageExt` with the same fields, and equality compares fields with any MessageExt.
     """
 
     __slots__ = ("_state",)
-    _state: list[bytes | str | dict[str, str] | None]
-    """``[record, broker name, properties or None, body or None]``."""
+    _state: tuple[bytes, bytes, bytes, str, list[dict[str, str]]]
+    """``(head: the 88 fixed bytes, body, tail: topic and properties, broker name, [properties once built])``."""
 
     def __new__(cls, *args: object, **kwargs: object) -> MessageExt:  # type: ignore[misc]
         # Only attrs.evolve (and any other caller of the class with fields) gets here: decode_records builds its
@@ -780,34 +780,19 @@ class _StoredMessage(MessageExt):
 _set_stored_state = _StoredMessage._state.__set__  # type: ignore[attr-defined]  # the slot, past the frozen setattr
 
 
-def _stored_record(m: _StoredMessage) -> bytes:
-    return m._state[0]  # type: ignore[return-value]
-
-
-def _stored_body(m: _StoredMessage) -> bytes:
-    state = m._state
-    body = state[3]
-    if body is None:
-        record = state[0]
-        body = state[3] = record[_BODY_AT : _BODY_AT + _READ_I32(record, 84)[0]]  # type: ignore[index,arg-type]
-    return body  # type: ignore[return-value]
-
-
 def _stored_properties(m: _StoredMessage) -> dict[str, str]:
     state = m._state
-    props = state[2]
-    if props is None:
-        record: bytes = state[0]  # type: ignore[assignment]
-        topic_at = _BODY_AT + _READ_I32(record, 84)[0]
-        props_at = topic_at + 1 + record[topic_at]
-        props = state[2] = decode_properties(record[props_at + 2 :]) if props_at + 2 < len(record) else {}
-    return props  # type: ignore[return-value]
+    built = state[4]
+    if not built:
+        tail = state[2]
+        props_at = 1 + tail[0]
+        built.append(decode_properties(tail[props_at + 2 :]) if props_at + 2 < len(tail) else {})
+    return built[0]
 
 
 def _stored_topic(m: _StoredMessage) -> str:
-    record = _stored_record(m)
-    topic_at = _BODY_AT + _READ_I32(record, 84)[0]
-    return _topic_str(record[topic_at + 1 : topic_at + 1 + record[topic_at]])
+    tail = m._state[2]
+    return _topic_str(tail[1 : 1 + tail[0]])
 
 
 def _stored_keys(m: _StoredMessage) -> tuple[str, ...]:
@@ -816,8 +801,8 @@ def _stored_keys(m: _StoredMessage) -> tuple[str, ...]:
 
 
 def _stored_offset_msg_id(m: _StoredMessage) -> str:
-    record = _stored_record(m)
-    return create_offset_msg_id(record[64:72], _READ_I64(record, 28)[0])
+    head = m._state[0]
+    return create_offset_msg_id(head[64:72], _Q_OFFSET.unpack_from(head, 28)[0])
 
 
 def _stored_msg_id(m: _StoredMessage) -> str:
@@ -828,14 +813,14 @@ def _int_at(fmt: struct.Struct, at: int) -> Callable[[_StoredMessage], int]:
     read = fmt.unpack_from
 
     def field(m: _StoredMessage) -> int:
-        return read(m._state[0], at)[0]  # type: ignore[arg-type]
+        return int(read(m._state[0], at)[0])
 
     return field
 
 
 def _host_at(at: int) -> Callable[[_StoredMessage], str]:
     def field(m: _StoredMessage) -> str:
-        return _host_str(_stored_record(m)[at : at + 8])
+        return _host_str(m._state[0][at : at + 8])
 
     return field
 
@@ -847,11 +832,11 @@ _host_str = _bounded_memo(unpack_host, 10_000)
 # here, where mypy does not see them override the fields).
 for _name, _read in {
     "topic": _stored_topic,
-    "body": _stored_body,
+    "body": lambda m: m._state[1],
     "tags": lambda m: _stored_properties(m).get(TAGS),
     "keys": _stored_keys,
     "properties": _stored_properties,
-    "broker_name": lambda m: m._state[1],
+    "broker_name": lambda m: m._state[3],
     "queue_id": _int_at(_I32, 12),
     "queue_offset": _int_at(_Q_OFFSET, 20),
     "commit_log_offset": _int_at(_Q_OFFSET, 28),
@@ -862,7 +847,7 @@ for _name, _read in {
     "born_host": _host_at(48),
     "store_host": _host_at(64),
     "reconsume_times": _int_at(_I32, 72),
-    "store_size": lambda m: len(m._state[0]),
+    "store_size": _int_at(_I32, 0),
     "flag": _int_at(_I32, 16),
     "sys_flag": _int_at(_I32, 36),
     "body_crc": _int_at(_I32, 8),
