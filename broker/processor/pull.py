@@ -189,9 +189,9 @@ class PullProcessor:
         if code is ResponseCode.PULL_NOT_FOUND and allow_suspend and self._hold.can_park():
             return None
         self._metrics.count_request(code, pull=True)
-        records = result.records if code is ResponseCode.SUCCESS else []
-        if records:
-            self._metrics.served(req.topic, len(records), result.total_size)
+        count = result.msg_count if code is ResponseCode.SUCCESS else 0
+        if count:
+            self._metrics.served(req.topic, count, result.total_size)
         head = encode_pull_header(int(code), result.next_begin_offset, result.min_offset, result.max_offset,
-                                  plan.suggest_which_broker_id, self._role.broker_id, len(records))
-        return Response.of_pieces((head, *records)) if records else Response(head)
+                                  plan.suggest_which_broker_id, self._role.broker_id, count)
+        return Response.of_pieces((head, *result.buffers)) if count else Response(head)

@@ -27,7 +27,7 @@ from typing import Protocol
 import attrs
 
 from broker.store.retention import StoreCleaning
-from client.protocol.codec import BatchItem
+from client.protocol.codec import BatchItem, read_record_prefix
 
 __all__ = [
     "AppendResult",
@@ -111,8 +111,10 @@ class GetMessageResult:
     next_begin_offset: int
     min_offset: int
     max_offset: int
-    records: list[bytes] = attrs.field(factory=list)
-    """Each found record's bytes, in queue order (join them for a pull response)."""
+    buffers: list[bytes] = attrs.field(factory=list)
+    """The found records' bytes in queue order, each buffer one or more whole records back to back (a run of
+    records contiguous in one commit-log file is one slice of it): a pull response joins them as they are, and
+    :attr:`records` splits them."""
     queue_offsets: list[int] = attrs.field(factory=list)
     """Logical offset of each found record."""
     suggest_pulling_from_slave: bool = False
@@ -120,11 +122,27 @@ class GetMessageResult:
 
     @property
     def msg_count(self) -> int:
-        return len(self.records)
+        return len(self.queue_offsets)
 
     @property
     def total_size(self) -> int:
-        return sum(map(len, self.records))
+        return sum(map(len, self.buffers))
+
+    @property
+    def records(self) -> list[bytes]:
+        """Each found record's bytes, in queue order (one copy each, for callers that handle records one by
+        one). A stored record starts with its TOTALSIZE, which equals its consume-queue unit's size."""
+        out: list[bytes] = []
+        for buf in self.buffers:
+            pos, n = 0, len(buf)
+            while pos < n:
+                size = read_record_prefix(buf, pos)[0]
+                if not 0 < size <= n - pos:
+                    raise StoreCorruptError(f"a read record's TOTALSIZE {size} at byte {pos} of a {n}-byte run "
+                                            "disagrees with its consume-queue unit")
+                out.append(buf[pos : pos + size] if pos or size != n else buf)
+                pos += size
+        return out
 
 
 @attrs.frozen

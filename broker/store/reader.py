@@ -13,6 +13,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import BLANK_SIZE, CQ_UNIT, UNIT_SIZE, ConsumeQueueTable
 from broker.store.index import IndexService
+from broker.store.mapped_file import MappedFile
 from client.protocol.codec import record_layout
 from client.protocol.properties import scan_properties
 
@@ -25,6 +26,18 @@ _MIN_FILTER_BYTES = 16000
 
 def _result(status: GetMessageStatus, next_offset: int, min_o: int, max_o: int) -> GetMessageResult:
     return GetMessageResult(status, next_offset, min_o, max_o)
+
+
+def _file_holding(files: list[MappedFile], first_start: int, file_size: int, phy: int, size: int) -> MappedFile | None:
+    """The commit-log file holding all ``size`` bytes at ``phy``; None for a blank unit, a removed file or bytes
+    not written yet."""
+    if size == BLANK_SIZE:
+        return None
+    idx = (phy - first_start) // file_size
+    if not 0 <= idx < len(files):
+        return None
+    f = files[idx]
+    return f if phy - f.start + size <= f.wrote else None
 
 
 def get_message(
@@ -57,27 +70,36 @@ def get_message(
         nxt = offset + units_per_file - offset % units_per_file
         return _result(GetMessageStatus.OFFSET_FOUND_NULL, nxt if correct else offset, min_o, max_o)
     mf, pos = loc
+    window = mf.mm[pos : min(mf.wrote, pos + max(_MIN_FILTER_BYTES, max_nums * UNIT_SIZE) // UNIT_SIZE * UNIT_SIZE)]
+    return _scan(cl, cfg, window, max_py, offset, max_nums, max_bytes, tag_filter, record_filter, min_o, max_o)
+
+
+def _scan(
+    cl: CommitLog, cfg: StoreConfig, window: bytes, max_py: int, offset: int, max_nums: int, max_bytes: int,
+    tag_filter: TagFilter | None, record_filter: RecordFilter | None, min_o: int, max_o: int,
+) -> GetMessageResult:
+    """Take the records of the consume-queue units in ``window`` (a copy of the units from ``offset`` on, at most
+    max(16000, 20 * maxMsgNums) bytes, unpacked in one pass), within the caps, filters applied."""
     memory = cfg.memory_bytes_for_reads
     mem_bytes, mem_count = cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory
     disk_bytes, disk_count = cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk
-    end = min(mf.wrote, pos + max(_MIN_FILTER_BYTES, max_nums * UNIT_SIZE) // UNIT_SIZE * UNIT_SIZE)
-    mm = mf.mm
-    unit = CQ_UNIT.unpack_from
     files = cl.files
     first_start = files[0].start if files else 0
     file_size = cl.file_size
-    nfiles = len(files)
-    records: list[bytes] = []
+    buffers: list[bytes] = []
     queue_offsets: list[int] = []
     status = GetMessageStatus.NO_MATCHED_MESSAGE
-    total = count = max_phy_pulling = 0
+    total = count = 0
     next_phy_file_start = -1
-    p = pos
-    while p < end:
-        phy, size, tag = unit(mm, p)
-        max_phy_pulling = phy
+    # The run of found records contiguous in one commit-log file, copied out as one slice when it ends: its file,
+    # the physical offsets where it starts and ends, and where that file's written bytes end.
+    run_file: MappedFile | None = None
+    run_start = run_end = run_limit = 0
+    q = offset - 1
+    phy = 0
+    for phy, size, tag in CQ_UNIT.iter_unpack(window):
+        q += 1
         if phy < next_phy_file_start:
-            p += UNIT_SIZE
             continue
         if count:
             if count >= max_nums or total + size > max_bytes:
@@ -88,34 +110,41 @@ def get_message(
             elif total + size > mem_bytes or count >= mem_count:
                 break
         if tag_filter is not None and not tag_filter(tag):
-            p += UNIT_SIZE
             continue
-        rec = None
-        if size != BLANK_SIZE:
-            idx = (phy - first_start) // file_size
-            if 0 <= idx < nfiles:
-                f = files[idx]
+        if phy != run_end or phy + size > run_limit or record_filter is not None:
+            # Not the next record of the run (a blank unit's size never fits under run_limit: it exceeds any file).
+            f = _file_holding(files, first_start, file_size, phy, size)
+            if f is None:
+                if not count:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                if size != BLANK_SIZE:
+                    next_phy_file_start = cl.roll_next_file(phy)
+                continue
+            if record_filter is not None:
+                # The filter reads the record, so it is copied here and is a buffer of its own.
                 rp = phy - f.start
-                if rp + size <= f.wrote:
-                    rec = f.mm[rp : rp + size]
-        if rec is None:
-            if not count:
-                status = GetMessageStatus.MESSAGE_WAS_REMOVING
-            if size != BLANK_SIZE:
-                next_phy_file_start = cl.roll_next_file(phy)
-            p += UNIT_SIZE
-            continue
-        if record_filter is not None and not record_filter(rec):
-            p += UNIT_SIZE
-            continue
-        records.append(rec)
-        queue_offsets.append(offset + (p - pos) // UNIT_SIZE)
+                rec = f.mm[rp : rp + size]
+                if not record_filter(rec):
+                    continue
+                buffers.append(rec)
+            else:
+                if f is not run_file or phy != run_end:
+                    if run_file is not None and run_end > run_start:
+                        buffers.append(run_file.mm[run_start - run_file.start : run_end - run_file.start])
+                    run_file, run_start, run_end = f, phy, phy
+                run_limit = f.start + f.wrote
+                run_end += size
+        else:
+            run_end += size
+        queue_offsets.append(q)
         total += size
         count += 1
         status = GetMessageStatus.FOUND
-        p += UNIT_SIZE
-    return GetMessageResult(status, offset + (p - pos) // UNIT_SIZE, min_o, max_o, records, queue_offsets,
-                            max_py - max_phy_pulling > memory)
+    else:
+        q += 1
+    if run_file is not None and run_end > run_start:
+        buffers.append(run_file.mm[run_start - run_file.start : run_end - run_file.start])
+    return GetMessageResult(status, q, min_o, max_o, buffers, queue_offsets, max_py - phy > memory)
 
 
 def _record_ts(cl: CommitLog, phy: int, size: int) -> int:
