@@ -6,6 +6,7 @@ parts of the store it reads (the commit log, the consume-queue table, the index,
 
 from __future__ import annotations
 
+import mmap
 import struct
 
 from broker.store.api import GetMessageResult, GetMessageStatus, QueryResult, RecordFilter, TagFilter
@@ -91,10 +92,10 @@ def _scan(
     status = GetMessageStatus.NO_MATCHED_MESSAGE
     total = count = 0
     next_phy_file_start = -1
-    # The run of found records contiguous in one commit-log file, copied out as one slice when it ends: its file,
-    # the physical offsets where it starts and ends, and where that file's written bytes end.
-    run_file: MappedFile | None = None
-    run_start = run_end = run_limit = 0
+    # The run of found records contiguous in one commit-log file, copied out as one slice when it ends: that
+    # file's map, its first physical offset and the end of its written bytes, and where the run starts and ends.
+    run_mm: mmap.mmap | bytes = b""
+    run_first = run_limit = run_start = run_end = 0
     q = offset - 1
     phy = 0
     for phy, size, tag in CQ_UNIT.iter_unpack(window):
@@ -111,8 +112,14 @@ def _scan(
                 break
         if tag_filter is not None and not tag_filter(tag):
             continue
-        if phy != run_end or phy + size > run_limit or record_filter is not None:
-            # Not the next record of the run (a blank unit's size never fits under run_limit: it exceeds any file).
+        if run_first <= phy and phy + size <= run_limit:
+            # Written bytes of the run's file (never a blank unit: its size exceeds any file; never with a
+            # record filter: run_limit stays 0). Not the next record of the run: the run ends, another starts.
+            if phy != run_end:
+                buffers.append(run_mm[run_start - run_first : run_end - run_first])
+                run_start = phy
+            run_end = phy + size
+        else:
             f = _file_holding(files, first_start, file_size, phy, size)
             if f is None:
                 if not count:
@@ -128,22 +135,17 @@ def _scan(
                     continue
                 buffers.append(rec)
             else:
-                if f is not run_file or phy != run_end:
-                    if run_file is not None and run_end > run_start:
-                        buffers.append(run_file.mm[run_start - run_file.start : run_end - run_file.start])
-                    run_file, run_start, run_end = f, phy, phy
-                run_limit = f.start + f.wrote
-                run_end += size
-        else:
-            run_end += size
+                if run_end > run_start:
+                    buffers.append(run_mm[run_start - run_first : run_end - run_first])
+                run_mm, run_first, run_limit, run_start, run_end = f.mm, f.start, f.start + f.wrote, phy, phy + size
         queue_offsets.append(q)
         total += size
         count += 1
         status = GetMessageStatus.FOUND
     else:
         q += 1
-    if run_file is not None and run_end > run_start:
-        buffers.append(run_file.mm[run_start - run_file.start : run_end - run_file.start])
+    if run_end > run_start:
+        buffers.append(run_mm[run_start - run_first : run_end - run_first])
     return GetMessageResult(status, q, min_o, max_o, buffers, queue_offsets, max_py - phy > memory)
 
 
