@@ -79,8 +79,9 @@ class Request:
 
 
 #: A body of this many bytes or more, in at most :data:`_MAX_PIECES` buffers, is sent piece by piece rather than
-#: joined: joining copies every byte into a fresh buffer, and a fresh buffer past glibc's mmap threshold (128 KiB
-#: at first) costs a page fault per 4 KiB when it is touched.
+#: joined. Joining copies every byte into a fresh buffer, and two such large buffers alive at once (the pieces and
+#: the joined copy) make glibc give the memory back to the kernel when they are freed, so each answer faults its
+#: pages in again: a 1 MiB pull answer cost 0.6 page faults per message, about half the broker's CPU for it.
 _PIECES_FROM_BYTES = 128 * 1024
 #: Each piece is one more ASGI ``send`` (a few microseconds), so a body in many small pieces is joined.
 _MAX_PIECES = 16
