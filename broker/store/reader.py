@@ -82,8 +82,13 @@ def _scan(
     """Take the records of the consume-queue units in ``window`` (a copy of the units from ``offset`` on, at most
     max(16000, 20 * maxMsgNums) bytes, unpacked in one pass), within the caps, filters applied."""
     memory = cfg.memory_bytes_for_reads
-    mem_bytes, mem_count = cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory
-    disk_bytes, disk_count = cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk
+    # Caps after the first record: the request's and those of where the record is (RocketMQ checks each in turn).
+    # A record more than ``memory`` behind the log's end (below on_disk_below) is on disk.
+    on_disk_below = max_py - memory
+    mem_bytes = min(max_bytes, cfg.max_transfer_bytes_on_message_in_memory)
+    mem_count = min(max_nums, cfg.max_transfer_count_on_message_in_memory)
+    disk_bytes = min(max_bytes, cfg.max_transfer_bytes_on_message_in_disk)
+    disk_count = min(max_nums, cfg.max_transfer_count_on_message_in_disk)
     files = cl.files
     first_start = files[0].start if files else 0
     file_size = cl.file_size
@@ -103,12 +108,10 @@ def _scan(
         if phy < next_phy_file_start:
             continue
         if count:
-            if count >= max_nums or total + size > max_bytes:
-                break
-            if max_py - phy > memory:
-                if total + size > disk_bytes or count >= disk_count:
+            if phy < on_disk_below:
+                if count >= disk_count or total + size > disk_bytes:
                     break
-            elif total + size > mem_bytes or count >= mem_count:
+            elif count >= mem_count or total + size > mem_bytes:
                 break
         if tag_filter is not None and not tag_filter(tag):
             continue
@@ -141,12 +144,12 @@ def _scan(
         queue_offsets.append(q)
         total += size
         count += 1
-        status = GetMessageStatus.FOUND
     else:
         q += 1
     if run_end > run_start:
         buffers.append(run_mm[run_start - run_first : run_end - run_first])
-    return GetMessageResult(status, q, min_o, max_o, buffers, queue_offsets, max_py - phy > memory)
+    return GetMessageResult(GetMessageStatus.FOUND if count else status, q, min_o, max_o, buffers, queue_offsets,
+                            phy < on_disk_below)
 
 
 def _record_ts(cl: CommitLog, phy: int, size: int) -> int:
