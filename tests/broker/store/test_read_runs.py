@@ -8,7 +8,7 @@ import pytest
 from broker.store.api import GetMessageResult
 from broker.store.api import GetMessageStatus as S
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import decode_records, tags_hash
+from client.protocol.codec import decode_records, record_size, tags_hash
 
 from .conftest import BORN_HOST, StoreFactory, batch
 
@@ -43,6 +43,9 @@ def _check_exact(store: FileMessageStore, r: GetMessageResult, queue_id: int = 0
 
 
 A = tags_hash("A")
+_ITEM = batch("T", 1, tags="A")[0]
+#: Bytes of each of the first ten records of a queue in these tests (keys k0 to k9; k10 on is a byte longer).
+SIZE = record_size(len(_ITEM.body), 1, len(_ITEM.properties))
 
 
 @pytest.mark.parametrize(
@@ -62,14 +65,22 @@ A = tags_hash("A")
                      [list(range(32))], 32, id="maxTransferCountOnMessageInMemory lands mid-run"),
         pytest.param([(0, 40, "A")], 0, 64, None, False, {"total_physical_memory_bytes": 1000},
                      [list(range(8))], 8, id="maxTransferCountOnMessageInDisk lands mid-run"),
+        pytest.param([(0, 10, "A")], 0, 32, None, False, {"max_transfer_bytes_on_message_in_memory": 4 * SIZE},
+                     [[0, 1, 2, 3]], 4, id="maxTransferBytesOnMessageInMemory lands mid-run, exactly full"),
+        pytest.param([(0, 10, "A")], 0, 32, None, False,
+                     {"total_physical_memory_bytes": 1000, "max_transfer_bytes_on_message_in_disk": 3 * SIZE - 1},
+                     [[0, 1]], 2, id="maxTransferBytesOnMessageInDisk lands mid-run"),
+        # memory = 40% of 23750 = 9500 of the about 9900 bytes: the first records are on disk, the rest in memory.
+        pytest.param([(0, 40, "A")], 0, 64, None, False, {"total_physical_memory_bytes": 23750},
+                     [list(range(40))], 40, id="a run from disk into memory"),
     ],
 )
 def test_runs(make_store: StoreFactory, appends, offset, max_nums, max_records_bytes, only_a, config, runs,
               next_offset) -> None:
     store = make_store(**{**WIDE, **config})
     _append(store, appends)
-    size = store.cqs.get("T", 0).unit(0)[1]  # every record has the same size
-    max_bytes = size * max_records_bytes if max_records_bytes else 1 << 30
+    assert store.cqs.get("T", 0).unit(0)[1] == SIZE
+    max_bytes = SIZE * max_records_bytes if max_records_bytes else 1 << 30
     r = store.get_message("g", "T", 0, offset, max_nums, max_bytes, (lambda code: code == A) if only_a else None)
     assert (r.status, _runs(r), r.next_begin_offset) == (S.FOUND, runs, next_offset)
     assert r.queue_offsets == [q for run in runs for q in run]
