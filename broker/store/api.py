@@ -113,7 +113,7 @@ class GetMessageResult:
     max_offset: int
     buffers: list[bytes] = attrs.field(factory=list)
     """The found records' bytes in queue order, each buffer one or more whole records back to back (a run of
-    records contiguous in one commit-log file is one slice of it): a pull response joins them as they are, and
+    records contiguous in one commit-log file is one slice of it): a pull answer sends them as they are, and
     :attr:`records` splits them."""
     queue_offsets: list[int] = attrs.field(factory=list)
     """Logical offset of each found record."""
@@ -130,8 +130,9 @@ class GetMessageResult:
 
     @property
     def records(self) -> list[bytes]:
-        """Each found record's bytes, in queue order (one copy each, for callers that handle records one by
-        one). A stored record starts with its TOTALSIZE, which equals its consume-queue unit's size."""
+        """Each found record's bytes, in queue order, for callers that handle records one by one (a record is
+        copied out of a buffer holding more than it). A stored record starts with its TOTALSIZE, which equals its
+        consume-queue unit's size."""
         out: list[bytes] = []
         for buf in self.buffers:
             pos, n = 0, len(buf)
