@@ -194,4 +194,4 @@ class PullProcessor:
             self._metrics.served(req.topic, count, result.total_size)
         head = encode_pull_header(int(code), result.next_begin_offset, result.min_offset, result.max_offset,
                                   plan.suggest_which_broker_id, self._role.broker_id, count)
-        return Response.of_pieces((head, *result.buffers)) if count else Response(head)
+        return Response.of_pieces((head, result.data)) if count else Response(head)

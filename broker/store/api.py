@@ -111,10 +111,9 @@ class GetMessageResult:
     next_begin_offset: int
     min_offset: int
     max_offset: int
-    buffers: list[bytes] = attrs.field(factory=list)
-    """The found records' bytes in queue order, each buffer one or more whole records back to back (a run of
-    records contiguous in one commit-log file is one slice of it): a pull answer sends them as they are, and
-    :attr:`records` splits them."""
+    data: bytes = b""
+    """The found records back to back, in queue order: a pull answer sends it as it is, and :attr:`records`
+    splits it."""
     queue_offsets: list[int] = attrs.field(factory=list)
     """Logical offset of each found record."""
     suggest_pulling_from_slave: bool = False
@@ -126,23 +125,22 @@ class GetMessageResult:
 
     @property
     def total_size(self) -> int:
-        return sum(map(len, self.buffers))
+        return len(self.data)
 
     @property
     def records(self) -> list[bytes]:
-        """Each found record's bytes, in queue order, for callers that handle records one by one (a record is
-        copied out of a buffer holding more than it). A stored record starts with its TOTALSIZE, which equals its
-        consume-queue unit's size."""
+        """Each found record's bytes (a copy), in queue order, for callers that handle records one by one. A
+        stored record starts with its TOTALSIZE, which equals its consume-queue unit's size."""
+        data = self.data
         out: list[bytes] = []
-        for buf in self.buffers:
-            pos, n = 0, len(buf)
-            while pos < n:
-                size = read_record_prefix(buf, pos)[0]
-                if not 0 < size <= n - pos:
-                    raise StoreCorruptError(f"a read record's TOTALSIZE {size} at byte {pos} of a {n}-byte run "
-                                            "disagrees with its consume-queue unit")
-                out.append(buf[pos : pos + size] if pos or size != n else buf)
-                pos += size
+        pos, n = 0, len(data)
+        while pos < n:
+            size = read_record_prefix(data, pos)[0]
+            if not 0 < size <= n - pos:
+                raise StoreCorruptError(f"a read record's TOTALSIZE {size} at byte {pos} of {n} read bytes "
+                                        "disagrees with its consume-queue unit")
+            out.append(data[pos : pos + size])
+            pos += size
         return out
 
 

@@ -92,14 +92,15 @@ def _scan(
     files = cl.files
     first_start = files[0].start if files else 0
     file_size = cl.file_size
-    buffers: list[bytes] = []
+    runs: list[tuple[mmap.mmap, int, int]] = []
     queue_offsets: list[int] = []
     status = GetMessageStatus.NO_MATCHED_MESSAGE
     total = count = 0
     next_phy_file_start = -1
-    # The run of found records contiguous in one commit-log file, copied out as one slice when it ends: that
-    # file's map, its first physical offset and the end of its written bytes, and where the run starts and ends.
-    run_mm: mmap.mmap | bytes = b""
+    # The run of taken records contiguous in one commit-log file (ended runs are in ``runs``, as the map and the
+    # byte range in it): that file's map, its first physical offset and the end of its written bytes, and where
+    # the run starts and ends.
+    run_mm: mmap.mmap | None = None
     run_first = run_limit = run_start = run_end = 0
     q = offset - 1
     phy = 0
@@ -115,11 +116,12 @@ def _scan(
                 break
         if tag_filter is not None and not tag_filter(tag):
             continue
-        if run_first <= phy and phy + size <= run_limit:
-            # Written bytes of the run's file (never a blank unit: its size exceeds any file; never with a
-            # record filter: run_limit stays 0). Not the next record of the run: the run ends, another starts.
-            if phy != run_end:
-                buffers.append(run_mm[run_start - run_first : run_end - run_first])
+        if run_first <= phy and phy + size <= run_limit and run_mm is not None:
+            # Written bytes of the run's file (never a blank unit: its size exceeds any file).
+            if record_filter is not None and not record_filter(run_mm[phy - run_first : phy - run_first + size]):
+                continue
+            if phy != run_end:  # not the next record of the run: the run ends, another starts
+                runs.append((run_mm, run_start - run_first, run_end - run_first))
                 run_start = phy
             run_end = phy + size
         else:
@@ -130,26 +132,35 @@ def _scan(
                 if size != BLANK_SIZE:
                     next_phy_file_start = cl.roll_next_file(phy)
                 continue
-            if record_filter is not None:
-                # The filter reads the record, so it is copied here and is a buffer of its own.
-                rp = phy - f.start
-                rec = f.mm[rp : rp + size]
-                if not record_filter(rec):
-                    continue
-                buffers.append(rec)
-            else:
-                if run_end > run_start:
-                    buffers.append(run_mm[run_start - run_first : run_end - run_first])
-                run_mm, run_first, run_limit, run_start, run_end = f.mm, f.start, f.start + f.wrote, phy, phy + size
+            if record_filter is not None and not record_filter(f.mm[phy - f.start : phy - f.start + size]):
+                continue
+            if run_mm is not None and run_end > run_start:
+                runs.append((run_mm, run_start - run_first, run_end - run_first))
+            run_mm, run_first, run_limit, run_start, run_end = f.mm, f.start, f.start + f.wrote, phy, phy + size
         queue_offsets.append(q)
         total += size
         count += 1
     else:
         q += 1
-    if run_end > run_start:
-        buffers.append(run_mm[run_start - run_first : run_end - run_first])
-    return GetMessageResult(GetMessageStatus.FOUND if count else status, q, min_o, max_o, buffers, queue_offsets,
-                            phy < on_disk_below)
+    if run_mm is not None and run_end > run_start:
+        runs.append((run_mm, run_start - run_first, run_end - run_first))
+    return GetMessageResult(GetMessageStatus.FOUND if count else status, q, min_o, max_o, _copy_out(runs),
+                            queue_offsets, phy < on_disk_below)
+
+
+def _copy_out(runs: list[tuple[mmap.mmap, int, int]]) -> bytes:
+    """The bytes of ``runs`` back to back, in one new buffer: each run is copied straight out of its map (no
+    intermediate copy per run, and one large allocation per read, so glibc keeps reusing its memory instead of
+    faulting fresh pages in)."""
+    if len(runs) == 1:
+        mm, start, end = runs[0]
+        return mm[start:end]
+    views = [memoryview(mm)[start:end] for mm, start, end in runs]
+    try:
+        return b"".join(views)
+    finally:
+        for view in views:  # a map with a view open cannot be closed (retention closes maps)
+            view.release()
 
 
 def _record_ts(cl: CommitLog, phy: int, size: int) -> int:

@@ -1,10 +1,14 @@
-"""``get_message`` copies each run of records contiguous in one commit-log file as one buffer: which records share
-a buffer, and that the bytes, counts, offsets and statuses are those of reading each record on its own."""
+"""``get_message`` copies each run of records contiguous in one commit-log file out of its map in one piece: which
+records share a run, and that the bytes, counts, offsets and statuses are those of reading each record on its own."""
 
 from __future__ import annotations
 
+import mmap
+from collections.abc import Iterator
+
 import pytest
 
+from broker.store import reader
 from broker.store.api import GetMessageResult
 from broker.store.api import GetMessageStatus as S
 from broker.store.file_store import FileMessageStore
@@ -26,19 +30,28 @@ def _append(store: FileMessageStore, appends: list[tuple[int, int, str]]) -> Non
     store.dispatch_available(1 << 30)
 
 
-def _runs(r: GetMessageResult) -> list[list[int]]:
-    """The queue offsets of the records in each buffer."""
-    return [[m.queue_offset for m in decode_records(buf)] for buf in r.buffers]
+@pytest.fixture
+def runs_of_last_read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[int]]]:
+    """The queue offsets of the records in each run the last read copied out."""
+    seen: list[list[int]] = []
+    copy_out = reader._copy_out
+
+    def spy(runs: list[tuple[mmap.mmap, int, int]]) -> bytes:
+        seen[:] = [[m.queue_offset for m in decode_records(mm[start:end])] for mm, start, end in runs]
+        return copy_out(runs)
+
+    monkeypatch.setattr(reader, "_copy_out", spy)
+    yield seen
 
 
 def _check_exact(store: FileMessageStore, r: GetMessageResult, queue_id: int = 0) -> None:
-    """Buffers, records, count and size are those of the records read one by one at their units."""
+    """Bytes, records, count and size are those of the records read one by one at their units."""
     cq = store.cqs.get("T", queue_id)
     assert cq is not None
     units = [cq.unit(q) for q in r.queue_offsets]
     one_by_one = [store.look_message_by_offset(u[0], u[1]) for u in units if u is not None]
     assert r.records == one_by_one
-    assert b"".join(r.buffers) == b"".join(one_by_one)  # type: ignore[arg-type]
+    assert r.data == b"".join(one_by_one)  # type: ignore[arg-type]
     assert (r.msg_count, r.total_size) == (len(one_by_one), sum(u[1] for u in units if u is not None))
 
 
@@ -75,23 +88,32 @@ SIZE = record_size(len(_ITEM.body), 1, len(_ITEM.properties))
                      [list(range(40))], 40, id="a run from disk into memory"),
     ],
 )
-def test_runs(make_store: StoreFactory, appends, offset, max_nums, max_records_bytes, only_a, config, runs,
+def test_runs(make_store: StoreFactory, runs_of_last_read: list[list[int]], appends, offset, max_nums, max_records_bytes, only_a, config, runs,
               next_offset) -> None:
     store = make_store(**{**WIDE, **config})
     _append(store, appends)
     assert store.cqs.get("T", 0).unit(0)[1] == SIZE
     max_bytes = SIZE * max_records_bytes if max_records_bytes else 1 << 30
     r = store.get_message("g", "T", 0, offset, max_nums, max_bytes, (lambda code: code == A) if only_a else None)
-    assert (r.status, _runs(r), r.next_begin_offset) == (S.FOUND, runs, next_offset)
+    assert (r.status, runs_of_last_read, r.next_begin_offset) == (S.FOUND, runs, next_offset)
     assert r.queue_offsets == [q for run in runs for q in run]
     _check_exact(store, r)
 
 
-def test_a_record_filter_reads_each_record_into_a_buffer_of_its_own(make_store: StoreFactory) -> None:
+def test_a_record_filter_ends_a_run_where_it_refuses_a_record(make_store: StoreFactory,
+                                                              runs_of_last_read: list[list[int]]) -> None:
     store = make_store(**WIDE)
     _append(store, [(0, 6, "A")])
-    r = store.get_message("g", "T", 0, 0, 32, 1 << 30, None, lambda rec: decode_records(rec)[0].queue_offset != 2)
-    assert (r.status, _runs(r), r.next_begin_offset) == (S.FOUND, [[0], [1], [3], [4], [5]], 6)
+    seen: list[int] = []
+
+    def record_filter(rec: bytes) -> bool:
+        (msg,) = decode_records(rec)
+        seen.append(msg.queue_offset)
+        return msg.queue_offset != 2
+
+    r = store.get_message("g", "T", 0, 0, 32, 1 << 30, None, record_filter)
+    assert (r.status, runs_of_last_read, r.next_begin_offset) == (S.FOUND, [[0, 1], [3, 4, 5]], 6)
+    assert seen == [0, 1, 2, 3, 4, 5]  # each record once, in queue order
     _check_exact(store, r)
 
 
@@ -101,7 +123,7 @@ def _first_in_second_file(store: FileMessageStore, last: int) -> int:
     return next(q for q in range(last) if cq.unit(q)[0] >= store.commitlog.file_size)  # type: ignore[index]
 
 
-def test_a_run_ends_at_a_commit_log_file(make_store: StoreFactory) -> None:
+def test_a_run_ends_at_a_commit_log_file(make_store: StoreFactory, runs_of_last_read: list[list[int]]) -> None:
     store = make_store(**WIDE)
     for i in range(6):  # 96 records of 1050 bytes: two 64 KiB files
         store.append_batch("T", 0, batch("T", 16, body=b"x" * 900, start=16 * i), born_host=BORN_HOST)
@@ -109,11 +131,13 @@ def test_a_run_ends_at_a_commit_log_file(make_store: StoreFactory) -> None:
     second = _first_in_second_file(store, 96)
     assert 0 < second < 96
     r = store.get_message("g", "T", 0, 0, 200, 1 << 30)
-    assert (r.status, _runs(r), r.next_begin_offset) == (S.FOUND, [list(range(second)), list(range(second, 96))], 96)
+    assert (r.status, runs_of_last_read, r.next_begin_offset) == (S.FOUND, [list(range(second)),
+                                                                            list(range(second, 96))], 96)
     _check_exact(store, r)
 
 
-def test_records_of_a_removed_file_are_skipped_to_the_next_file(make_store: StoreFactory) -> None:
+def test_records_of_a_removed_file_are_skipped_to_the_next_file(make_store: StoreFactory,
+                                                                runs_of_last_read: list[list[int]]) -> None:
     # 50-unit consume-queue files bound each read's window; 62 records of 1050 bytes fill a 64 KiB log file.
     store = make_store(**{**WIDE, "mapped_file_size_consume_queue": 50 * 20})
     for i in range(128):  # one by one: a batch never straddles two files
@@ -123,7 +147,7 @@ def test_records_of_a_removed_file_are_skipped_to_the_next_file(make_store: Stor
     assert 50 < second < 100
     assert store.commitlog.retire_head(1, 0)
     r = store.get_message("g", "T", 0, 0, 200, 1 << 30)
-    assert (r.status, r.buffers, r.queue_offsets, r.next_begin_offset) == (S.MESSAGE_WAS_REMOVING, [], [], 50)
+    assert (r.status, r.data, r.queue_offsets, r.next_begin_offset) == (S.MESSAGE_WAS_REMOVING, b"", [], 50)
     r = store.get_message("g", "T", 0, 50, 200, 1 << 30)
-    assert (r.status, _runs(r), r.next_begin_offset) == (S.FOUND, [list(range(second, 100))], 100)
+    assert (r.status, runs_of_last_read, r.next_begin_offset) == (S.FOUND, [list(range(second, 100))], 100)
     _check_exact(store, r)
