@@ -159,7 +159,9 @@ def _copy_out(runs: list[tuple[mmap.mmap, int, int]]) -> bytes:
     try:
         return b"".join(views)
     finally:
-        for view in views:  # a map with a view open cannot be closed (retention closes maps)
+        # Released at once, even when the join fails (a traceback would keep the list alive): retention cannot
+        # close a map while a view of it is open.
+        for view in views:
             view.release()
 
 

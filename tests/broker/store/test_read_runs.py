@@ -151,3 +151,22 @@ def test_records_of_a_removed_file_are_skipped_to_the_next_file(make_store: Stor
     r = store.get_message("g", "T", 0, 50, 200, 1 << 30)
     assert (r.status, runs_of_last_read, r.next_begin_offset) == (S.FOUND, [list(range(second, 100))], 100)
     _check_exact(store, r)
+
+
+def test_a_read_of_many_runs_leaves_no_view_open_on_the_map(make_store: StoreFactory,
+                                                            runs_of_last_read: list[list[int]],
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    store = make_store(**WIDE)
+    _append(store, [(0, 1, "A"), (1, 1, "A")] * 3)
+    for i in range(5):  # queue 1 goes on into a second file, so that the first one can be retired
+        store.append_batch("T", 1, batch("T", 16, body=b"x" * 900, start=3 + 16 * i), born_host=BORN_HOST)
+    store.dispatch_available(1 << 30)
+    assert len(store.commitlog.files) == 2
+    r = store.get_message("g", "T", 0, 0, 32, 1 << 30)
+    assert (r.status, runs_of_last_read) == (S.FOUND, [[0], [1], [2]])
+    _check_exact(store, r)
+    first = store.commitlog.files[0]
+    assert store.commitlog.retire_head(1, 0) == [first]
+    store.cleaner.close_retired()
+    assert first.closed and first.mm.closed  # a view left open would have kept the map (and logged a warning)
+    assert "exported views" not in caplog.text
