@@ -4,7 +4,9 @@ uvicorn writes a response head (``http.response.start``) and its body (``http.re
 ``transport.write`` calls; uvloop sends each at once, so every answer costs two ``send`` syscalls and two TCP
 segments, and the client wakes up twice. On loopback that second syscall was about a third of the broker's CPU
 per small request. :class:`CoalescingHttpToolsProtocol` hands uvicorn a transport that holds a bare response head
-(it ends the write with the blank line and announces a non-empty body) and sends it together with the next write.
+(it ends the write with the blank line and announces a non-empty body) and sends it together with the body writes
+that complete the announced length (a large pull answer comes as a few pieces,
+:meth:`client.protocol.asgi.Response.of_pieces`, and goes out as one gathered write without being joined).
 Everything else passes straight through, so uvicorn's flow control, keep-alive and shutdown are unchanged.
 """
 
@@ -18,46 +20,64 @@ from client.protocol.http_guard import LimitedHttpToolsProtocol
 __all__ = ["CoalescingHttpToolsProtocol"]
 
 _HEAD_END = b"\r\n\r\n"
+#: A head and one body smaller than this are joined into one buffer (cheaper than a gathered write of two).
+_JOIN_BELOW_BYTES = 64 * 1024
 
 
-def _is_bare_head(data: bytes) -> bool:
-    """A response head announcing a body that is not in this write (so another write follows at once)."""
+def _held_body_bytes(data: bytes) -> int:
+    """The body length a bare response head announces (its body is not in this write, so it follows at once);
+    0 for any other write."""
     if not data.startswith(b"HTTP/1.1 ") or not data.endswith(_HEAD_END):
-        return False
+        return 0
     lower = data.lower()
     at = lower.find(b"\r\ncontent-length:")
     if at < 0:
-        return False
+        return 0
     end = lower.find(b"\r\n", at + 17)
     value = lower[at + 17 : end].strip()
-    return value.isdigit() and int(value) > 0
+    return int(value) if value.isdigit() else 0
 
 
 class _CoalescingTransport:
-    """Wraps an asyncio transport: a bare response head waits for the body write and goes out with it."""
+    """Wraps an asyncio transport: a bare response head waits for the body writes it announces and goes out
+    with them in one write (one ``writev`` when the body is large, so its pieces are not copied into one)."""
 
-    __slots__ = ("_held", "_transport")
+    __slots__ = ("_due", "_held", "_transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        self._held: bytes | None = None
+        self._held: list[bytes] = []
+        self._due = 0
+        """Body bytes still to come before the held response is complete."""
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         held = self._held
-        if held is not None:
-            self._held = None
-            self._transport.write(held + bytes(data))
-        elif isinstance(data, bytes) and _is_bare_head(data):
-            self._held = data
+        if held:
+            piece = data if isinstance(data, bytes) else bytes(data)  # held across awaits: a snapshot of it
+            held.append(piece)
+            self._due -= len(piece)
+            if self._due <= 0:
+                self.flush()
+        elif isinstance(data, bytes) and (due := _held_body_bytes(data)) > 0:
+            held.append(data)
+            self._due = due
         else:
             self._transport.write(data)
 
     def flush(self) -> None:
-        """Send a held head now (a response that ends without a body write, e.g. to HEAD)."""
+        """Send what is held now (at the end of its body, or of a response that ends without a body write, e.g.
+        to HEAD)."""
         held = self._held
-        if held is not None:
-            self._held = None
-            self._transport.write(held)
+        if not held:
+            return
+        self._held = []
+        self._due = 0
+        if len(held) == 1:
+            self._transport.write(held[0])
+        elif len(held) == 2 and len(held[1]) < _JOIN_BELOW_BYTES:
+            self._transport.write(held[0] + held[1])
+        else:
+            self._transport.writelines(held)
 
     def close(self) -> None:
         self.flush()

@@ -102,8 +102,7 @@ class PullProcessor:
                                                 where=broker_where(self._config, self._addr, self._role))
         else:
             tag_filter = build_tag_filter(req.sub_expression)
-        body = await self._process(req, group, tag_filter, record_filter)
-        return Response(body)
+        return await self._process(req, group, tag_filter, record_filter)
 
     def _check(self, req: PullRequestHeader) -> SubscriptionGroupConfig:
         cfg = self._config
@@ -136,7 +135,7 @@ class PullProcessor:
         return group
 
     async def _process(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None,
-                       record_filter: RecordFilter | None) -> bytes:
+                       record_filter: RecordFilter | None) -> Response:
         if (req.sys_flag & PullSysFlag.COMMIT_OFFSET and req.commit_offset >= 0 and not self._role.is_slave):
             # The piggy-backed offset repeats the client's last commit. One below the stored offset is stale: a
             # pull of the queue's previous owner that was on its way while that owner committed and handed the
@@ -145,14 +144,14 @@ class PullProcessor:
             if stored is None or req.commit_offset > stored:
                 self._offsets.commit(req.group, req.topic, req.queue_id, req.commit_offset)
         allow_suspend = bool(req.sys_flag & PullSysFlag.SUSPEND)
-        body = self._run_once(req, group, tag_filter, record_filter, allow_suspend)
-        if body is not None:
-            return body
+        response = self._run_once(req, group, tag_filter, record_filter, allow_suspend)
+        if response is not None:
+            return response
         woken = await self._hold.wait(req.topic, req.queue_id, req.offset, self._hold_timeout_s(req))
         log.debug("parked pull %s/%d@%d %s", req.topic, req.queue_id, req.offset, "woken" if woken else "expired")
-        body = self._run_once(req, group, tag_filter, record_filter, allow_suspend=False)
-        assert body is not None
-        return body
+        response = self._run_once(req, group, tag_filter, record_filter, allow_suspend=False)
+        assert response is not None
+        return response
 
     def _hold_timeout_s(self, req: PullRequestHeader) -> float:
         cfg = self._config
@@ -161,7 +160,7 @@ class PullProcessor:
         return min(req.suspend_timeout_ms, cfg.max_suspend_timeout_ms) / 1000.0
 
     def _run_once(self, req: PullRequestHeader, group: SubscriptionGroupConfig, tag_filter: TagFilter | None,
-                  record_filter: RecordFilter | None, allow_suspend: bool) -> bytes | None:
+                  record_filter: RecordFilter | None, allow_suspend: bool) -> Response | None:
         """One pass over the store; None when the pull should be parked."""
         cfg = self._config
         store = self._store
@@ -173,10 +172,10 @@ class PullProcessor:
         if not ctx.serves:
             plan = plan_pull_answer(ctx, None, req.offset)
             self._metrics.count_request(plan.code, pull=True)
-            return encode_pull_header(
+            return Response(encode_pull_header(
                 int(plan.code), req.offset, store.get_min_offset_in_queue(req.topic, req.queue_id),
                 store.get_max_offset_in_queue(req.topic, req.queue_id), plan.suggest_which_broker_id, self._role.broker_id, 0,
-            )
+            ))
         result: GetMessageResult = store.get_message(req.group, req.topic, req.queue_id, req.offset, req.max_nums,
                                                      req.max_bytes, tag_filter, record_filter)
         if result.status in _AT_QUEUE_END and store.dispatch_behind_bytes > 0:
@@ -190,9 +189,9 @@ class PullProcessor:
         if code is ResponseCode.PULL_NOT_FOUND and allow_suspend and self._hold.can_park():
             return None
         self._metrics.count_request(code, pull=True)
-        records = result.records if code is ResponseCode.SUCCESS else []
-        if records:
-            self._metrics.served(req.topic, len(records), result.total_size)
+        count = result.msg_count if code is ResponseCode.SUCCESS else 0
+        if count:
+            self._metrics.served(req.topic, count, result.total_size)
         head = encode_pull_header(int(code), result.next_begin_offset, result.min_offset, result.max_offset,
-                                  plan.suggest_which_broker_id, self._role.broker_id, len(records))
-        return b"".join((head, *records)) if records else head
+                                  plan.suggest_which_broker_id, self._role.broker_id, count)
+        return Response.of_pieces((head, result.data)) if count else Response(head)

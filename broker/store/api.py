@@ -27,7 +27,7 @@ from typing import Protocol
 import attrs
 
 from broker.store.retention import StoreCleaning
-from client.protocol.codec import BatchItem
+from client.protocol.codec import BatchItem, read_record_prefix
 
 __all__ = [
     "AppendResult",
@@ -111,8 +111,9 @@ class GetMessageResult:
     next_begin_offset: int
     min_offset: int
     max_offset: int
-    records: list[bytes] = attrs.field(factory=list)
-    """Each found record's bytes, in queue order (join them for a pull response)."""
+    data: bytes = b""
+    """The found records back to back, in queue order: a pull answer sends it as it is, and :attr:`records`
+    splits it."""
     queue_offsets: list[int] = attrs.field(factory=list)
     """Logical offset of each found record."""
     suggest_pulling_from_slave: bool = False
@@ -120,11 +121,27 @@ class GetMessageResult:
 
     @property
     def msg_count(self) -> int:
-        return len(self.records)
+        return len(self.queue_offsets)
 
     @property
     def total_size(self) -> int:
-        return sum(map(len, self.records))
+        return len(self.data)
+
+    @property
+    def records(self) -> list[bytes]:
+        """Each found record's bytes (a copy), in queue order, for callers that handle records one by one. A
+        stored record starts with its TOTALSIZE, which equals its consume-queue unit's size."""
+        data = self.data
+        out: list[bytes] = []
+        pos, n = 0, len(data)
+        while pos < n:
+            size = read_record_prefix(data, pos)[0]
+            if not 0 < size <= n - pos:
+                raise StoreCorruptError(f"a read record's TOTALSIZE {size} at byte {pos} of {n} read bytes "
+                                        "disagrees with its consume-queue unit")
+            out.append(data[pos : pos + size])
+            pos += size
+        return out
 
 
 @attrs.frozen

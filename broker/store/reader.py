@@ -6,6 +6,7 @@ parts of the store it reads (the commit log, the consume-queue table, the index,
 
 from __future__ import annotations
 
+import mmap
 import struct
 
 from broker.store.api import GetMessageResult, GetMessageStatus, QueryResult, RecordFilter, TagFilter
@@ -13,6 +14,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import BLANK_SIZE, CQ_UNIT, UNIT_SIZE, ConsumeQueueTable
 from broker.store.index import IndexService
+from broker.store.mapped_file import MappedFile
 from client.protocol.codec import record_layout
 from client.protocol.properties import scan_properties
 
@@ -25,6 +27,18 @@ _MIN_FILTER_BYTES = 16000
 
 def _result(status: GetMessageStatus, next_offset: int, min_o: int, max_o: int) -> GetMessageResult:
     return GetMessageResult(status, next_offset, min_o, max_o)
+
+
+def _file_holding(files: list[MappedFile], first_start: int, file_size: int, phy: int, size: int) -> MappedFile | None:
+    """The commit-log file holding all ``size`` bytes at ``phy``; None for a blank unit, a removed file or bytes
+    not written yet."""
+    if size == BLANK_SIZE:
+        return None
+    idx = (phy - first_start) // file_size
+    if not 0 <= idx < len(files):
+        return None
+    f = files[idx]
+    return f if phy - f.start + size <= f.wrote else None
 
 
 def get_message(
@@ -57,65 +71,98 @@ def get_message(
         nxt = offset + units_per_file - offset % units_per_file
         return _result(GetMessageStatus.OFFSET_FOUND_NULL, nxt if correct else offset, min_o, max_o)
     mf, pos = loc
+    window = mf.mm[pos : min(mf.wrote, pos + max(_MIN_FILTER_BYTES, max_nums * UNIT_SIZE) // UNIT_SIZE * UNIT_SIZE)]
+    return _scan(cl, cfg, window, max_py, offset, max_nums, max_bytes, tag_filter, record_filter, min_o, max_o)
+
+
+def _scan(
+    cl: CommitLog, cfg: StoreConfig, window: bytes, max_py: int, offset: int, max_nums: int, max_bytes: int,
+    tag_filter: TagFilter | None, record_filter: RecordFilter | None, min_o: int, max_o: int,
+) -> GetMessageResult:
+    """Take the records of the consume-queue units in ``window`` (a copy of the units from ``offset`` on, at most
+    max(16000, 20 * maxMsgNums) bytes, unpacked in one pass), within the caps, filters applied."""
     memory = cfg.memory_bytes_for_reads
-    mem_bytes, mem_count = cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory
-    disk_bytes, disk_count = cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk
-    end = min(mf.wrote, pos + max(_MIN_FILTER_BYTES, max_nums * UNIT_SIZE) // UNIT_SIZE * UNIT_SIZE)
-    mm = mf.mm
-    unit = CQ_UNIT.unpack_from
+    # Caps after the first record: the request's and those of where the record is (RocketMQ checks each in turn).
+    # A record more than ``memory`` behind the log's end (below on_disk_below) is on disk.
+    on_disk_below = max_py - memory
+    mem_bytes = min(max_bytes, cfg.max_transfer_bytes_on_message_in_memory)
+    mem_count = min(max_nums, cfg.max_transfer_count_on_message_in_memory)
+    disk_bytes = min(max_bytes, cfg.max_transfer_bytes_on_message_in_disk)
+    disk_count = min(max_nums, cfg.max_transfer_count_on_message_in_disk)
     files = cl.files
     first_start = files[0].start if files else 0
     file_size = cl.file_size
-    nfiles = len(files)
-    records: list[bytes] = []
+    runs: list[tuple[mmap.mmap, int, int]] = []
     queue_offsets: list[int] = []
     status = GetMessageStatus.NO_MATCHED_MESSAGE
-    total = count = max_phy_pulling = 0
+    total = count = 0
     next_phy_file_start = -1
-    p = pos
-    while p < end:
-        phy, size, tag = unit(mm, p)
-        max_phy_pulling = phy
+    # The run of taken records contiguous in one commit-log file (ended runs are in ``runs``, as the map and the
+    # byte range in it): that file's map, its first physical offset and the end of its written bytes, and where
+    # the run starts and ends.
+    run_mm: mmap.mmap | None = None
+    run_first = run_limit = run_start = run_end = 0
+    q = offset - 1
+    phy = 0
+    for phy, size, tag in CQ_UNIT.iter_unpack(window):
+        q += 1
         if phy < next_phy_file_start:
-            p += UNIT_SIZE
             continue
         if count:
-            if count >= max_nums or total + size > max_bytes:
-                break
-            if max_py - phy > memory:
-                if total + size > disk_bytes or count >= disk_count:
+            if phy < on_disk_below:
+                if count >= disk_count or total + size > disk_bytes:
                     break
-            elif total + size > mem_bytes or count >= mem_count:
+            elif count >= mem_count or total + size > mem_bytes:
                 break
         if tag_filter is not None and not tag_filter(tag):
-            p += UNIT_SIZE
             continue
-        rec = None
-        if size != BLANK_SIZE:
-            idx = (phy - first_start) // file_size
-            if 0 <= idx < nfiles:
-                f = files[idx]
-                rp = phy - f.start
-                if rp + size <= f.wrote:
-                    rec = f.mm[rp : rp + size]
-        if rec is None:
-            if not count:
-                status = GetMessageStatus.MESSAGE_WAS_REMOVING
-            if size != BLANK_SIZE:
-                next_phy_file_start = cl.roll_next_file(phy)
-            p += UNIT_SIZE
-            continue
-        if record_filter is not None and not record_filter(rec):
-            p += UNIT_SIZE
-            continue
-        records.append(rec)
-        queue_offsets.append(offset + (p - pos) // UNIT_SIZE)
+        if run_first <= phy and phy + size <= run_limit and run_mm is not None:
+            # Written bytes of the run's file (never a blank unit: its size exceeds any file).
+            if record_filter is not None and not record_filter(run_mm[phy - run_first : phy - run_first + size]):
+                continue
+            if phy != run_end:  # not the next record of the run: the run ends, another starts
+                runs.append((run_mm, run_start - run_first, run_end - run_first))
+                run_start = phy
+            run_end = phy + size
+        else:
+            f = _file_holding(files, first_start, file_size, phy, size)
+            if f is None:
+                if not count:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                if size != BLANK_SIZE:
+                    next_phy_file_start = cl.roll_next_file(phy)
+                continue
+            if record_filter is not None and not record_filter(f.mm[phy - f.start : phy - f.start + size]):
+                continue
+            if run_mm is not None and run_end > run_start:
+                runs.append((run_mm, run_start - run_first, run_end - run_first))
+            run_mm, run_first, run_limit, run_start, run_end = f.mm, f.start, f.start + f.wrote, phy, phy + size
+        queue_offsets.append(q)
         total += size
         count += 1
-        status = GetMessageStatus.FOUND
-        p += UNIT_SIZE
-    return GetMessageResult(status, offset + (p - pos) // UNIT_SIZE, min_o, max_o, records, queue_offsets,
-                            max_py - max_phy_pulling > memory)
+    else:
+        q += 1
+    if run_mm is not None and run_end > run_start:
+        runs.append((run_mm, run_start - run_first, run_end - run_first))
+    return GetMessageResult(GetMessageStatus.FOUND if count else status, q, min_o, max_o, _copy_out(runs),
+                            queue_offsets, phy < on_disk_below)
+
+
+def _copy_out(runs: list[tuple[mmap.mmap, int, int]]) -> bytes:
+    """The bytes of ``runs`` back to back, in one new buffer: each run is copied straight out of its map (no
+    intermediate copy per run, and one large allocation per read, so glibc keeps reusing its memory instead of
+    faulting fresh pages in)."""
+    if len(runs) == 1:
+        mm, start, end = runs[0]
+        return mm[start:end]
+    views = [memoryview(mm)[start:end] for mm, start, end in runs]
+    try:
+        return b"".join(views)
+    finally:
+        # Released at once, even when the join fails (a traceback would keep the list alive): retention cannot
+        # close a map while a view of it is open.
+        for view in views:
+            view.release()
 
 
 def _record_ts(cl: CommitLog, phy: int, size: int) -> int:

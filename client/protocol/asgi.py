@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -78,13 +78,39 @@ class Request:
         return obj
 
 
-class Response:
-    __slots__ = ("body", "content_type", "status")
+#: A body of this many bytes or more, in at most :data:`_MAX_PIECES` buffers, is sent piece by piece rather than
+#: joined. Joining copies every byte into a fresh buffer, and two such large buffers alive at once (the pieces and
+#: the joined copy) make glibc give the memory back to the kernel when they are freed, so each answer faults its
+#: pages in again: a 1 MiB pull answer cost 0.6 page faults per message, about half the broker's CPU for it.
+_PIECES_FROM_BYTES = 128 * 1024
+#: Each piece is one more ASGI ``send`` (a few microseconds), so a body in many small pieces is joined.
+_MAX_PIECES = 16
 
-    def __init__(self, body: bytes, status: int = 200, content_type: str = CONTENT_BINARY) -> None:
+
+class Response:
+    __slots__ = ("body", "content_type", "status", "tail")
+
+    def __init__(self, body: bytes, status: int = 200, content_type: str = CONTENT_BINARY, *,
+                 tail: Sequence[bytes] = ()) -> None:
         self.body = body
         self.status = status
         self.content_type = content_type
+        self.tail = tail
+        """Buffers that follow ``body`` in the answer, each sent as it is (one ASGI body message each)."""
+
+    @classmethod
+    def of_pieces(cls, pieces: Sequence[bytes]) -> Response:
+        """A binary answer whose body is ``pieces`` back to back: a large one in few pieces is sent without
+        copying them into one buffer, any other is joined."""
+        size = sum(map(len, pieces))
+        if size >= _PIECES_FROM_BYTES and len(pieces) <= _MAX_PIECES:
+            return cls(pieces[0], tail=pieces[1:])
+        return cls(b"".join(pieces))
+
+    @property
+    def length(self) -> int:
+        """Bytes of the whole body."""
+        return len(self.body) + sum(map(len, self.tail)) if self.tail else len(self.body)
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -162,9 +188,13 @@ class Router:
             "type": "http.response.start",
             "status": response.status,
             "headers": [(b"content-type", response.content_type.encode()),
-                        (b"content-length", str(len(response.body)).encode())],
+                        (b"content-length", str(response.length).encode())],
         })
-        await send({"type": "http.response.body", "body": response.body})
+        tail = response.tail
+        await send({"type": "http.response.body", "body": response.body, "more_body": bool(tail)})
+        last = len(tail) - 1
+        for i, piece in enumerate(tail):
+            await send({"type": "http.response.body", "body": piece, "more_body": i < last})
 
     async def _dispatch(self, scope: dict[str, Any], receive: Receive) -> Response:
         method: str = scope["method"]

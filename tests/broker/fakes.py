@@ -163,7 +163,7 @@ class FakeStore:
             qoffs.append(i - 1)
             total += size
         status = GetMessageStatus.FOUND if records else GetMessageStatus.NO_MATCHED_MESSAGE
-        return GetMessageResult(status, i, 0, mx, records, qoffs, self.suggest_slave and bool(records))
+        return GetMessageResult(status, i, 0, mx, b"".join(records), qoffs, self.suggest_slave and bool(records))
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         return 0

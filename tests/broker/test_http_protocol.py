@@ -9,7 +9,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from broker.http_protocol import CoalescingHttpToolsProtocol, _is_bare_head
+from broker.http_protocol import CoalescingHttpToolsProtocol, _held_body_bytes
 from client.protocol.asgi import Request, Response, Router
 
 
@@ -17,10 +17,18 @@ class _FakeTransport(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[bytes] = []
+        self.gathered: list[int] = []
+        """For each write, how many buffers it gathered (1: a plain write)."""
         self.closed = False
 
     def write(self, data: Any) -> None:
         self.writes.append(bytes(data))
+        self.gathered.append(1)
+
+    def writelines(self, list_of_data: Any) -> None:
+        pieces = list(list_of_data)
+        self.writes.append(b"".join(pieces))
+        self.gathered.append(len(pieces))
 
     def close(self) -> None:
         self.closed = True
@@ -42,8 +50,16 @@ async def _echo(request: Request) -> Response:
     return Response(b"q=" + request.query.get("q", "").encode())
 
 
+def _pieces(n: int, size: int) -> list[bytes]:
+    return [bytes([65 + i]) * size for i in range(n)]
+
+
+async def _pieced(request: Request) -> Response:
+    return Response.of_pieces(_pieces(request.int_arg("n"), request.int_arg("size")))
+
+
 async def _roundtrip(raw: bytes, *, expect_writes: int = 1) -> tuple[list[bytes], _FakeTransport]:
-    app = Router({("GET", "/echo"): _echo}, max_body_bytes=1024)
+    app = Router({("GET", "/echo"): _echo, ("GET", "/pieced"): _pieced}, max_body_bytes=1024)
     config = uvicorn.Config(app, http=CoalescingHttpToolsProtocol, lifespan="off", proxy_headers=False,
                             log_config=None)
     config.load()
@@ -68,6 +84,26 @@ async def _test_head_and_body_leave_in_one_write() -> None:
     assert len(writes) == 1
     assert writes[0].startswith(b"HTTP/1.1 200 ")
     assert writes[0].endswith(b"\r\n\r\nq=hi")
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "gathered"),
+    [
+        (3, 100_000, 4),  # large, in few pieces: head and pieces in one gathered write, none copied into one
+        (3, 1_000, 1),  # small: joined
+        (40, 4_000, 2),  # large but in many pieces: joined, and gathered with the head rather than copied again
+    ],
+)
+def test_an_answer_in_pieces_leaves_in_one_write(n: int, size: int, gathered: int) -> None:
+    asyncio.run(_test_an_answer_in_pieces_leaves_in_one_write(n, size, gathered))
+
+
+async def _test_an_answer_in_pieces_leaves_in_one_write(n: int, size: int, gathered: int) -> None:
+    writes, transport = await _roundtrip(b"GET /pieced?n=%d&size=%d HTTP/1.1\r\nHost: x\r\n\r\n" % (n, size))
+    assert transport.gathered == [gathered]
+    head, body = writes[0].split(b"\r\n\r\n", 1)
+    assert b"content-length: %d" % (n * size) in head.lower()
+    assert body == b"".join(_pieces(n, size))
 
 
 def test_pipelined_requests_each_answered_in_order() -> None:
@@ -112,14 +148,15 @@ async def _test_connection_close_flushes_before_closing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("data", "held"),
+    ("data", "due"),
     [
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", True),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", False),
-        (b"HTTP/1.1 400 Bad\r\ncontent-length: 3\r\n\r\nbad", False),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", False),
-        (b"some body bytes\r\n\r\n", False),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", 5),
+        (b"HTTP/1.1 200 OK\r\nContent-Type: x\r\nContent-Length: 1048576\r\n\r\n", 1048576),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", 0),
+        (b"HTTP/1.1 400 Bad\r\ncontent-length: 3\r\n\r\nbad", 0),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", 0),
+        (b"some body bytes\r\n\r\n", 0),
     ],
 )
-def test_only_bare_heads_with_a_body_to_come_are_held(data: bytes, held: bool) -> None:
-    assert _is_bare_head(data) is held
+def test_only_bare_heads_with_a_body_to_come_are_held(data: bytes, due: int) -> None:
+    assert _held_body_bytes(data) == due
