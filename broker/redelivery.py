@@ -68,8 +68,6 @@ class Delivery:
                 and msg.properties.get(UNIQ_KEY, "") == self.uniq_key)
 
 
-
-
 def put_copy(store: MessageStore, d: Delivery, msg: MessageExt, record: bytes, props: dict[str, str]
              ) -> AppendResult:
     """Put ``msg`` (read as ``record``) under ``d.topic`` / ``d.queue_id`` with ``props``, keeping its body,

@@ -193,5 +193,3 @@ class SendBackProcessor:
                                     f"{self._config.broker_name} (perm={tc.perm}, writeQueueNums="
                                     f"{tc.write_queue_nums})")
         return tc
-
-
