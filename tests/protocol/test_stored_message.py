@@ -17,10 +17,10 @@ from client.protocol.message import Message, MessageExt
 STORE_HOST = pack_host("127.0.0.1", 10911)
 
 
-def _records(msgs: list[Message], topic: str = "TopicS") -> bytes:
+def _records(msgs: list[Message], topic: str = "TopicS", *, uniq: bool = True) -> bytes:
     buf = bytearray(256 * 1024)
     items = decode_batch(encode_batch(msgs, born_timestamp_ms=1_700_000_000_000,
-                                      uniq_keys=[f"U{i:031d}" for i in range(len(msgs))]))
+                                      uniq_keys=[f"U{i:031d}" for i in range(len(msgs))] if uniq else None))
     offsets = write_batch_records(buf, 0, 4096, topic=topic.encode(), queue_id=3, first_queue_offset=7,
                                   items=items, born_host=pack_host("10.0.0.9", 5555),
                                   store_timestamp=1_700_000_000_123, store_host=STORE_HOST, reconsume_times=2)
@@ -50,6 +50,12 @@ def test_fields_as_a_plain_message_ext_holds_them() -> None:
     assert first.offset_msg_id == "7F00000100002A9F0000000000001000"
     assert (stored[1].body, stored[1].tags, stored[1].keys, stored[1].flag) == (b"", None, (), 9)
     assert stored[2].store_size == len(_records(MSGS)) - stored[2].commit_log_offset + 4096
+
+
+def test_a_record_without_properties() -> None:
+    (m,) = decode_records(_records([Message("TopicS", b"bare")], uniq=False))
+    assert (m.properties, m.tags, m.keys, m.body) == ({}, None, (), b"bare")
+    assert m.msg_id == m.offset_msg_id == "7F00000100002A9F0000000000001000"
 
 
 def test_equality_repr_hash_copy_and_pickle_match_a_plain_message_ext() -> None:
