@@ -785,8 +785,7 @@ class DLedgerNode:
                        has_entries: bool, fut: asyncio.Future[Frame]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return  # pushed again after maxPushTimeOutMs
-        faults = self.faults
-        if faults.blocked or faults.delay_s:  # set since the push went out: the answer passes the layer too
+        if self.faults.active:  # set since the push went out: the answer passes the layer too
             task = asyncio.get_running_loop().create_task(
                 self._answer_through_faults(client, disp, term, first, last, has_entries, fut.result()))
             self._leader_tasks.append(task)

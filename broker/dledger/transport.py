@@ -82,6 +82,11 @@ class FaultLayer:
         for p in peer_ids or tuple(self.blocked):
             self.blocked.discard(p)
 
+    @property
+    def active(self) -> bool:
+        """Whether any fault is set: when not, traffic skips :meth:`passes` (an await per request and answer)."""
+        return bool(self.blocked or self.delay_s)
+
     async def passes(self, peer_id: str) -> bool:
         delay = self.delay_s.get(peer_id)
         if delay:
@@ -212,7 +217,7 @@ class PeerClient:
             PeerError: dropped by the fault layer, not connected, too many in flight, timed out, or lost.
         """
         faults = self._faults
-        if (faults.blocked or faults.delay_s) and not await faults.passes(self.peer_id):
+        if faults.active and not await faults.passes(self.peer_id):
             raise PeerError(f"traffic to peer {self.peer_id} is blocked (fault layer)")
         if len(self._waiting) >= self._max_in_flight:
             raise PeerError(f"{len(self._waiting)} requests to peer {self.peer_id} already wait (max_in_flight)")
@@ -220,7 +225,7 @@ class PeerClient:
         if writer is None or writer.is_closing():
             writer = await self._connect()
         answer = await self._write(writer, msg_type, body, timeout_s, tail)
-        if (faults.blocked or faults.delay_s) and not await faults.passes(self.peer_id):
+        if faults.active and not await faults.passes(self.peer_id):
             raise PeerError(f"traffic from peer {self.peer_id} is blocked (fault layer)")
         return answer
 
@@ -236,7 +241,7 @@ class PeerClient:
         """
         faults = self._faults
         writer = self._writer
-        if (faults.blocked or faults.delay_s or writer is None or writer.is_closing()
+        if (faults.active or writer is None or writer.is_closing()
                 or len(self._waiting) >= self._max_in_flight):
             return None
         return self._write(writer, msg_type, body, timeout_s, tail)
@@ -386,11 +391,13 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                     except Exception:
                         log.exception("handling %s from peer %s failed", f.type.name, peer)
                         continue
-                    if isinstance(r, tuple) and not (faults.blocked or faults.delay_s):
+                    if isinstance(r, tuple) and not faults.active:
                         if not writer.is_closing():  # answered now: no task, no loop turn
                             writer.write(encode_frame(r[0], f.request_id, r[1]))
                         continue
-                    if asyncio.iscoroutine(r):  # a task of its own: closing the connection cancels it
+                    if asyncio.iscoroutine(r):
+                        # A task of its own, started now: closing the connection cancels it, and a connection
+                        # closed before the answer task below ran cannot leave the coroutine never awaited.
                         inner = loop.create_task(r)
                         tasks.add(inner)
                         inner.add_done_callback(tasks.discard)
