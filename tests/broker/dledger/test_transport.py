@@ -71,6 +71,14 @@ def test_one_tail_buffer_reaches_two_peers_whole_through_partial_writes(loop: st
     LOOPS[loop](main())
 
 
+async def _fails_when_the_server_closes(client: PeerClient, server: PeerServer, waiting: Awaitable[object]) -> None:
+    """Closing the server fails the request waiting on it, and the client forgets it."""
+    await server.close()
+    with pytest.raises(PeerError, match="connection to peer n1 lost"):
+        await waiting
+    assert not client._waiting
+
+
 @pytest.mark.parametrize("loop", list(LOOPS))
 def test_a_request_times_out_and_a_lost_connection_fails_the_waiting_ones(loop: str) -> None:
     async def main() -> None:
@@ -83,10 +91,7 @@ def test_a_request_times_out_and_a_lost_connection_fails_the_waiting_ones(loop: 
             assert not client._waiting
             waiting = asyncio.get_running_loop().create_task(client.request(MsgType.PUSH, b"h", 30.0, b"entries"))
             await wait_until(lambda: len(client._waiting) == 1, 5.0, "the request waiting")
-            await server.close()
-            with pytest.raises(PeerError, match="connection to peer n1 lost"):
-                await waiting
-            assert not client._waiting
+            await _fails_when_the_server_closes(client, server, waiting)
         finally:
             await client.close()
             await server.close()
@@ -149,10 +154,7 @@ def test_send_writes_at_once_and_its_future_ends_like_a_request(loop: str) -> No
             lost = client.send(MsgType.PUSH, b"h", 30.0, b"e")
             assert lost is not None
             await wait_until(lambda: len(server.connections) == 1, 5.0, "the connection open")
-            await server.close()
-            with pytest.raises(PeerError, match="connection to peer n1 lost"):
-                await lost
-            assert not client._waiting
+            await _fails_when_the_server_closes(client, server, lost)
         finally:
             await client.close()
             await server.close()
