@@ -281,9 +281,14 @@ def _split_target(target: str) -> tuple[str, str]:
 
 def _message(scheme: str, method: str, path: str, canonical: str, timestamp_ms: int, nonce: str, access_key: str,
              body: bytes) -> bytes:
-    body_hash = body_digest(body, scheme)  # the body's only pass
-    return (f"{scheme}\n{method.upper()}\n{path}\n{canonical}\n{timestamp_ms}\n{nonce}\n{access_key}\n"
-            f"{body_hash}").encode()
+    return _to_sign(scheme, method.upper(), path, canonical, timestamp_ms, nonce, access_key,
+                    body_digest(body, scheme))  # the body's only pass
+
+
+def _to_sign(scheme: str, method: str, path: str, query: str, timestamp_ms: int, nonce: str, access_key: str,
+             body_hash: str) -> bytes:
+    """The string to sign (the module docstring), its parts given: the one place that spells it."""
+    return f"{scheme}\n{method}\n{path}\n{query}\n{timestamp_ms}\n{nonce}\n{access_key}\n{body_hash}".encode()
 
 
 def _known_scheme(scheme: str) -> str:
@@ -439,15 +444,15 @@ def verify_fields(key: HmacKey, access_key: str, timestamp_ms: int, nonce: str, 
     body_hash = body_digest(body, scheme)
     method = method.upper()
     if raw_query is not None and "\n" not in raw_query:
-        msg = f"{scheme}\n{method}\n{path}\n{raw_query}\n{timestamp_ms}\n{nonce}\n{access_key}\n{body_hash}"
-        if hmac.compare_digest(key.hexdigest(msg.encode()), signature_hex):
+        msg = _to_sign(scheme, method, path, raw_query, timestamp_ms, nonce, access_key, body_hash)
+        if hmac.compare_digest(key.hexdigest(msg), signature_hex):
             return True
         if raw_query == (canonical := canonical_query(query)):
             return False
     else:
         canonical = canonical_query(query)
-    msg = f"{scheme}\n{method}\n{path}\n{canonical}\n{timestamp_ms}\n{nonce}\n{access_key}\n{body_hash}"
-    return hmac.compare_digest(key.hexdigest(msg.encode()), signature_hex)
+    msg = _to_sign(scheme, method, path, canonical, timestamp_ms, nonce, access_key, body_hash)
+    return hmac.compare_digest(key.hexdigest(msg), signature_hex)
 
 
 def verify(auth: SignedAuth, secret_key: str, method: str, path: str, query: Mapping[str, str],
@@ -494,15 +499,15 @@ class RequestSigner:
     def header(self, method: str, target: str, body: bytes, timestamp_ms: int, nonce: str) -> str:
         """The ``Authorization`` value (see :func:`authorization_header`)."""
         path, canonical = _split_target(target)
+        return self._header(method, path, canonical, body, timestamp_ms, nonce)
+
+    def _header(self, method: str, path: str, canonical: str, body: bytes, timestamp_ms: int, nonce: str) -> str:
         msg = _message(self._scheme, method, path, canonical, timestamp_ms, nonce, self._access_key, body)
         return f"{self._prefix}{timestamp_ms},Nonce={nonce},Signature={self._key.hexdigest(msg)}"
 
-    def _nonce(self) -> str:
-        return _next_nonce()
-
     def fresh(self, method: str, target: str, body: bytes) -> str:
         """:meth:`header` with the wall clock and a fresh 64-bit nonce (what a client sends)."""
-        return self.header(method, target, body, time.time_ns() // 1_000_000, self._nonce())
+        return self.header(method, target, body, time.time_ns() // 1_000_000, _next_nonce())
 
     def sign(self, method: str, target: str, body: bytes) -> tuple[str, str]:
         """``(target to send, Authorization value)`` of a fresh signature (wall clock, fresh nonce).
@@ -512,9 +517,7 @@ class RequestSigner:
         canonicalising it again.
         """
         path, canonical = _split_target(target)
-        timestamp_ms, nonce = time.time_ns() // 1_000_000, _next_nonce()
-        msg = _message(self._scheme, method, path, canonical, timestamp_ms, nonce, self._access_key, body)
-        header = f"{self._prefix}{timestamp_ms},Nonce={nonce},Signature={self._key.hexdigest(msg)}"
+        header = self._header(method, path, canonical, body, time.time_ns() // 1_000_000, _next_nonce())
         # The canonical query decodes to the same arguments as the target's (decoding inverts the encoding).
         return (f"{path}?{canonical}" if canonical else target), header
 
