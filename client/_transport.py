@@ -50,6 +50,7 @@ from client._http11 import (
     retry_or_raise,
     timeouts_of,
 )
+from client.protocol.tcp import tune_loopback
 from client.tls import describe_tls_failure
 
 __all__ = ["AsyncTransport", "RawResponse", "SyncTransport"]
@@ -166,6 +167,7 @@ class SyncTransport(httpx.BaseTransport):
             self._release_slot(pool)
             raise httpx.ConnectError(f"connect to {origin[0]}:{origin[1]} failed: {e}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune_loopback(sock)
         if self._ssl is not None:
             try:  # the handshake runs under the connect timeout create_connection set on the socket
                 sock = self._ssl.wrap_socket(sock, server_hostname=origin[0])
@@ -272,6 +274,7 @@ class _AsyncConnection(asyncio.Protocol):
         # uvloop's TCP transport is not registered as an asyncio.Transport subclass: no isinstance check here.
         self.transport = cast(asyncio.Transport, transport)
         self.tls = transport.get_extra_info("sslcontext") is not None
+        tune_loopback(transport.get_extra_info("socket"))
 
     def data_received(self, data: bytes) -> None:
         parser, waiter = self.parser, self.waiter

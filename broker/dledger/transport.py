@@ -48,6 +48,7 @@ from broker.peer_auth import (
     ServerHandshake,
     run_handshake,
 )
+from client.protocol.tcp import tune_loopback
 from client.tls import describe_tls_failure
 
 __all__ = ["FaultLayer", "PeerClient", "PeerError", "PeerServer", "RequestHandler", "serve_peers"]
@@ -138,6 +139,7 @@ class PeerClient:
                            asyncio.open_connection(host, int(port), ssl=self._tls, server_hostname=host.strip("[]"),
                                                    ssl_handshake_timeout=self._connect_timeout_s))
                 reader, writer = await asyncio.wait_for(opening, self._connect_timeout_s)
+                tune_loopback(writer.get_extra_info("socket"))
             except ssl.SSLError as e:  # an OSError too: say it is TLS, the usual cause is the CA or the name
                 why = describe_tls_failure(e, self.addr, "tlsCaFile") or str(e)
                 self._auth_failures.note(f"peer {self.peer_id}: {why}; nothing sent to it")
@@ -334,6 +336,7 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
     async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
         remote = writer.get_extra_info("peername")
+        tune_loopback(writer.get_extra_info("socket"))
         for old in pending_to_evict({c: since for c, (since, _) in pending.items()}, max_pending):
             refusals.note(f"peer port: closing a connection that has not passed HELLO to admit {remote} "
                           f"(max_pending={max_pending})")

@@ -25,6 +25,7 @@ import ssl
 from collections.abc import Callable, Sequence
 
 from broker.ha.tls_io import WOULD_BLOCK
+from client.protocol.tcp import tune_loopback
 
 __all__ = ["Buffer", "SocketChannel", "advance_buffers"]
 
@@ -73,6 +74,7 @@ class SocketChannel:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune_loopback(sock)
         self.name = name
         self.closed: asyncio.Future[str] = loop.create_future()
         """Done (with the reason) once the channel is closed."""

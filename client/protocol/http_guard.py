@@ -28,6 +28,8 @@ from typing import Any, ClassVar
 import attrs
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from client.protocol.tcp import tune_loopback
+
 __all__ = ["TLS_CLOSE_GRACE_S", "HttpLimits", "LimitedHttpToolsProtocol", "with_limits"]
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._refusals.refused(len(self.connections) - 1, limits.max_connections)
             transport.close()
             return
+        tune_loopback(transport.get_extra_info("socket"))
         self._arm(limits.header_timeout_s, "request head")
 
     def connection_lost(self, exc: Exception | None) -> None:
