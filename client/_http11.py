@@ -57,7 +57,7 @@ class ResponseParser:
         self.no_body = no_body
         self.until_close = False
 
-    def feed(self, data: bytes) -> bool:
+    def feed(self, data: bytes | memoryview) -> bool:
         self.buf += data
         if self.head_end < 0:
             end = self.buf.find(_CRLF2)

@@ -240,6 +240,25 @@ def test_exchange_keeps_alive_and_returns_status_and_body(server: TinyServer) ->
     t.close()
 
 
+def test_answers_do_not_share_the_connection_receive_buffer(server: TinyServer) -> None:
+    """Each connection receives into one buffer of its own, reused for every answer: an answer handed out
+    must be a copy, unchanged by the next answer on the same connection (small, and larger than the buffer)."""
+    t = SyncTransport()
+    host, port = server.addr.split(":")
+    try:
+        kept = []
+        for size in (100, 300_000, 50, 600_000):
+            for fill in b"ab":
+                body = bytes([fill]) * size
+                r = t.exchange("POST", host, int(port), "/echo", body, timeout=5.0)
+                assert type(r.content) is bytes and r.content == body
+                kept.append((r.content, body))
+        assert all(content == body for content, body in kept)
+        assert server.connections == 1
+    finally:
+        t.close()
+
+
 def test_exchange_failures_are_httpx_errors(server: TinyServer, refused_addr: str) -> None:
     t = SyncTransport()
     host, port = server.addr.split(":")
