@@ -24,14 +24,41 @@ class RawResponse:
     """What the transports' ``exchange`` answers: the status and the whole body (no httpx objects).
 
     It has the two attributes of ``httpx.Response`` the SDK's data path reads, so one parser serves both.
+
+    A large body may be *lent*: left in the blocking transport's receive buffer of the calling thread
+    (``view``), which that thread's next request reuses. :attr:`content` copies it out on first use, and the
+    transport copies it out before it reuses the buffer if this answer is still referenced then
+    (:meth:`keep`), so ``content`` is always this answer's body. :meth:`body_view` reads it in place: valid only
+    until the thread's next request, for a parser that copies what it keeps.
     """
 
-    __slots__ = ("content", "headers", "status_code")
+    __slots__ = ("__weakref__", "_content", "_view", "headers", "status_code")
 
-    def __init__(self, status_code: int, content: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, status_code: int, content: bytes | None, headers: list[tuple[bytes, bytes]],
+                 view: memoryview | None = None) -> None:
         self.status_code = status_code
-        self.content = content
+        self._content = content
+        self._view = view
         self.headers = headers
+
+    @property
+    def content(self) -> bytes:
+        """The body (a lent one is copied out on first use)."""
+        content = self._content
+        return content if content is not None else self.keep()
+
+    def keep(self) -> bytes:
+        """Copy a lent body out of the receive buffer (the buffer is about to be reused); returns the body."""
+        if self._content is None:
+            view, self._view = self._view, None
+            self._content = bytes(view) if view is not None else b""
+        return self._content
+
+    def body_view(self) -> bytes | memoryview:
+        """The body without a copy when it is lent: valid until the calling thread's next request through the
+        blocking transport (copy what you keep); otherwise :attr:`content`."""
+        view = self._view
+        return view if view is not None and self._content is None else self.content
 
 
 class Incomplete(Exception):
@@ -45,10 +72,14 @@ class Incomplete(Exception):
 class ResponseParser:
     """Incremental parser of one HTTP/1.1 response; ``feed`` until it returns True."""
 
-    __slots__ = ("body_len", "buf", "head_end", "headers", "keep_alive", "no_body", "status", "until_close")
+    __slots__ = ("body_len", "buf", "filled", "head_end", "headers", "keep_alive", "no_body", "status",
+                 "until_close")
 
-    def __init__(self, *, no_body: bool = False) -> None:
-        self.buf = bytearray()
+    def __init__(self, *, no_body: bool = False, buf: bytearray | None = None) -> None:
+        self.buf = bytearray() if buf is None else buf
+        """The bytes received so far are ``buf[:filled]``; a caller that passes ``buf`` receives into it directly
+        (:meth:`received`), growing it as :meth:`room` says."""
+        self.filled = 0
         self.head_end = -1
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -58,17 +89,31 @@ class ResponseParser:
         self.until_close = False
 
     def feed(self, data: bytes | memoryview) -> bool:
+        """Append ``data`` (the parser's own buffer); True once the response is complete."""
         self.buf += data
+        return self.received(len(data))
+
+    def received(self, n: int) -> bool:
+        """``n`` more bytes were written at ``buf[filled:]``; True once the response is complete."""
+        self.filled += n
         if self.head_end < 0:
-            end = self.buf.find(_CRLF2)
+            end = self.buf.find(_CRLF2, max(0, self.filled - n - 3), self.filled)
             if end < 0:
-                if len(self.buf) > _MAX_HEAD_BYTES:
+                if self.filled > _MAX_HEAD_BYTES:
                     raise httpx.RemoteProtocolError(f"response head longer than {_MAX_HEAD_BYTES} bytes")
                 return False
             self._parse_head(end)
         if self.until_close:
             return False
-        return len(self.buf) - self.head_end >= self.body_len
+        return self.filled - self.head_end >= self.body_len
+
+    def room(self) -> int:
+        """The size ``buf`` should grow to when it is full: the whole response when its length is known, else
+        twice as much (growing with what arrived, never with what a head claims)."""
+        size = len(self.buf)
+        if self.head_end >= 0 and not self.until_close:
+            return max(size, min(self.head_end + self.body_len, 2 * size))
+        return 2 * size
 
     def _parse_head(self, end: int) -> None:
         lines = bytes(self.buf[:end]).split(b"\r\n")
@@ -110,15 +155,19 @@ class ResponseParser:
     def finish_at_eof(self) -> bool:
         """The server closed: complete only for a read-until-close body."""
         if self.until_close and self.head_end >= 0:
-            self.body_len = len(self.buf) - self.head_end
+            self.body_len = self.filled - self.head_end
             self.until_close = False
             return True
         return False
 
     def body(self) -> bytes:
-        if len(self.buf) - self.head_end > self.body_len:
+        return bytes(self.body_view())
+
+    def body_view(self) -> memoryview:
+        """The body where it was received (no copy)."""
+        if self.filled - self.head_end > self.body_len:
             raise httpx.RemoteProtocolError("server sent more bytes than its Content-Length")
-        return bytes(memoryview(self.buf)[self.head_end : self.head_end + self.body_len])
+        return memoryview(self.buf)[self.head_end : self.head_end + self.body_len]
 
     def raw(self) -> RawResponse:
         return RawResponse(self.status, self.body(), self.headers)

@@ -321,9 +321,10 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 
 
 def parse_pull(resp: Answer, addr: str, mq: MessageQueue) -> PullResult:
-    """Decode a pull answer: the binary head, then the records (bodies copied once)."""
+    """Decode a pull answer: the binary head, then the records (bodies copied once). A large answer is read where
+    the transport received it (:meth:`RawResponse.body_view`): the records copy out what they keep."""
     raise_for_status(resp, addr)
-    data = resp.content
+    data = resp.body_view() if isinstance(resp, RawResponse) else resp.content
     head = wire.decode_pull_header(data)
     status = PullStatus.from_code(head.code)
     if status is None:

@@ -31,6 +31,7 @@ import select
 import socket
 import ssl
 import threading
+import weakref
 from collections import deque
 from typing import cast
 
@@ -55,22 +56,70 @@ from client.tls import describe_tls_failure
 
 __all__ = ["AsyncTransport", "RawResponse", "SyncTransport"]
 
-#: Each synchronous connection receives into one buffer of this size, allocated with it and reused for every
-#: answer (the parser copies what it keeps). ``recv(256 KiB)`` allocated a fresh 256 KiB object per read instead,
-#: and glibc's heap then often gave those pages back to the kernel between requests: a pull of 32 cost about 11
-#: page faults in 8 of 18 benchmark processes, 0.35 a message (``python -m benchmarks client``: 1.1 µs more client
-#: CPU a message). Only the pages a read fills are ever touched.
+#: The first size of a thread's receive buffer (:class:`_ReceiveBuffer`).
 _RECV_SIZE = 256 * 1024
+#: A receive buffer grown past this for one large answer is not kept for the next.
+_KEEP_MAX = 16 << 20
+#: An answer body of this many bytes or more is lent (left in the buffer, :class:`RawResponse`), a smaller one
+#: copied out at once (a small copy costs less than reading the records through a view).
+_LEND_FROM = 128 * 1024
+
+
+class _ReceiveBuffer(threading.local):
+    """Each thread's receive buffer: every answer the blocking transport reads on that thread is received into
+    it, in place, and the buffer is kept for the thread's next request (grown to the largest answer, up to
+    :data:`_KEEP_MAX`).
+
+    Receiving each read into a fresh object (``recv(256 KiB)``), and then each large answer into fresh objects of
+    its size, made glibc's heap give those pages back to the kernel between requests in about half of the
+    processes measured, and fault them in again on the next: 0.35 page faults a message on a pull of 32 in 8 of
+    18 ``benchmarks client`` processes (1.1 µs more client CPU a message), and 0.3 a message on every slave read
+    of 1000. A large answer is lent from this buffer (``lease``: the last answer lent, which :meth:`reuse`
+    makes copy its body out if it is still referenced when the next request comes).
+    """
+
+    def __init__(self) -> None:
+        self.buf = bytearray(_RECV_SIZE)
+        self.lease: weakref.ref[RawResponse] | None = None
+
+    def reuse(self) -> bytearray:
+        """The buffer, once nothing lent from it can change when it is overwritten."""
+        lease = self.lease
+        if lease is not None:
+            self.lease = None
+            lent = lease()
+            if lent is not None:
+                lent.keep()
+        return self.buf
+
+    def grow(self, parser: ResponseParser) -> None:
+        """Give ``parser`` a larger buffer holding what it received (kept for later answers up to a bound)."""
+        bigger = bytearray(parser.room())
+        bigger[: parser.filled] = memoryview(parser.buf)[: parser.filled]
+        parser.buf = bigger
+        if len(bigger) <= _KEEP_MAX:
+            self.buf = bigger
+
+    def answer(self, parser: ResponseParser) -> RawResponse:
+        """The answer ``parser`` read: a large body lent from the buffer, a small one copied."""
+        if parser.body_len < _LEND_FROM:
+            return parser.raw()
+        answer = RawResponse(parser.status, None, parser.headers, view=parser.body_view())
+        if parser.buf is self.buf:
+            self.lease = weakref.ref(answer)
+        return answer
+
+
+_RECEIVE = _ReceiveBuffer()
 
 # --- sync ------------------------------------------------------------------------------------------------
 
 
 class _SyncConnection:
-    __slots__ = ("_view", "sock")
+    __slots__ = ("sock",)
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._view = memoryview(bytearray(_RECV_SIZE))
 
     def is_stale(self) -> bool:
         """An idle connection that is readable was closed by the server (or sent junk): drop it."""
@@ -98,13 +147,15 @@ class _SyncConnection:
             raise httpx.WriteTimeout("timed out sending the request") from None
         except OSError:
             raise Incomplete(got_bytes=False) from None
-        parser = ResponseParser(no_body=no_body)
+        receive = _RECEIVE
+        parser = ResponseParser(no_body=no_body, buf=receive.reuse())
         sock.settimeout(read_t)
         got = False
-        view = self._view
         while True:
+            if parser.filled == len(parser.buf):
+                receive.grow(parser)
             try:
-                n = sock.recv_into(view)
+                n = sock.recv_into(memoryview(parser.buf)[parser.filled :])
             except TimeoutError:
                 raise httpx.ReadTimeout(f"no response within the read timeout ({read_t} s)") from None
             except OSError:
@@ -114,7 +165,7 @@ class _SyncConnection:
                     return parser
                 raise Incomplete(got_bytes=got)
             got = True
-            if parser.feed(view[:n]):
+            if parser.received(n):
                 return parser
 
 
@@ -219,7 +270,7 @@ class SyncTransport(httpx.BaseTransport):
         """
         check_target(target)
         head = raw_head(method, host, port, target, len(body), authorization)
-        return self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False).raw()
+        return _RECEIVE.answer(self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False))
 
     def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
                   no_body: bool) -> ResponseParser:

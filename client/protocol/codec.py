@@ -685,19 +685,43 @@ def decode_records(
 
     Each record's lengths and magic are checked here and its body copied out; its other fields are read from it
     when first used (see :class:`_StoredMessage`), so a consumer that reads only bodies pays for little more.
-    Each message holds copies of its own record's bytes; nothing holds a reference to ``data``. ``offset`` is where the first record starts (a pull
-    response passes its whole body and the head size, saving a copy).
+    Each message holds copies of its own record's bytes; nothing holds a reference to ``data``. ``offset`` is
+    where the first record starts (a pull response passes its whole body and the head size, saving a copy).
 
     Raises:
         ProtocolViolationError: a record is truncated, has a bad magic, or (with ``verify_crc``) a bad body CRC.
     """
-    # The hot loop of every consumer: one unpack of the five fields the checks need, three slices.
-    is_bytes = isinstance(data, bytes)
-    buf: bytes | memoryview = data if is_bytes else memoryview(data)
-    n = len(buf)
     out: list[MessageExt] = []
-    append = out.append
+    if isinstance(data, bytes):
+        _decode_run(data, offset, 0, len(data), broker_name, verify_crc, out)
+        return out
+    # A view (a large answer read where it was received) is copied to bytes a chunk of whole records at a time:
+    # slicing bytes costs less than slicing a view and copying each slice (0.80 against 1.06 µs a 1 KiB record).
+    view = memoryview(data)
+    n = len(view)
     pos = offset
+    while pos < n:
+        end = min(n, pos + _DECODE_CHUNK)
+        if end < n and n - pos >= 4:
+            end = min(n, max(end, pos + _I32.unpack_from(view, pos)[0]))  # the first record whole, if it is there
+        pos += _decode_run(bytes(view[pos:end]), 0, pos, n, broker_name, verify_crc, out)
+    return out
+
+
+#: Bytes of a view copied to bytes at once by :func:`decode_records` (more when one record is larger).
+_DECODE_CHUNK = 64 * 1024
+
+
+def _decode_run(buf: bytes, pos: int, base: int, total: int, broker_name: str, verify_crc: bool,
+                out: list[MessageExt]) -> int:
+    """Decode the records of ``buf`` from ``pos`` into ``out``; returns the bytes consumed. ``buf`` is the answer's
+    bytes from ``base`` on, of ``total`` in all: unless it holds them all, a record that runs past its end is left
+    for the next run instead of refused (errors name positions in the whole answer)."""
+    # The hot loop of every consumer: one unpack of the five fields the checks need, three slices.
+    start = pos
+    n = len(buf)
+    final = base + n == total
+    append = out.append
     check = _RECORD_CHECK.unpack_from
     u16 = _U16.unpack_from
     new = object.__new__
@@ -705,12 +729,16 @@ def decode_records(
     set_state = _set_stored_state
     while pos < n:
         if n - pos < RECORD_FIXED_SIZE:
-            raise ProtocolViolationError(f"record at byte {pos} is truncated ({n - pos} bytes left)")
+            if not final:
+                break
+            raise ProtocolViolationError(f"record at byte {base + pos} is truncated ({total - base - pos} bytes left)")
         size, magic, crc, sys_flag, body_len = check(buf, pos)
         if magic != MAGIC_V1:
-            raise ProtocolViolationError(f"record at byte {pos} has bad magic {magic & 0xFFFFFFFF:#x}")
+            raise ProtocolViolationError(f"record at byte {base + pos} has bad magic {magic & 0xFFFFFFFF:#x}")
         if size < RECORD_FIXED_SIZE or pos + size > n:
-            raise ProtocolViolationError(f"record at byte {pos} claims {size} bytes; {n - pos} left")
+            if not final and size >= RECORD_FIXED_SIZE and pos > start:
+                break
+            raise ProtocolViolationError(f"record at byte {base + pos} claims {size} bytes; {total - base - pos} left")
         if sys_flag & _HOST_V6_BITS:
             append(_decode_record_generic(memoryview(buf), pos, size, broker_name))
             pos += size
@@ -718,23 +746,19 @@ def decode_records(
         end = pos + size
         topic_at = pos + _BODY_AT + body_len
         if body_len < 0 or topic_at + 3 > end:
-            raise ProtocolViolationError(f"record at byte {pos}: body length {body_len} exceeds size {size}")
+            raise ProtocolViolationError(f"record at byte {base + pos}: body length {body_len} exceeds size {size}")
         props_at = topic_at + 1 + buf[topic_at]
         if props_at + 2 > end or props_at + 2 + u16(buf, props_at)[0] != end:
-            raise ProtocolViolationError(f"record at byte {pos}: field lengths do not add up to {size}")
-        if is_bytes:
-            head, body, tail = buf[pos : pos + _BODY_AT], buf[pos + _BODY_AT : topic_at], buf[topic_at:end]
-        else:
-            head, body, tail = bytes(buf[pos : pos + _BODY_AT]), bytes(buf[pos + _BODY_AT : topic_at]), \
-                bytes(buf[topic_at:end])
+            raise ProtocolViolationError(f"record at byte {base + pos}: field lengths do not add up to {size}")
+        head, body, tail = buf[pos : pos + _BODY_AT], buf[pos + _BODY_AT : topic_at], buf[topic_at:end]
         if verify_crc and body_crc(body) != crc:
             phy = _Q_OFFSET.unpack_from(head, 28)[0]
-            raise ProtocolViolationError(f"record at byte {pos} (offset {phy}): body CRC mismatch")
+            raise ProtocolViolationError(f"record at byte {base + pos} (offset {phy}): body CRC mismatch")
         m = new(stored)
         set_state(m, (head, body, tail, broker_name, []))
         append(m)
         pos = end
-    return out
+    return pos - start
 
 
 #: TOTALSIZE, MAGICCODE, BODYCRC, SYSFLAG and BODYLENGTH of an IPv4 record: what :func:`decode_records` checks.

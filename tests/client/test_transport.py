@@ -259,6 +259,50 @@ def test_answers_do_not_share_the_connection_receive_buffer(server: TinyServer) 
         t.close()
 
 
+def test_a_lent_answer_keeps_its_body_when_the_buffer_is_reused(server: TinyServer) -> None:
+    """A large answer is lent from the thread's receive buffer (read in place by body_view); an answer still held
+    when the thread's next request reuses the buffer is copied out first, so content is always its own."""
+    t = SyncTransport()
+    host, port = server.addr.split(":")
+    try:
+        held = []
+        for fill in b"abcd":
+            body = bytes([fill]) * 400_000
+            r = t.exchange("POST", host, int(port), "/echo", body, timeout=5.0)
+            if fill == ord("a"):
+                assert isinstance(r.body_view(), memoryview) and r.body_view() == body  # lent, read in place
+            held.append((r, body))
+        assert all(r.content == body for r, body in held)
+        small = t.exchange("POST", host, int(port), "/echo", b"s" * 100, timeout=5.0)
+        assert type(small.body_view()) is bytes  # a small answer is copied at once
+    finally:
+        t.close()
+
+
+def test_threads_do_not_share_a_receive_buffer(server: TinyServer) -> None:
+    t = SyncTransport()
+    host, port = server.addr.split(":")
+    errors: list[str] = []
+
+    def work(fill: int) -> None:
+        for size in (300_000, 1_000, 900_000):
+            body = bytes([fill]) * size
+            r = t.exchange("POST", host, int(port), "/echo", body, timeout=10.0)
+            view = r.body_view()
+            if bytes(view) != body:
+                errors.append(f"thread {fill}: answer of {size} bytes is not its own")
+
+    threads = [threading.Thread(target=work, args=(f,)) for f in range(4)]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+    finally:
+        t.close()
+    assert not errors
+
+
 def test_exchange_failures_are_httpx_errors(server: TinyServer, refused_addr: str) -> None:
     t = SyncTransport()
     host, port = server.addr.split(":")

@@ -58,6 +58,8 @@ DIFFER_BY_NATURE: dict[tuple[str, str], str] = {
     ("SyncTransport", "_pool"): _SOCKETS,
     ("SyncTransport", "_acquire"): _SOCKETS,
     ("SyncTransport", "_release_slot"): _SOCKETS,
+    ("SyncTransport", "exchange"): "a blocking thread receives into its own reused buffer and lends large answers "
+                                   "from it; a protocol receives into each response's parser",
     ("SyncTransport", "_put_back"): _SOCKETS,
     ("SyncTransport", "close"): _SOCKETS,
 }

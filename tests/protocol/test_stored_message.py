@@ -122,3 +122,44 @@ def test_corrupt_records_are_refused_or_read_without_error(at: int, value: int, 
     for m in msgs:
         _fields(m)
         repr(m)
+
+
+def _outcome(data: bytes | memoryview, offset: int = 0) -> object:
+    try:
+        return [_fields(m) for m in decode_records(data, broker_name="b", offset=offset)]
+    except ProtocolViolationError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("sizes", [
+    [1024] * 200,  # several 64 KiB chunks, records across each boundary
+    [100_000, 10, 70_000, 5],  # records larger than a chunk
+    [65_536 - 200, 30, 30],  # a record that ends near a chunk's end
+])
+def test_a_view_decodes_as_the_same_bytes_do(sizes: list[int]) -> None:
+    """A large answer is decoded from the transport's buffer (a view), in chunks: the same messages."""
+    msgs = [Message("TopicS", bytes([i % 251]) * n, tags=f"T{i % 3}", keys=[f"k{i}"]) for i, n in enumerate(sizes)]
+    head = b"H" * 48  # a pull answer's head before the records
+    buf = bytearray(len(head) + sum(sizes) + 400 * len(sizes))
+    items = decode_batch(encode_batch(msgs, born_timestamp_ms=1))
+    offsets = write_batch_records(buf, len(head), 0, topic=b"TopicS", queue_id=1, first_queue_offset=0, items=items,
+                                  born_host=STORE_HOST, store_timestamp=2, store_host=STORE_HOST)
+    last = offsets[-1]
+    data = bytes(head) + bytes(buf[len(head) : last + int.from_bytes(buf[last : last + 4], "big")])
+    expected = _outcome(data, len(head))
+    assert isinstance(expected, list) and len(expected) == len(sizes)
+    assert _outcome(memoryview(bytearray(data)), len(head)) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(at=st.integers(0, 140_000), value=st.integers(0, 255), cut=st.integers(0, 200))
+def test_a_corrupt_view_is_refused_as_the_same_bytes_are(at: int, value: int, cut: int) -> None:
+    msgs = [Message("TopicS", b"a" * 70_000), *([Message("TopicS", b"b" * 900)] * 60), Message("TopicS", b"c")]
+    buf = bytearray(200_000)
+    items = decode_batch(encode_batch(msgs, born_timestamp_ms=1))
+    offsets = write_batch_records(buf, 0, 0, topic=b"TopicS", queue_id=1, first_queue_offset=0, items=items,
+                                  born_host=STORE_HOST, store_timestamp=2, store_host=STORE_HOST)
+    data = bytearray(buf[: offsets[-1] + int.from_bytes(buf[offsets[-1] : offsets[-1] + 4], "big")])
+    data[at % len(data)] = value
+    blob = bytes(data[: len(data) - cut])
+    assert _outcome(memoryview(bytearray(blob))) == _outcome(blob)
