@@ -34,6 +34,10 @@ ITEM = struct.Struct(">iqii")
 SLOT = struct.Struct(">i")
 INT_MAX = 0x7FFFFFFF
 _MASK = 0xFFFFFFFF
+#: ``abs`` of an int32 held as ``h`` in ``[0, 2^32)``: ``h if h <= INT_MAX else (_TWO32 - h) & INT_MAX`` (0 for
+#: Integer.MIN_VALUE, as Java's ``Math.abs`` overflows there), about half the cost of the bitwise form.
+_TWO32 = 1 << 32
+
 
 def _abs_hash(h: int) -> int:
     h &= _MASK
@@ -63,18 +67,18 @@ _UNIQ_CACHE_MAX = 4096
 _POW31_4 = 31**4
 _FIRST = itemgetter(0)
 _HEAD = itemgetter(slice(None, _UNIQ_STABLE))
-_TAIL = itemgetter(slice(_UNIQ_STABLE, None))
 _MAX_PREFIX_LEN = 128
 #: Smallest batch worked column by column: below it the set-up costs more than the per-record loop saves (a
 #: single send is the common small batch).
 _COLUMNS_FROM = 8
 
 
-def _tail_shares(uniqs: list[bytes]) -> Iterator[int]:
-    """``sum(c_i * 31^(3-i))`` of the last 4 bytes of each unique key, column by column (``map`` runs in C)."""
-    tails = b"".join(map(_TAIL, uniqs))
-    return map(add, map(add, map(mul, tails[0::4], repeat(29791)), map(mul, tails[1::4], repeat(961))),
-               map(add, map(mul, tails[2::4], repeat(31)), tails[3::4]))
+def _tail_shares(joined: bytes) -> Iterator[int]:
+    """``sum(c_i * 31^(3-i))`` of the last 4 bytes of each unique key, from the keys joined (each of
+    :data:`_UNIQ_LEN` bytes), column by column: a strided slice per column, ``map`` in C."""
+    n = _UNIQ_LEN
+    return map(add, map(add, map(mul, joined[n - 4 :: n], repeat(29791)), map(mul, joined[n - 3 :: n], repeat(961))),
+               map(add, map(mul, joined[n - 2 :: n], repeat(31)), joined[n - 1 :: n]))
 
 
 class _TopicHasher:
@@ -149,7 +153,8 @@ class _TopicHasher:
 
     def _uniq_batch(self, uniqs: list[bytes]) -> list[int] | None:
         """Index hashes of a batch of SDK unique ids, or None when one is not such an id."""
-        if set(map(len, uniqs)) != {_UNIQ_LEN} or not b"".join(uniqs).isascii():
+        joined = b"".join(uniqs)
+        if set(map(len, uniqs)) != {_UNIQ_LEN} or not joined.isascii():
             return None
         heads = self._uniq_heads
         parts = list(map(heads.get, map(_HEAD, uniqs)))
@@ -159,8 +164,8 @@ class _TopicHasher:
                     self.uniq(uniqs[i])  # fills the cache
                     parts[i] = heads[_HEAD(uniqs[i])]
         # abs(int32) of h mod 2^32, 0 for Integer.MIN_VALUE, as in _abs_hash
-        return [((h ^ ((h >> 31) * _MASK)) + (h >> 31)) & INT_MAX
-                for h in map(and_, map(add, parts, _tail_shares(uniqs)), repeat(_MASK))]
+        return [h if h <= INT_MAX else (_TWO32 - h) & INT_MAX
+                for h in map(and_, map(add, parts, _tail_shares(joined)), repeat(_MASK))]
 
     def _key_batch(self, keys: list[bytes]) -> list[int] | None:
         """Index hashes of single ASCII keys, or None when one is not."""
@@ -168,9 +173,8 @@ class _TopicHasher:
         if b" " in joined or not joined.isascii() or max(map(len, keys)) > _MAX_PREFIX_LEN:
             return None
         pre, hi, lo = self._prefixes, _HI, _LO
-        return [((h ^ ((h >> 31) * _MASK)) + (h >> 31)) & INT_MAX
-                for h in [(pre[len(k)] + int(k.translate(hi), 31) * 31 + int(k.translate(lo), 31)) & _MASK
-                          for k in keys]]
+        return [h if (h := (pre[len(k)] + int(k.translate(hi), 31) * 31 + int(k.translate(lo), 31)) & _MASK) <= INT_MAX
+                else (_TWO32 - h) & INT_MAX for k in keys]
 
     def hashes(self, uniqs: list[bytes], keys: list[bytes], phys: list[int], out_h: list[int],
                out_phy: list[int], out_at: list[int] | None = None) -> None:
@@ -205,8 +209,7 @@ class _TopicHasher:
                 if part is not None:
                     a, b, c, d = uniq[_UNIQ_STABLE:]
                     h = (part + a * 29791 + b * 961 + c * 31 + d) & _MASK
-                    s = h >> 31
-                    add_h(((h ^ (s * _MASK)) + s) & INT_MAX)  # abs(int32), 0 for Integer.MIN_VALUE
+                    add_h(h if h <= INT_MAX else (_TWO32 - h) & INT_MAX)  # abs(int32), 0 for Integer.MIN_VALUE
                 else:
                     add_h(self.uniq(uniq))
                 add_p(phy)
@@ -218,8 +221,7 @@ class _TopicHasher:
                         continue
                     if key.isascii():
                         h = (prefix(len(key)) + int(key.translate(hi), 31) * 31 + int(key.translate(lo), 31)) & _MASK
-                        s = h >> 31
-                        add_h(((h ^ (s * _MASK)) + s) & INT_MAX)
+                        add_h(h if h <= INT_MAX else (_TWO32 - h) & INT_MAX)
                     else:
                         add_h(self(key))
                     add_p(phy)

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import struct
+import tempfile
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from broker.store.index import INT_MAX, IndexFile, _abs_hash, _TopicHasher, key_hash
+from broker.store.io import FileIO
+from broker.store.mapped_file import MappedFile
 from client.protocol.codec import UniqKeyGenerator, batch_item, decode_records, tags_hash
 
 from .conftest import BORN_HOST, FakeClock, StoreFactory, batch
@@ -113,3 +119,38 @@ def test_single_sends_index_as_the_batch_path_does(make_store: StoreFactory, tmp
     assert len(single.index.files) == len(parsed.index.files) == 2
     for a, b in zip(single.index.files, parsed.index.files, strict=True):
         assert bytes(a.mf.mm) == bytes(b.mf.mm)
+
+
+def _index_file(path: Path, slot_num: int, index_num: int) -> IndexFile:
+    mf = MappedFile.open(FileIO(), str(path), 0, IndexFile.file_size(slot_num, index_num), create=True)
+    mf.wrote = mf.size
+    return IndexFile(mf, slot_num, index_num)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, INT_MAX), min_size=1, max_size=80), min_size=1, max_size=5),
+       garbage=st.lists(st.tuples(st.integers(0, 511), st.integers(-(2**31), 2**31 - 1)), max_size=6))
+def test_a_batch_of_keys_writes_what_one_put_at_a_time_does(batches: list[list[int]],
+                                                              garbage: list[tuple[int, int]]) -> None:
+    """put_keys (a batch of distinct slots read and written column by column, any other key by key) writes the
+    same file as put_key one key at a time: items, slot chains and the garbage slots a crash can leave (read as
+    empty)."""
+    with tempfile.TemporaryDirectory() as d:
+        col, one = _index_file(Path(d) / "col", 512, 400), _index_file(Path(d) / "one", 512, 400)
+        for f in (col, one):
+            for slot, value in garbage:
+                struct.pack_into(">i", f.mf.mm, 40 + 4 * slot, value)
+        phy = 1000
+        for hs in batches:
+            phys = list(range(phy, phy + len(hs)))
+            assert col.put_keys(hs, phys, 1_700_000_000_000, 0) == len(hs)
+            for h, p in zip(hs, phys, strict=True):
+                assert one.put_key(h, p, 1_700_000_000_000)
+            phy += len(hs)
+        for f in (col, one):
+            f.flush()
+        assert bytes(col.mf.mm) == bytes(one.mf.mm)
+        assert (col.index_count, col.slot_count) == (one.index_count, one.slot_count)
+        col.close()
+        one.close()
+
