@@ -390,6 +390,8 @@ class BatchItem(NamedTuple):
 
 
 _new_tuple = tuple.__new__
+#: How the SDK's plain message's property string starts (its unique key, the only property).
+_UNIQ_PAIR = UNIQ_KEY.encode() + b"\x01"
 
 
 def batch_item(body: bytes, properties: bytes, *, flag: int = 0, sys_flag: int = 0,
@@ -415,6 +417,8 @@ def decode_batch(data: bytes | memoryview, *, verify_crc: bool = True) -> list[B
     pos = 0
     unpack = BATCH_ITEM_HEAD.unpack_from
     new, scan = _new_tuple, scan_properties
+    uniq_pair = _UNIQ_PAIR
+    uniq_at = len(uniq_pair)
     while pos < n:
         if n - pos < BATCH_FIXED_SIZE:
             raise MessageIllegalError(f"batch item {len(items)} at byte {pos} is truncated ({n - pos} bytes left)")
@@ -442,7 +446,14 @@ def decode_batch(data: bytes | memoryview, *, verify_crc: bool = True) -> list[B
         if verify_crc and body_crc(body) != crc:
             raise MessageIllegalError(f"batch item {len(items)} at byte {pos}: body CRC mismatch")
         props = raw[props_at + 2 : pos + size]
-        items.append(new(BatchItem, (flag, sys_flag, born, crc, body, props, *scan(props))))
+        if not props:
+            items.append(new(BatchItem, (flag, sys_flag, born, crc, body, props, b"", b"", b"", 0, True)))
+        elif props.startswith(uniq_pair) and props.find(b"\x02") == props_len - 1:
+            # The SDK's plain message, its unique key alone: what scan_properties reads first, without the call.
+            items.append(new(BatchItem, (flag, sys_flag, born, crc, body, props, b"", b"", props[uniq_at:-1], 0,
+                                         True)))
+        else:
+            items.append(new(BatchItem, (flag, sys_flag, born, crc, body, props, *scan(props))))
         pos += size
     return items
 

@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.protocol.codec import batch_item, body_crc, decode_batch, encode_batch
+from client.protocol.codec import (
+    BATCH_FIXED_SIZE,
+    BATCH_ITEM_HEAD,
+    BATCH_MAGIC,
+    batch_item,
+    body_crc,
+    decode_batch,
+    encode_batch,
+)
 from client.protocol.message import Message
 from client.protocol.properties import (
     DELAY,
@@ -89,3 +97,27 @@ def test_batch_item_built_in_the_broker_reads_its_properties() -> None:
     item = batch_item(b"body", b"DELAY\x012\x02WAIT\x01false\x02", flag=3, born_timestamp=9)
     assert (item.flag, item.sys_flag, item.born_timestamp, item.body_crc) == (3, 0, 9, body_crc(b"body"))
     assert (bytes(item.body), item.delay_level, item.wait) == (b"body", 2, False)
+
+
+def _batch_of(props_list: list[bytes]) -> bytes:
+    """A send body whose items carry exactly these raw property strings (malformed ones included)."""
+    out = []
+    for props in props_list:
+        body = b"b"
+        size = BATCH_FIXED_SIZE + len(body) + len(props)
+        out.append(BATCH_ITEM_HEAD.pack(size, BATCH_MAGIC, body_crc(body), 0, 0, 1, len(body)) + body
+                   + len(props).to_bytes(2, "big") + props)
+    return b"".join(out)
+
+
+_PLAIN = st.builds(lambda v, tail: b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01" + v + tail,
+                   st.binary(max_size=40), st.sampled_from([b"\x02", b"", b"\x02\x02", b"\x02TAGS\x01A", b"\x01"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(props_list=st.lists(st.one_of(RAW, _PLAIN), min_size=1, max_size=6))
+def test_a_decoded_batch_reads_each_item_as_scan_properties_does(props_list: list[bytes]) -> None:
+    """decode_batch reads the SDK's plain message (its unique key alone) without calling scan_properties: the
+    same fields, whatever the property string."""
+    items = decode_batch(_batch_of(props_list))
+    assert [tuple(it[6:]) for it in items] == [tuple(scan_properties(p)) for p in props_list]
