@@ -58,10 +58,13 @@ class TinyServer:
                     k, _, v = line.partition(b":")
                     if k.strip().lower() == b"content-length":
                         length = int(v)
-                while len(buf) < length:
-                    buf += conn.recv(65536)
-                body, buf = buf[:length], buf[length:]
-                if not self._answer(conn, path, body):
+                try:
+                    while len(buf) < length:
+                        buf += conn.recv(65536)
+                    body, buf = buf[:length], buf[length:]
+                    if not self._answer(conn, path, body):
+                        return
+                except OSError:  # close() shut the connection (a /block answer released by it, say)
                     return
 
     def _answer(self, conn: socket.socket, path: str, body: bytes) -> bool:
