@@ -41,10 +41,7 @@ _TWO32 = 1 << 32
 
 def _abs_hash(h: int) -> int:
     h &= _MASK
-    if h & 0x80000000:
-        h = (1 << 32) - h  # abs of a negative int32
-        return 0 if h > INT_MAX else h
-    return h
+    return h if h <= INT_MAX else (_TWO32 - h) & INT_MAX
 
 
 def key_hash(key: str) -> int:

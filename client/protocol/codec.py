@@ -68,6 +68,7 @@ from client.protocol.properties import (
     MAX_TOPIC_LENGTH,
     TAGS,
     UNIQ_KEY,
+    UNIQ_PAIR,
     decode_properties,
     encode_properties,
     scan_properties,
@@ -390,8 +391,6 @@ class BatchItem(NamedTuple):
 
 
 _new_tuple = tuple.__new__
-#: How the SDK's plain message's property string starts (its unique key, the only property).
-_UNIQ_PAIR = UNIQ_KEY.encode() + b"\x01"
 
 
 def batch_item(body: bytes, properties: bytes, *, flag: int = 0, sys_flag: int = 0,
@@ -417,7 +416,7 @@ def decode_batch(data: bytes | memoryview, *, verify_crc: bool = True) -> list[B
     pos = 0
     unpack = BATCH_ITEM_HEAD.unpack_from
     new, scan = _new_tuple, scan_properties
-    uniq_pair = _UNIQ_PAIR
+    uniq_pair = UNIQ_PAIR
     uniq_at = len(uniq_pair)
     while pos < n:
         if n - pos < BATCH_FIXED_SIZE:

@@ -32,6 +32,7 @@ __all__ = [
     "TRANSACTION_CHECK_TIMES",
     "TRAN_MSG",
     "UNIQ_KEY",
+    "UNIQ_PAIR",
     "WAIT",
     "PropertyScan",
     "decode_properties",
@@ -185,7 +186,9 @@ _KEYS_B = KEYS.encode()
 _UNIQ_B = UNIQ_KEY.encode()
 _DELAY_B = DELAY.encode()
 _WAIT_B = WAIT.encode()
-_UNIQ_PAIR = _UNIQ_B + b"\x01"
+#: How the SDK's plain message's property string starts: its unique key, the only property (read without a split
+#: by :func:`scan_properties` and by ``codec.decode_batch``).
+UNIQ_PAIR = _UNIQ_B + b"\x01"
 #: Any level with more digits is past the last level (the store clamps it); int() of thousands of digits raises.
 _MAX_LEVEL_DIGITS = 9
 _new_scan = tuple.__new__
@@ -205,9 +208,9 @@ def scan_properties(raw: bytes) -> PropertyScan:
     """
     if not raw:
         return NO_PROPERTIES
-    if raw.startswith(_UNIQ_PAIR) and raw.find(b"\x02") == len(raw) - 1:
+    if raw.startswith(UNIQ_PAIR) and raw.find(b"\x02") == len(raw) - 1:
         # The SDK's plain message (codec._message_properties): its unique key alone, read without a split.
-        return _new_scan(PropertyScan, (b"", b"", raw[len(_UNIQ_PAIR) : -1], 0, True))
+        return _new_scan(PropertyScan, (b"", b"", raw[len(UNIQ_PAIR) : -1], 0, True))
     tags = keys = uniq = b""
     delay = 0
     wait = True

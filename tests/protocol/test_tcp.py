@@ -18,6 +18,7 @@ from broker.http_protocol import CoalescingHttpToolsProtocol
 from client._transport import AsyncTransport, SyncTransport
 from client.protocol.asgi import Request, Response, Router
 from client.protocol.tcp import LOOPBACK_CONGESTION_CONTROL, tune_loopback
+from tests.waiting import poll_until
 
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", None)
 needs_tcp_congestion = pytest.mark.skipif(TCP_CONGESTION is None, reason="no TCP_CONGESTION on this platform")
@@ -133,24 +134,13 @@ def test_the_sdk_and_the_broker_tune_their_loopback_connections(monkeypatch: pyt
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    config = uvicorn.Config(Router({("GET", "/ok"): _ok}, max_body_bytes=1024), http=_Recording, lifespan="off", log_config=None,
-                            proxy_headers=False)
+    config = uvicorn.Config(Router({("GET", "/ok"): _ok}, max_body_bytes=1024), http=_Recording, lifespan="off",
+                            log_config=None, proxy_headers=False)
     server = uvicorn.Server(config)
-    started = threading.Event()
-
-    async def serve() -> None:
-        task = asyncio.create_task(server.serve(sockets=[listener]))
-        while not server.started:  # uvicorn has no start event; the test's deadline bounds this
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.005)
-        started.set()
-        await task
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread = threading.Thread(target=asyncio.run, args=(server.serve(sockets=[listener]),), daemon=True)
     thread.start()
     try:
-        assert started.wait(10), "server did not start"
+        poll_until(lambda: server.started, 10, "the uvicorn server started")  # uvicorn has no start event
         sync = SyncTransport()
         try:
             assert sync.exchange("GET", "127.0.0.1", port, "/ok", timeout=5).content == b"ok"
