@@ -292,17 +292,15 @@ def httpx_share(fn: Callable[[], object]) -> float:
 
 def _median_of(runs: int, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
     """Run ``fn`` ``runs`` times and return the run with the median ``msgs_per_s`` (two cores shared with the
-    broker make single runs swing by tens of percent); ``best_msgs_per_s`` records the best run."""
+    broker make single runs swing by tens of percent; a best run would flatter the figure)."""
     results = sorted((fn() for _ in range(runs)), key=lambda r: r["msgs_per_s"])
-    mid = dict(results[len(results) // 2])
-    mid["best_msgs_per_s"] = results[-1]["msgs_per_s"]
-    return mid
+    return dict(results[len(results) // 2])
 
 
 def run(quick: bool) -> list[Row]:
     """Runner entry: a one-group cluster (no slave), the SDK figures with CPU per message and raw baselines.
 
-    Throughput rows are the median of three runs (one in quick mode); the best run follows each as a row.
+    Throughput rows are the median of three runs (one in quick mode), never the best run.
     """
     from client.cluster import LocalCluster
 
@@ -335,15 +333,12 @@ def run(quick: bool) -> list[Row]:
         *_cpu_rows("send, 1 thread", lat),
         Row("send, 1 thread: httpx share of client CPU", share * 100, "%"),
         Row("send_batch of 64 (median of runs)", batch["msgs_per_s"], "msgs/s", raw, raw_send, ">= 60000"),
-        Row("send_batch of 64 (best run)", batch["best_msgs_per_s"], "msgs/s"),
         *_cpu_rows("send_batch of 64", batch),
         Row("AsyncProducer, 64 senders, asyncio loop (median)", conc["msgs_per_s"], "msgs/s", raw, raw_send,
             ">= 50000"),
-        Row("AsyncProducer, 64 senders, asyncio loop (best run)", conc["best_msgs_per_s"], "msgs/s"),
         *_cpu_rows("AsyncProducer, asyncio loop", conc),
         Row("AsyncProducer, 64 senders, uvloop (median)", conc_uv["msgs_per_s"], "msgs/s", raw, raw_send,
             ">= 50000"),
-        Row("AsyncProducer, 64 senders, uvloop (best run)", conc_uv["best_msgs_per_s"], "msgs/s"),
         *_cpu_rows("AsyncProducer, uvloop", conc_uv),
         Row(f"pull 32/request, decoded, {PULL_QUEUES} queues x 1 thread (median)", pull["msgs_per_s"], "msgs/s",
             rawp, raw_pull, ">= 100000"),
