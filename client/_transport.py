@@ -10,8 +10,9 @@ servers speak and no more:
 * one request at a time per connection (no pipelining), idle connections kept per ``host:port`` (LIFO, at most
   ``max_idle_per_host``), at most ``max_connections_per_host`` open; a caller waits for a free slot at most the
   request's ``pool`` timeout;
-* an idle connection the server closed is noticed before reuse (it reads as readable); a request on a reused
-  connection that dies before any response byte is retried once on a new connection.
+* an idle connection the server closed is noticed before reuse (it reads as readable; one that answered within
+  the last second is not looked at, see :data:`_FRESH_S`); a request on a reused connection that dies before
+  any response byte is retried once on a new connection.
 
 Failures map onto httpx's exceptions (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout``,
 ``PoolTimeout``, ``RemoteProtocolError``, ``ReadError``), so the layers above see the same errors as with httpcore.
@@ -31,6 +32,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 import weakref
 from collections import deque
 from typing import cast
@@ -115,19 +117,37 @@ _RECEIVE = _ReceiveBuffer()
 # --- sync ------------------------------------------------------------------------------------------------
 
 
+#: A connection that answered this recently is reused without the ``select`` of :meth:`_SyncConnection.is_stale`:
+#: the servers close an idle connection only after ``keep_alive_timeout_s`` (5 s), and a connection closed sooner
+#: (a server stopping) fails its request before any answer byte, which is retried once on a new connection.
+_FRESH_S = 1.0
+
+
 class _SyncConnection:
-    __slots__ = ("sock",)
+    __slots__ = ("answered_at", "sock", "timeout")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.timeout = sock.gettimeout()
+        """The socket's timeout as last set (``settimeout`` is a system call: set only when it changes)."""
+        self.answered_at = -_FRESH_S
+        """``time.monotonic()`` of the last complete answer."""
 
     def is_stale(self) -> bool:
-        """An idle connection that is readable was closed by the server (or sent junk): drop it."""
+        """An idle connection that is readable was closed by the server (or sent junk): drop it. One that
+        answered within :data:`_FRESH_S` is taken as it is (no system call)."""
+        if time.monotonic() - self.answered_at < _FRESH_S:
+            return False
         try:
             readable, _, _ = select.select([self.sock], [], [], 0)
         except (OSError, ValueError):
             return True
         return bool(readable)
+
+    def _set_timeout(self, seconds: float | None) -> None:
+        if seconds != self.timeout:
+            self.sock.settimeout(seconds)
+            self.timeout = seconds
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -137,7 +157,7 @@ class _SyncConnection:
         _, read_t, write_t, _ = timeouts
         sock = self.sock
         try:
-            sock.settimeout(write_t)
+            self._set_timeout(write_t)
             if len(body) > 65536:
                 sock.sendall(head)
                 sock.sendall(body)
@@ -149,7 +169,7 @@ class _SyncConnection:
             raise Incomplete(got_bytes=False) from None
         receive = _RECEIVE
         parser = ResponseParser(no_body=no_body, buf=receive.reuse())
-        sock.settimeout(read_t)
+        self._set_timeout(read_t)
         got = False
         while True:
             if parser.filled == len(parser.buf):
@@ -166,6 +186,7 @@ class _SyncConnection:
                 raise Incomplete(got_bytes=got)
             got = True
             if parser.received(n):
+                self.answered_at = time.monotonic()
                 return parser
 
 

@@ -142,6 +142,73 @@ def test_server_hangs_up_idle_connection(server: TinyServer) -> None:
     assert server.connections == 2, "the requests after the hang-up did not go over one new connection"
 
 
+class _Clock:
+    """A monotonic clock the test moves (the transport's freshness rule reads ``time.monotonic``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_idle_connection_is_checked_once_it_is_no_longer_fresh(server: TinyServer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import client._transport as transport
+
+    clock = _Clock()
+    monkeypatch.setattr(transport, "time", clock)
+    with sync_client() as c:
+        assert c.get(f"http://{server.addr}/hangup").content == b"/hangup"
+        assert server.hung_up.wait(5), "the server did not hang up"
+        clock.now += transport._FRESH_S + 0.01  # idle past the fresh window: select() sees the hang-up
+
+        def no_retry(*args: object) -> None:
+            raise AssertionError("the request went out on the closed connection")
+
+        monkeypatch.setattr(transport, "retry_or_raise", no_retry)
+        assert c.get(f"http://{server.addr}/y").content == b"/y"
+    assert server.connections == 2
+
+
+def test_fresh_connection_is_reused_without_a_system_call(server: TinyServer,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import client._transport as transport
+
+    clock = _Clock()
+    monkeypatch.setattr(transport, "time", clock)
+    selects: list[object] = []
+    real_select = transport.select.select
+
+    def counting_select(*args: object) -> object:
+        selects.append(args)
+        return real_select(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(transport.select, "select", counting_select)
+    with sync_client() as c:
+        for _ in range(3):
+            assert c.get(f"http://{server.addr}/a").content == b"/a"
+            clock.now += transport._FRESH_S / 2
+        assert selects == [], "a connection that answered within the fresh window was looked at"
+        clock.now += transport._FRESH_S
+        assert c.get(f"http://{server.addr}/b").content == b"/b"
+        assert len(selects) == 1
+    assert server.connections == 1
+
+
+def test_a_changed_timeout_applies_on_a_reused_connection(server: TinyServer) -> None:
+    # The socket's timeout is set only when it changes: a short read timeout after long ones must still bite.
+    with httpx.Client(transport=SyncTransport(max_connections_per_host=1)) as c:
+        for _ in range(2):
+            assert c.get(f"http://{server.addr}/x", timeout=5.0).content == b"/x"
+        t = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            c.get(f"http://{server.addr}/block", timeout=httpx.Timeout(5.0, read=0.3))
+        assert time.monotonic() - t < 2.0
+        server.release.set()
+        assert c.get(f"http://{server.addr}/after", timeout=5.0).content == b"/after"
+
+
 def test_read_timeout_is_bounded(server: TinyServer) -> None:
     with sync_client() as c:
         t = time.monotonic()
