@@ -28,6 +28,11 @@ class HAConfig:
     """``haHousekeepingInterval``: either side drops the link after this long without reading a byte."""
     ha_transfer_batch_size: int = attrs.field(default=32 * 1024, validator=_positive)
     """``haTransferBatchSize``: largest body of one transfer frame."""
+    ha_transfer_delay_ms: int = attrs.field(default=0)
+    """Master: at most this long between an append and its transfer to idle slaves, while fewer than
+    ``ha_transfer_batch_size`` bytes are waiting (0: every append is sent at once). Gathers the small appends of
+    an ASYNC_MASTER into one frame, one slave wake-up and one report; a SYNC_MASTER needs 0 (its sends wait for
+    the ack). The broker sets it from ``haAsyncTransferDelayMs`` on an ASYNC_MASTER only."""
     ha_max_gap_not_in_sync: int = attrs.field(default=256 * 1024 * 1024, validator=_positive)
     """``haMaxGapNotInSync``: a connected slave whose own last ack is this far or further behind a put is not in
     sync (strict ``<``)."""
@@ -78,6 +83,8 @@ class HAConfig:
     """``tlsEnable``: the slave connects with this context (verifies the master against ``tlsCaFile``)."""
 
     def __attrs_post_init__(self) -> None:
+        if self.ha_transfer_delay_ms < 0:
+            raise ValueError(f"ha_transfer_delay_ms ({self.ha_transfer_delay_ms}) must be >= 0")
         if self.min_in_sync_replicas > self.in_sync_replicas:
             raise ValueError(
                 f"min_in_sync_replicas ({self.min_in_sync_replicas}) must be <= "

@@ -258,6 +258,27 @@ def test_ha_config() -> None:
             h.ha_max_gap_not_in_sync) == (100, 900, 4096, 777)
 
 
+@pytest.mark.parametrize(
+    ("props", "delay_ms"),
+    [
+        ({}, 2),  # ASYNC_MASTER by default: small appends gathered for up to 2 ms
+        ({"haAsyncTransferDelayMs": "0"}, 0),
+        ({"haAsyncTransferDelayMs": "100"}, 100),  # RocketMQ's writer wait
+        ({"brokerRole": "SYNC_MASTER"}, 0),  # its sends wait for the ack: every append goes at once
+        ({"brokerRole": "SYNC_MASTER", "haAsyncTransferDelayMs": "50"}, 0),
+        ({"brokerRole": "SLAVE", "brokerId": "1", "haAsyncTransferDelayMs": "50"}, 0),
+    ],
+)
+def test_async_transfer_delay_reaches_only_an_async_master(props: dict[str, str], delay_ms: int) -> None:
+    assert load(props).to_ha_config().ha_transfer_delay_ms == delay_ms
+
+
+@pytest.mark.parametrize("value", ["-1", "60001", "2ms"])
+def test_async_transfer_delay_bounds(value: str) -> None:
+    with pytest.raises(ConfigError, match=f"haAsyncTransferDelayMs={value!r}|haAsyncTransferDelayMs={value}"):
+        load({"haAsyncTransferDelayMs": value})
+
+
 def test_in_sync_replica_keys() -> None:
     h = load({}).to_ha_config()  # a SYNC_MASTER waits for one slave ack by default (decision 5)
     assert (h.in_sync_replicas, h.min_in_sync_replicas, h.enable_auto_in_sync_replicas) == (2, 1, False)

@@ -572,3 +572,86 @@ def test_a_push_the_socket_cannot_take_whole_is_finished_by_the_writer_in_order(
                 assert bytes(got) == kind.read_range(master, begin, end)
 
     run(scenario())
+
+
+def _frames_until(sock: socket.socket, begin: int, end: int) -> list[tuple[int, int]]:
+    """``(phyOffset, size)`` of the data frames from ``begin`` until ``end`` (blocking reads)."""
+    decoder = FrameDecoder(1 << 22)
+    frames: list[tuple[int, int]] = []
+    pos = begin
+    while pos < end:
+        for frame in decoder.feed(memoryview(sock.recv(1 << 20))):
+            if frame.body:
+                assert frame.phy_offset == pos, f"frame at {frame.phy_offset}, expected {pos}"
+                frames.append((frame.phy_offset, len(frame.body)))
+                pos += len(frame.body)
+    return frames
+
+
+def test_small_appends_wait_for_the_transfer_delay_and_go_together(
+    run: Run, kind: Any, stores: Callable[[str], Any]
+) -> None:
+    """An ASYNC_MASTER's small appends are not sent from the append: the writer sends them together once
+    ``ha_transfer_delay_ms`` has passed, in one frame."""
+    config = HAConfig(ha_send_heartbeat_interval_ms=60_000, ha_housekeeping_interval_ms=120_000,
+                      ha_transfer_delay_ms=50)
+    master = stores("master")
+    begin = kind.write(master, 2, 500)
+
+    async def scenario() -> None:
+        async with master_service(master, config) as service:
+            with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
+                sock.sendall(encode_report(begin))
+                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
+                conn = next(iter(service._conns.values()))
+                assert conn.sent_to == begin
+                kind.write(master, 1, 300)
+                end = kind.write(master, 1, 300)
+                assert conn.sent_to == begin, "a small append was sent at once"
+                await wait_until(lambda: conn.sent_to == end, "the delayed transfer")
+                sock.settimeout(DEADLINE_S)
+                assert _frames_until(sock, begin, end) == [(begin, end - begin)]
+
+    run(scenario())
+
+
+def test_a_transfer_batch_of_waiting_bytes_goes_at_once_despite_the_delay(
+    run: Run, kind: Any, stores: Callable[[str], Any]
+) -> None:
+    """Once ``ha_transfer_batch_size`` bytes wait, the append sends them itself (a minute's delay notwithstanding)."""
+    config = HAConfig(ha_send_heartbeat_interval_ms=60_000, ha_housekeeping_interval_ms=120_000,
+                      ha_transfer_batch_size=4096, ha_transfer_delay_ms=60_000)
+    master = stores("master")
+    begin = kind.write(master, 2, 500)
+
+    async def scenario() -> None:
+        async with master_service(master, config) as service:
+            with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
+                sock.sendall(encode_report(begin))
+                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
+                end = kind.write(master, 2, 2200)  # > 4096 bytes waiting once both are in (one append or two)
+                sock.settimeout(2.0)  # blocking the loop: only a send made inside an append can arrive
+                assert _read_frames(sock, begin, end) == kind.read_range(master, begin, end)
+
+    run(scenario())
+
+
+def test_stop_cancels_a_pending_delayed_transfer(run: Run, kind: Any, stores: Callable[[str], Any]) -> None:
+    config = HAConfig(ha_send_heartbeat_interval_ms=60_000, ha_housekeeping_interval_ms=120_000,
+                      ha_transfer_delay_ms=60_000)
+    master = stores("master")
+    begin = kind.write(master, 2, 500)
+
+    async def scenario() -> None:
+        async with master_service(master, config) as service:
+            with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
+                sock.sendall(encode_report(begin))
+                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
+                kind.write(master, 1, 100)
+                timer = service._transfer_timer
+                assert timer is not None
+        assert timer.cancelled() and service._transfer_timer is None
+        kind.write(master, 1, 100)  # an append after stop schedules nothing
+        assert service._transfer_timer is None
+
+    run(scenario())
