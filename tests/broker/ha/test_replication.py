@@ -489,18 +489,33 @@ def _writers_idle(service: HAService) -> bool:
     return bool(service._conns) and all(c._idle for c in service._conns.values())
 
 
-def _read_frames(sock: socket.socket, begin: int, end: int) -> bytes:
-    """Blocking reads of the data frames from ``begin`` until ``end``; fails on a gap or the socket timeout."""
+def _data_frames(sock: socket.socket, begin: int, end: int) -> list[tuple[int, bytes]]:
+    """Blocking reads of the data frames from ``begin`` until ``end``, as ``(phyOffset, body)``; fails on a gap
+    or the socket timeout."""
     decoder = FrameDecoder(1 << 22)
-    out = bytearray()
+    frames: list[tuple[int, bytes]] = []
     pos = begin
     while pos < end:
         for frame in decoder.feed(memoryview(sock.recv(1 << 20))):
             if frame.body:
                 assert frame.phy_offset == pos, f"frame at {frame.phy_offset}, expected {pos}"
-                out += frame.body
+                frames.append((pos, bytes(frame.body)))
                 pos += len(frame.body)
-    return bytes(out)
+    return frames
+
+
+def _read_frames(sock: socket.socket, begin: int, end: int) -> bytes:
+    """The bytes of the data frames from ``begin`` until ``end`` (:func:`_data_frames`)."""
+    return b"".join(body for _, body in _data_frames(sock, begin, end))
+
+
+@contextlib.asynccontextmanager
+async def idle_raw_slave(service: HAService, begin: int) -> AsyncIterator[socket.socket]:
+    """A plain socket that reported ``begin`` to ``service``, once the master's writer is caught up and idle."""
+    with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
+        sock.sendall(encode_report(begin))
+        await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
+        yield sock
 
 
 def test_an_append_is_sent_to_an_idle_slave_before_the_loop_turns(
@@ -513,13 +528,10 @@ def test_an_append_is_sent_to_an_idle_slave_before_the_loop_turns(
     begin = kind.write(master, 5, 500)
 
     async def scenario() -> None:
-        async with master_service(master, config) as service:
-            with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
-                sock.sendall(encode_report(begin))
-                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
-                end = kind.write(master, 3, 1000)
-                sock.settimeout(2.0)  # blocking the loop: only a send made inside the append can arrive
-                assert _read_frames(sock, begin, end) == kind.read_range(master, begin, end)
+        async with master_service(master, config) as service, idle_raw_slave(service, begin) as sock:
+            end = kind.write(master, 3, 1000)
+            sock.settimeout(2.0)  # blocking the loop: only a send made inside the append can arrive
+            assert _read_frames(sock, begin, end) == kind.read_range(master, begin, end)
 
     run(scenario())
 
@@ -574,20 +586,6 @@ def test_a_push_the_socket_cannot_take_whole_is_finished_by_the_writer_in_order(
     run(scenario())
 
 
-def _frames_until(sock: socket.socket, begin: int, end: int) -> list[tuple[int, int]]:
-    """``(phyOffset, size)`` of the data frames from ``begin`` until ``end`` (blocking reads)."""
-    decoder = FrameDecoder(1 << 22)
-    frames: list[tuple[int, int]] = []
-    pos = begin
-    while pos < end:
-        for frame in decoder.feed(memoryview(sock.recv(1 << 20))):
-            if frame.body:
-                assert frame.phy_offset == pos, f"frame at {frame.phy_offset}, expected {pos}"
-                frames.append((frame.phy_offset, len(frame.body)))
-                pos += len(frame.body)
-    return frames
-
-
 def test_small_appends_wait_for_the_transfer_delay_and_go_together(
     run: Run, kind: Any, stores: Callable[[str], Any]
 ) -> None:
@@ -599,18 +597,16 @@ def test_small_appends_wait_for_the_transfer_delay_and_go_together(
     begin = kind.write(master, 2, 500)
 
     async def scenario() -> None:
-        async with master_service(master, config) as service:
-            with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
-                sock.sendall(encode_report(begin))
-                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
-                conn = next(iter(service._conns.values()))
-                assert conn.sent_to == begin
-                kind.write(master, 1, 300)
-                end = kind.write(master, 1, 300)
-                assert conn.sent_to == begin, "a small append was sent at once"
-                await wait_until(lambda: conn.sent_to == end, "the delayed transfer")
-                sock.settimeout(DEADLINE_S)
-                assert _frames_until(sock, begin, end) == [(begin, end - begin)]
+        async with master_service(master, config) as service, idle_raw_slave(service, begin) as sock:
+            conn = next(iter(service._conns.values()))
+            assert conn.sent_to == begin
+            kind.write(master, 1, 300)
+            end = kind.write(master, 1, 300)
+            assert conn.sent_to == begin, "a small append was sent at once"
+            await wait_until(lambda: conn.sent_to == end, "the delayed transfer")
+            frames = _data_frames(sock, begin, end)
+            assert [(at, len(body)) for at, body in frames] == [(begin, end - begin)]
+            assert frames[0][1] == kind.read_range(master, begin, end)
 
     run(scenario())
 
@@ -625,13 +621,10 @@ def test_a_transfer_batch_of_waiting_bytes_goes_at_once_despite_the_delay(
     begin = kind.write(master, 2, 500)
 
     async def scenario() -> None:
-        async with master_service(master, config) as service:
-            with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
-                sock.sendall(encode_report(begin))
-                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
-                end = kind.write(master, 2, 2200)  # > 4096 bytes waiting once both are in (one append or two)
-                sock.settimeout(2.0)  # blocking the loop: only a send made inside an append can arrive
-                assert _read_frames(sock, begin, end) == kind.read_range(master, begin, end)
+        async with master_service(master, config) as service, idle_raw_slave(service, begin) as sock:
+            end = kind.write(master, 2, 2200)  # > 4096 bytes waiting once both are in (one append or two)
+            sock.settimeout(2.0)  # blocking the loop: only a send made inside an append can arrive
+            assert _read_frames(sock, begin, end) == kind.read_range(master, begin, end)
 
     run(scenario())
 
@@ -643,13 +636,10 @@ def test_stop_cancels_a_pending_delayed_transfer(run: Run, kind: Any, stores: Ca
     begin = kind.write(master, 2, 500)
 
     async def scenario() -> None:
-        async with master_service(master, config) as service:
-            with socket.create_connection(("127.0.0.1", service.port), timeout=DEADLINE_S) as sock:
-                sock.sendall(encode_report(begin))
-                await wait_until(lambda: _writers_idle(service), "writer caught up and idle")
-                kind.write(master, 1, 100)
-                timer = service._transfer_timer
-                assert timer is not None
+        async with master_service(master, config) as service, idle_raw_slave(service, begin):
+            kind.write(master, 1, 100)
+            timer = service._transfer_timer
+            assert timer is not None
         assert timer.cancelled() and service._transfer_timer is None
         kind.write(master, 1, 100)  # an append after stop schedules nothing
         assert service._transfer_timer is None
