@@ -264,10 +264,13 @@ class _ProducerBase:
         live = _live_members(batch, topic)
         if not live:
             return
-        body = b"".join(p.item for p in live)
+        if len(live) == 1:  # a lone send (one thread): no join, no scans
+            body, keys, deadline = live[0].item, [live[0].uniq_key], live[0].deadline
+        else:
+            body, keys, deadline = b"".join([p.item for p in live]), [p.uniq_key for p in live], min(
+                p.deadline for p in live)
         try:
-            results = yield from self._send_op(core, topic, body, [p.uniq_key for p in live], fixed,
-                                               min(p.deadline for p in live))
+            results = yield from self._send_op(core, topic, body, keys, fixed, deadline)
         except Exception as e:  # an interruption (BaseException) leaves the members to _abandon
             for p in live:
                 p.error = e
@@ -385,10 +388,12 @@ class Producer(SyncLifecycle, _ProducerBase):
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = client.drive(self._select_op(client, msg, sharding))
-        key, fixed, me = self._admit(msg, queue, threading.Event())
+        key, fixed, me = self._admit(msg, queue, None)
         with self._lock:
             self._wait_room(len(me.item), me.deadline)
             batch = self._acc.offer(key, me)
+            if batch is None:  # it waits: its waker exists before a leader (who needs this lock) can set it
+                me.waker = threading.Event()
         if batch is None:
             if not me.waker.wait(max(0.0, me.deadline - time.monotonic()) + self.config.send_timeout_s):
                 raise RequestTimeoutError(f"send to {msg.topic} got no result within 2 x send_timeout_s")
