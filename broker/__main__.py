@@ -196,11 +196,12 @@ async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int
         return EXIT_START
     # log_config=None: uvicorn's lines go through the root handler, so they carry the broker's identity too
     # proxy_headers=False: no X-Forwarded-For rewriting (the born host is the real peer) and one ASGI layer less.
+    # server_header=False: no "server: uvicorn" on every answer (a line each client parses, and a version banner).
     limits = HttpLimits(header_timeout_s=config.http_header_timeout_ms / 1000,
                         body_timeout_s=config.http_body_timeout_ms / 1000, max_connections=config.http_max_connections)
     uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http=with_limits(CoalescingHttpToolsProtocol, limits),
                                lifespan="off", timeout_keep_alive=limits.keep_alive_timeout_s,
-                               access_log=False, proxy_headers=False,
+                               access_log=False, proxy_headers=False, server_header=False,
                                log_level="warning", log_config=None,
                                timeout_graceful_shutdown=int(HTTP_STOP_TIMEOUT_S))
     if ctrl.tls is not None:

@@ -465,6 +465,7 @@ async def serve(
     uv_config = uvicorn.Config(
         app, loop="uvloop", http=with_limits(LimitedHttpToolsProtocol, config.http_limits), lifespan="off",
         timeout_keep_alive=config.http_limits.keep_alive_timeout_s, access_log=False, log_level="warning",
+        server_header=False,
         timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S), log_config=None,
     )
     tls = config.tls_context()

@@ -52,6 +52,7 @@ def test_seeds_file_broker_registers_and_serves(servers: Servers) -> None:
 
         def routed() -> bool:
             r = nsc.get("/route", params={"topic": "SeedTopic"})
+            assert "server" not in r.headers, r.headers  # the nameserver sends no banner either
             return r.status_code == 200 and r.json()["brokerDatas"][0]["brokerAddrs"]["0"] == b.addr
 
         poll_until(routed, 10, "SeedTopic's route at the nameserver")
@@ -124,7 +125,9 @@ def test_wrong_method_unknown_path_oversize_body(strict_broker: ServerProcess) -
         assert (r.status_code, r.json()["code"]) == (400, 29) and "queueId 99" in r.json()["remark"]
         r = c.get("/pull", params={"group": "cg", "topic": "Missing", "queueId": 0, "offset": 0})
         assert (r.status_code, r.json()["code"]) == (404, 17)
-        assert c.get("/runtime").json()["brokerName"] == "broker-a"
+        r = c.get("/runtime")
+        assert r.json()["brokerName"] == "broker-a"
+        assert "server" not in r.headers and "date" in r.headers, r.headers  # no banner; Date as RFC 9110 asks
 
 
 def test_long_polling_over_http(strict_broker: ServerProcess) -> None:
