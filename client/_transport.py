@@ -124,12 +124,10 @@ _FRESH_S = 1.0
 
 
 class _SyncConnection:
-    __slots__ = ("answered_at", "sock", "timeout")
+    __slots__ = ("answered_at", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.timeout = sock.gettimeout()
-        """The socket's timeout as last set (``settimeout`` is a system call: set only when it changes)."""
         self.answered_at = -_FRESH_S
         """``time.monotonic()`` of the last complete answer."""
 
@@ -145,9 +143,9 @@ class _SyncConnection:
         return bool(readable)
 
     def _set_timeout(self, seconds: float | None) -> None:
-        if seconds != self.timeout:
+        """``settimeout`` is a system call (``ioctl``): made only when the timeout changes."""
+        if seconds != self.sock.gettimeout():
             self.sock.settimeout(seconds)
-            self.timeout = seconds
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

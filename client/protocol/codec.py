@@ -298,15 +298,12 @@ class UniqKeyGenerator:
 # --- send batches (client -> broker) --------------------------------------------------------------------
 
 
-_UNIQ_ONLY_PREFIX = f"{UNIQ_KEY}\x01".encode()
-
-
 def _message_properties(msg: Message, uniq_key: str | None, born_ms: int) -> bytes:
     if uniq_key and not msg.properties and not msg.tags and not msg.keys and not msg.delay_level \
             and msg.deliver_at_ms is None and msg.delay_s is None:
         # The common message: only the SDK's UNIQ_KEY (32 hex characters, nothing to check or escape).
         if uniq_key.isascii() and uniq_key.isalnum():
-            return _UNIQ_ONLY_PREFIX + uniq_key.encode("ascii") + b"\x02"
+            return UNIQ_PAIR + uniq_key.encode("ascii") + b"\x02"
         return encode_properties({UNIQ_KEY: uniq_key})
     props = dict(msg.properties)
     if msg.tags:
@@ -445,9 +442,7 @@ def decode_batch(data: bytes | memoryview, *, verify_crc: bool = True) -> list[B
         if verify_crc and body_crc(body) != crc:
             raise MessageIllegalError(f"batch item {len(items)} at byte {pos}: body CRC mismatch")
         props = raw[props_at + 2 : pos + size]
-        if not props:
-            items.append(new(BatchItem, (flag, sys_flag, born, crc, body, props, b"", b"", b"", 0, True)))
-        elif props.startswith(uniq_pair) and props.find(b"\x02") == props_len - 1:
+        if props.startswith(uniq_pair) and props.find(b"\x02") == props_len - 1:
             # The SDK's plain message, its unique key alone: what scan_properties reads first, without the call.
             items.append(new(BatchItem, (flag, sys_flag, born, crc, body, props, b"", b"", props[uniq_at:-1], 0,
                                          True)))

@@ -311,8 +311,8 @@ def test_exchange_keeps_alive_and_returns_status_and_body(server: TinyServer) ->
 
 
 def test_answers_do_not_share_the_connection_receive_buffer(server: TinyServer) -> None:
-    """Each connection receives into one buffer of its own, reused for every answer: an answer handed out
-    must be a copy, unchanged by the next answer on the same connection (small, and larger than the buffer)."""
+    """A thread receives every answer into one buffer of its own, reused for every answer: ``content`` must be
+    a copy, unchanged by the next answer on the same connection (small, and larger than the buffer)."""
     t = SyncTransport()
     host, port = server.addr.split(":")
     try:

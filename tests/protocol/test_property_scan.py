@@ -23,6 +23,7 @@ from client.protocol.properties import (
     NO_PROPERTIES,
     TAGS,
     UNIQ_KEY,
+    UNIQ_PAIR,
     WAIT,
     PropertyScan,
     decode_properties,
@@ -110,7 +111,7 @@ def _batch_of(props_list: list[bytes]) -> bytes:
     return b"".join(out)
 
 
-_PLAIN = st.builds(lambda v, tail: b"UNIQ_CLIENT_MESSAGE_ID_KEYIDX\x01" + v + tail,
+_PLAIN = st.builds(lambda v, tail: UNIQ_PAIR + v + tail,
                    st.binary(max_size=40), st.sampled_from([b"\x02", b"", b"\x02\x02", b"\x02TAGS\x01A", b"\x01"]))
 
 
