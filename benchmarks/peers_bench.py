@@ -392,7 +392,10 @@ class _Nats:
         try:
             yield lambda: self._do(lap())
         finally:
-            self._do(self.js.purge_stream(self.stream))
+            try:
+                self._do(self.js.purge_stream(self.stream))
+            except Exception as e:  # a stream already lost (the contest noted it): nothing left to purge
+                _note(f"purging NATS stream {self.stream} failed ({type(e).__name__}: {e})")
 
     def close(self) -> None:
         try:
@@ -422,35 +425,56 @@ def _read_run(lap: Run, seconds: float) -> Run:
 class _Result:
     workload: str
     splitmq: str
-    rates: dict[str, list[float]]
-    """Side label -> msgs/s of each round; the first side is SplitMQ."""
+    rates: dict[str, list[float | None]]
+    """Side label -> msgs/s of each round (None: the side had failed by then); the first side is SplitMQ."""
     targets: dict[str, str]
 
 
 def _contest(workload: str, sides: list[_Side], rounds: int) -> _Result:
-    """Every side once per round, the order rotating by one each round."""
-    rates: dict[str, list[float]] = {s.label: [] for s in sides}
+    """Every side once per round, the order rotating by one each round.
+
+    A peer whose run raises (an R3 JetStream stream lost in a leader election on a busy machine, say) is noted and
+    left out of its later rounds, so the other sides' figures still make the table; a SplitMQ side that raises ends
+    the run.
+    """
+    rates: dict[str, list[float | None]] = {s.label: [] for s in sides}
+    failed: set[str] = set()
     for i in range(rounds):
         for side in sides[i % len(sides):] + sides[:i % len(sides)]:
-            n, seconds = side.run()
-            rates[side.label].append(n / seconds)
+            rate = None
+            if side.label not in failed:
+                try:
+                    n, seconds = side.run()
+                    rate = n / seconds
+                except Exception as e:
+                    if side is sides[0]:
+                        raise
+                    failed.add(side.label)
+                    _note(f"{side.label} failed in round {i + 1} of {workload!r} ({type(e).__name__}: {e}); "
+                          "left out of its later rounds")
+            rates[side.label].append(rate)
     return _Result(workload, sides[0].label, rates, {s.label: s.target for s in sides})
 
 
 def _rows(result: _Result) -> list[Row]:
-    ours = result.rates[result.splitmq]
+    ours = [r for r in result.rates[result.splitmq] if r is not None]  # (SplitMQ's rounds all ran)
     med = statistics.median(ours)
     peers = [label for label in result.rates if label != result.splitmq]
     if not peers:
         return [Row(f"{result.workload}: {result.splitmq}", med, "msgs/s")]
     rows = []
     for label in peers:
-        theirs = result.rates[label]
-        per_round = [a / b for a, b in zip(ours, theirs, strict=True)]
-        rows.append(Row(f"{result.workload}: {result.splitmq}", med, "msgs/s", label, statistics.median(theirs),
-                        result.targets[label]))
-        rows.append(Row("  ratio per round: " + " ".join(f"{r:.2f}" for r in per_round) + " (median)",
-                        statistics.median(per_round), "x", f"vs {label}"))
+        pairs = [(a, b) for a, b in zip(ours, result.rates[label], strict=True) if b is not None]
+        if not pairs:
+            rows.append(Row(f"{result.workload}: {result.splitmq}", med, "msgs/s",
+                            f"{label}: failed in every round (see the notes)"))
+            continue
+        per_round = [a / b for a, b in pairs]
+        spelled = " ".join(f"{a / b:.2f}" if b is not None else "-"
+                           for a, b in zip(ours, result.rates[label], strict=True))
+        rows.append(Row(f"{result.workload}: {result.splitmq}", med, "msgs/s", label,
+                        statistics.median([b for _, b in pairs]), result.targets[label]))
+        rows.append(Row(f"  ratio per round: {spelled} (median)", statistics.median(per_round), "x", f"vs {label}"))
     return rows
 
 
@@ -550,8 +574,13 @@ def _read_rows(mq: _SplitMQ, settings: str, redis: _Redis | None, nats: list[_Na
                                _read_run(readers.enter_context(redis.replica_reader(n)), r),
                                target))
         for peer in nats:
-            reads.append(_Side(f"NATS fetch({PULL_NUMS}), R{peer.replicas}",
-                               _read_run(readers.enter_context(peer.fetcher(n)), r), _AHEAD))
+            label = f"NATS fetch({PULL_NUMS}), R{peer.replicas}"
+            try:
+                lap = readers.enter_context(peer.fetcher(n))
+            except Exception as e:  # the stream could not be filled: the other sides still race
+                _note(f"{label} left out: filling its stream failed ({type(e).__name__}: {e})")
+                continue
+            reads.append(_Side(label, _read_run(lap, r), _AHEAD))
         rows = _rows(_contest(f"read the slave, {PULL_NUMS} per pull, {settings}", reads, profile.rounds))
     _note(f"with {settings}, SplitMQ's slave answered up to {mq.largest_answer} messages per pull")
     return rows

@@ -96,3 +96,44 @@ def test_the_read_row_uses_the_slave_settings_the_docs_recommend() -> None:
     for key, value in peers_bench.SLAVE_READ_SETTINGS.items():
         assert f"`{key}={value}`" in bench, key
         assert key == "slaveReadEnable" or f"\n{key}={value}\n" in spark, key
+
+
+def test_a_peer_that_fails_is_left_out_of_its_later_rounds_and_the_table_still_prints(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    order: list[str] = []
+    runs = {"nats": 0}
+
+    def nats_dies_in_round_two() -> tuple[int, float]:
+        order.append("nats")
+        runs["nats"] += 1
+        if runs["nats"] == 2:
+            raise RuntimeError("stream not found")
+        return 100, 1.0
+
+    sides = [_fixed("ours", 300, order), _Side("nats", nats_dies_in_round_two, "> 1.0x"),
+             _fixed("redis", 150, order)]
+    result = _contest("single send", sides, rounds=3)
+    assert order == ["ours", "nats", "redis", "nats", "redis", "ours", "redis", "ours"]  # round 3 without nats
+    assert result.rates["nats"] == [100.0, None, None]
+    rows = _rows(result)
+    assert [(r.baseline_name, r.baseline, r.ratio) for r in rows[0::2]] == [("nats", 100.0, 3.0),
+                                                                            ("redis", 150.0, 2.0)]
+    assert rows[1].name == "  ratio per round: 3.00 - - (median)"
+    assert "nats failed in round 2 of 'single send' (RuntimeError: stream not found)" in capsys.readouterr().out
+
+
+def test_a_peer_that_fails_every_round_gets_a_row_that_says_so() -> None:
+    def broken() -> tuple[int, float]:
+        raise ConnectionError("refused")
+
+    rows = _rows(_contest("batch", [_fixed("ours", 300, []), _Side("nats", broken)], rounds=2))
+    assert [(r.name, r.value, r.baseline_name) for r in rows] == [
+        ("batch: ours", 300.0, "nats: failed in every round (see the notes)")]
+
+
+def test_splitmq_failing_ends_the_run() -> None:
+    def broken() -> tuple[int, float]:
+        raise RuntimeError("broker gone")
+
+    with pytest.raises(RuntimeError, match="broker gone"):
+        _contest("batch", [_Side("ours", broken), _fixed("redis", 100, [])], rounds=1)
