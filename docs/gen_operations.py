@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import enum
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
+from prometheus_client.metrics import MetricWrapperBase  # noqa: E402
 
 from broker.config import KEY_DOCS, KEYS, BrokerConfig  # noqa: E402
 from broker.metrics import BrokerMetrics  # noqa: E402
@@ -90,13 +91,24 @@ def nameserver_option_rows() -> list[str]:
     return rows
 
 
+def _described(collector: Any) -> Iterator[tuple[str, str, Sequence[str], str]]:
+    """``(name, type, label names, help)`` of each metric a collector registers: a prometheus_client metric's own,
+    or the families another collector describes (the broker's data-path counts)."""
+    if isinstance(collector, MetricWrapperBase):
+        yield collector._name, str(collector._type), collector._labelnames, collector._documentation
+    else:
+        for family in collector.describe():
+            yield family.name, str(family.type), getattr(family, "_labelnames", ()), family.documentation
+
+
 def _metric_rows(collectors: Iterable[Any]) -> list[str]:
     rows = []
     for c in collectors:
-        name = c._name + ("_total" if c._type == "counter" else "")
-        labels = ", ".join(c._labelnames) or "-"
-        origin = "SplitMQ" if c._name.startswith("splitmq_") else "RocketMQ 5 exporter"
-        rows.append(f"| `{name}` | {c._type} | {labels} | {origin} | {_cell(c._documentation)} |")
+        for base, kind, labelnames, doc in _described(c):
+            name = base + ("_total" if kind == "counter" else "")
+            labels = ", ".join(labelnames) or "-"
+            origin = "SplitMQ" if base.startswith("splitmq_") else "RocketMQ 5 exporter"
+            rows.append(f"| `{name}` | {kind} | {labels} | {origin} | {_cell(doc)} |")
     return rows
 
 
