@@ -6,6 +6,7 @@ use it, so their error answers have one shape (see :mod:`client.protocol.wire`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -302,11 +303,23 @@ def parse_query(qs: bytes) -> dict[str, str]:
         if field:
             name, _, value = field.partition("=")
             if "%" in name or "+" in name:
-                name = unquote(name.replace("+", " "))
+                name = _unquote_plus(name)
             if "%" in value or "+" in value:
-                value = unquote(value.replace("+", " "))
+                value = _unquote_plus(value)
             query[name] = value
     return query
+
+
+@functools.lru_cache(maxsize=512)
+def _unquote_plus_short(text: str) -> str:
+    return unquote(text.replace("+", " "))
+
+
+def _unquote_plus(text: str) -> str:
+    """``text`` decoded as a query name or value (``+`` is a space). Short ones come from a bounded cache: a
+    consumer sends the same escaped value with every pull (``subExpression=%2A``), and ``unquote`` cost about 1 µs
+    of the pull's ~2 µs query parse."""
+    return _unquote_plus_short(text) if len(text) <= 64 else unquote(text.replace("+", " "))
 
 
 
