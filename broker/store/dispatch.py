@@ -130,6 +130,11 @@ class Dispatcher:
         while pending and pending[0][0] < reput:
             self._forget(pending.popleft())
 
+    def _next_handover_start(self) -> int | None:
+        """Where the oldest kept hand-over starts (None: none kept)."""
+        with self._handover_lock:
+            return self._handovers[0][0] if self._handovers else None
+
     def _take_handover(self, reput: int) -> _Handover | None:
         """The hand-over of the batch that starts at ``reput``, if any; drops older ones (already parsed)."""
         pending = self._handovers
@@ -183,8 +188,14 @@ class Dispatcher:
                 consumed += entry[1] - reput
                 self.reput = entry[1]
                 continue
-            new_pos, blank = self._dispatch_file(mf.mm, mf.start, mf.size, pos, mf.wrote,
-                                                 pos + max_bytes - consumed, notify)
+            budget_end = pos + max_bytes - consumed
+            ahead = self._next_handover_start()
+            if ahead is not None and ahead - mf.start > pos:
+                # Parse only up to the next hand-over (a batch's first record). Stopping inside a batch would
+                # drop its hand-over and the next one's, and each pass after would parse again while dispatch is
+                # more than a chunk behind: under a steady load, for good.
+                budget_end = min(budget_end, ahead - mf.start)
+            new_pos, blank = self._dispatch_file(mf.mm, mf.start, mf.size, pos, mf.wrote, budget_end, notify)
             if blank:
                 new_pos = mf.size
             consumed += new_pos - pos

@@ -110,3 +110,52 @@ def test_a_failed_dispatch_is_logged_and_retried(caplog: pytest.LogCaptureFixtur
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError, match="chunk_bytes"):
         DispatchDriver(ScriptedStore(), chunk_bytes=0)
+
+
+def test_steps_keep_pace_with_what_each_turn_appends() -> None:
+    """Other requests append 500 bytes a loop turn, five chunks' worth: each step takes what was appended since
+    the step before plus a chunk, so the backlog shrinks to nothing instead of growing by 400 bytes a turn."""
+
+    async def main() -> None:
+        store = ScriptedStore(300)
+        driver = DispatchDriver(store, chunk_bytes=100, step_max_bytes=10_000)
+        end = 1_000
+        driver.wake(end)
+        task = asyncio.get_running_loop().create_task(driver.run())
+        backlog: list[int] = []
+        try:
+            for _ in range(40):  # the senders' turns
+                await asyncio.sleep(0)
+                store.behind += 500
+                end += 500
+                driver.wake(end)
+                backlog.append(store.behind)
+            assert max(backlog[10:]) <= 600, backlog
+            await waiting.wait_until(lambda: store.behind == 0, 5.0, "the last appends dispatched")
+            assert max(store.calls[1:]) <= 600  # (the first step takes what the first turns appended)
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_step_takes_at_most_step_max_bytes() -> None:
+    async def main() -> None:
+        store = ScriptedStore()
+        driver = DispatchDriver(store, chunk_bytes=100, step_max_bytes=1_000)
+        driver.wake(1_000)
+        store.behind = 5_000  # one append event of 5,000 bytes (a slave's large replicated piece)
+        driver.wake(6_000)
+        task = asyncio.get_running_loop().create_task(driver.run())
+        try:
+            await waiting.wait_until(lambda: store.behind == 0, 5.0, "the backlog dispatched")
+            assert store.calls[0] == 1_000 and max(store.calls) == 1_000
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+
+
+def test_the_step_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="step_max_bytes >= chunk_bytes"):
+        DispatchDriver(ScriptedStore(), chunk_bytes=100, step_max_bytes=99)

@@ -199,3 +199,40 @@ def test_hand_over_holds_at_most_its_byte_bound(make_store: StoreFactory, monkey
     assert cq is not None
     assert [u[3] for u in cq.iter_units(0)] == [tags_hash(f"Tag{i}") for i in range(6) for _ in range(3)]
     assert len(store.query_message("T", "key-0", 8, 0, 1 << 62).records) == 3
+
+
+def test_a_gap_without_hand_over_is_parsed_up_to_the_next_one(make_store: StoreFactory,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch without a hand-over (dropped, as past the bound or after a restart) is parsed from the log, and
+    parsing stops where the next hand-over starts, even when the pass's byte budget reaches into that batch: the
+    batches after it are still built from their hand-overs, not parsed for as long as dispatch is behind."""
+    store = make_store()
+    uniq = UniqKeyGenerator()
+    gap = store.append_batch("T", 0, _items("T", [("Tag0", "key-0")] * 3, uniq), born_host=BORN_HOST)
+    store.dispatcher.drop_handovers()
+    for i in range(1, 6):
+        store.append_batch("T", 0, _items("T", [(f"Tag{i}", f"key-{i}")] * 3, uniq), born_host=BORN_HOST)
+    parsed: list[int] = []
+    handed: list[int] = []
+    dispatcher = store.dispatcher
+    real_file, real_handover = dispatcher._dispatch_file, dispatcher._dispatch_handover
+
+    def from_file(mm, file_start, file_size, pos, limit, budget_end, notify):  # type: ignore[no-untyped-def]
+        new_pos, blank = real_file(mm, file_start, file_size, pos, limit, budget_end, notify)
+        parsed.append(new_pos - pos)
+        return new_pos, blank
+
+    def from_handover(entry, notify):  # type: ignore[no-untyped-def]
+        handed.append(entry[0])
+        real_handover(entry, notify)
+
+    monkeypatch.setattr(dispatcher, "_dispatch_file", from_file)
+    monkeypatch.setattr(dispatcher, "_dispatch_handover", from_handover)
+    budget = gap.wrote_bytes * 3 // 2  # ends inside the second batch
+    while store.dispatch_available(budget):
+        pass
+    assert parsed == [gap.wrote_bytes]
+    assert len(handed) == 5
+    cq = store.cqs.get("T", 0)
+    assert cq is not None
+    assert [u[3] for u in cq.iter_units(0)] == [tags_hash(f"Tag{i}") for i in range(6) for _ in range(3)]
