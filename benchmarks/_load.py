@@ -13,13 +13,13 @@ from client.cluster import LocalCluster
 __all__ = ["send_batch_rate", "settle_group", "wait_for"]
 
 
-def wait_for(pred: Callable[[], object], timeout_s: float, what: str) -> None:
-    """Until ``pred()`` is truthy; TimeoutError naming ``what`` after ``timeout_s``."""
+def wait_for(pred: Callable[[], object], timeout_s: float, what: str, *, interval_s: float = 0.02) -> None:
+    """Until ``pred()`` is truthy, asked every ``interval_s``; TimeoutError naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not pred():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not within {timeout_s} s")
-        time.sleep(0.02)  # polling servers with a deadline
+        time.sleep(interval_s)  # polling servers with a deadline
 
 
 def settle_group(cluster: LocalCluster, group: str, timeout_s: float) -> None:

@@ -15,9 +15,11 @@
   had reached the offset the slave has acked);
 * :func:`bench_slave_pull` -- pull from the slave (``slaveReadEnable=true``, consumer pinned to broker id 1),
   32 per request, decoded, overlapping pulls on 8 queues: several threads with :class:`PullConsumer`, and one
-  :class:`AsyncPullConsumer` with one coroutine per queue (target >= 100,000 msgs/s).
+  :class:`AsyncPullConsumer` with one coroutine per queue (target >= 100,000 msgs/s);
+* :func:`bench_visibility` -- while 64 senders in flight saturate an ASYNC_MASTER, how long a probe message
+  takes from its send to being readable (median, and the slowest probe: target <= 1 s).
 
-``python -m benchmarks.ha_bench [--quick]`` runs all three and prints the rows. The brokers run the default
+``python -m benchmarks.ha_bench [--quick]`` runs all four and prints the rows. The brokers run the default
 configuration (the message index on) apart from a faster nameserver registration, which only shortens the
 start, and an ``haAuthSecret``, as a production cluster should have: the handshake happens once per connection
 and the stream after it is the plain protocol, so the figures are those of replication itself.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import multiprocessing
 import os
 import statistics
 import sys
@@ -325,10 +328,59 @@ def bench_slave_pull(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bo
     ]
 
 
+def _saturate(namesrv: str, topic: str, seconds: float, senders: int) -> None:
+    """The load of :func:`bench_visibility`, in a child process: ``senders`` batches of 64 in flight."""
+    _batch_rate_tasks(namesrv, topic, seconds, senders)
+
+
+#: Pause between two probes of :func:`bench_visibility` (pacing, so the probes stay a small load).
+_PROBE_EVERY_S = 0.2
+
+
+def bench_visibility(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bool = False
+                     ) -> list[dict[str, Any]]:
+    """How long a message sent while 64 senders in flight saturate an ASYNC_MASTER takes to become readable.
+
+    A probe sends one message to a topic of its own and polls the master's max offset of that queue until the
+    message is counted, then waits :data:`_PROBE_EVERY_S` and probes again, for as long as the load runs. Dispatch
+    runs in log order, so this is how far dispatch trails the log, plus the probe's own send under the load. The
+    load runs in a child process, so it does not starve the probe of the GIL.
+    """
+    seconds = 3.0 if quick else 8.0
+    with _cluster(tmp_dir, "visible", mode="async") as cluster:
+        topic, probe_topic = _topic(cluster, 4), _topic(cluster, 1)
+        load = multiprocessing.get_context("spawn").Process(
+            target=_saturate, args=(cluster.namesrv_addr, topic, seconds, 64), daemon=True)
+        waits: list[float] = []
+        with Producer("bench_probe", cluster.namesrv_addr) as p, \
+                PullConsumer("bench_probe", cluster.namesrv_addr) as pc:
+            probe_mq = pc.fetch_subscribe_message_queues(probe_topic)[0]
+            load_mqs = pc.fetch_subscribe_message_queues(topic)
+            load.start()
+            try:
+                wait_for(lambda: any(pc.max_offset(mq) > 0 for mq in load_mqs), 60, "the load sending")
+                while load.is_alive():
+                    before = pc.max_offset(probe_mq)
+                    t0 = time.perf_counter()
+                    p.send(Message(probe_topic, b"probe"), probe_mq)
+                    wait_for(lambda b=before: pc.max_offset(probe_mq) > b, 60, "the probe readable", interval_s=0.002)
+                    waits.append((time.perf_counter() - t0) * 1000)
+                    time.sleep(_PROBE_EVERY_S)
+            finally:
+                load.join(seconds + 60)
+    if not waits:
+        raise RuntimeError("no probe completed while the load ran")
+    return [
+        _row(f"message readable after its send, 64 senders in flight (median of {len(waits)} probes)",
+             statistics.median(waits), "ms"),
+        _row("  slowest probe", max(waits), "ms", target="<= 1,000"),
+    ]
+
+
 def run(quick: bool = False, tmp_dir: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
     """Every HA benchmark, rows in order."""
     return [*bench_send_batch_sync_vs_async(tmp_dir, quick=quick), *bench_replication_lag(tmp_dir, quick=quick),
-            *bench_slave_pull(tmp_dir, quick=quick)]
+            *bench_slave_pull(tmp_dir, quick=quick), *bench_visibility(tmp_dir, quick=quick)]
 
 
 def run_rows(quick: bool) -> list[Row]:
