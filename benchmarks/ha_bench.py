@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import multiprocessing
 import os
 import statistics
@@ -333,6 +334,10 @@ def _saturate(namesrv: str, topic: str, seconds: float, senders: int) -> None:
     _batch_rate_tasks(namesrv, topic, seconds, senders)
 
 
+def _grew(pc: PullConsumer, mq: MessageQueue, before: int) -> bool:
+    return pc.max_offset(mq) > before
+
+
 #: Pause between two probes of :func:`bench_visibility` (pacing, so the probes stay a small load).
 _PROBE_EVERY_S = 0.2
 
@@ -363,7 +368,8 @@ def bench_visibility(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bo
                     before = pc.max_offset(probe_mq)
                     t0 = time.perf_counter()
                     p.send(Message(probe_topic, b"probe"), probe_mq)
-                    wait_for(lambda b=before: pc.max_offset(probe_mq) > b, 60, "the probe readable", interval_s=0.002)
+                    wait_for(functools.partial(_grew, pc, probe_mq, before), 60, "the probe readable",
+                             interval_s=0.002)
                     waits.append((time.perf_counter() - t0) * 1000)
                     time.sleep(_PROBE_EVERY_S)
             finally:
