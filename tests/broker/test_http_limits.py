@@ -4,6 +4,7 @@ closed by the deadlines; connections past the cap are closed at once with a log 
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -67,3 +68,32 @@ def test_connections_past_the_cap_are_closed_with_a_log_line(servers: Servers) -
     # Once the held ones are gone, requests are served again.
     poll_until(lambda: httpx.get(f"{b.url}/metrics", timeout=5).status_code == 200, 10, "the broker to serve",
                ignore=(httpx.HTTPError,))
+
+
+def _raw_answer(addr: str, request: bytes) -> tuple[bytes, bytes]:
+    """The head and body of the one answer to ``request``, read until the server closes."""
+    with _connect(addr) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head, body
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /ha?\t[[[ HTTP/1.1\r\nHost: x\r\n\r\n",  # a control character in the target
+    b"POST /send HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not HTTP at all\r\n\r\n",  # TLS to a plain port
+])
+def test_a_request_the_http_parser_refuses_gets_a_coded_json_error(servers: Servers, request_bytes: bytes) -> None:
+    """Every error of the servers carries a RocketMQ code, also the ones the HTTP layer answers before routing."""
+    ns = servers.nameserver()
+    b = servers.broker({"brokerName": "bad-http"}, name="bad-http")
+    for addr in (b.addr, ns.addr):
+        head, body = _raw_answer(addr, request_bytes)
+        assert head.startswith(b"HTTP/1.1 400 "), head
+        assert b"content-type: application/json" in head.lower() and b"connection: close" in head.lower()
+        answer = json.loads(body)
+        assert answer["code"] == 29  # INVALID_PARAMETER
+        assert answer["remark"].startswith("malformed HTTP/1.1 request: ")
