@@ -11,6 +11,7 @@ from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, Stru
 from client.errors import BrokerConnectError, TopicNotExistError
 from client.protocol import wire
 from client.protocol.codes import PullStatus
+from client.protocol.message import MessageQueue
 from client.protocol.route import BrokerData, QueueData, TopicRouteData
 from spark_connector.offsets import QueueKey
 from spark_connector.options import OptionError, SinkOptions, parse_source_options
@@ -38,7 +39,7 @@ class FakeOffsets:
     def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
         return ROUTE
 
-    def queue_offset(self, addr: str, kind: str, key: QueueKey, *, timestamp_ms: int | None = None) -> int:
+    def queue_offset(self, addr: str, kind: str, mq: MessageQueue, *, timestamp_ms: int | None = None) -> int:
         self.asked.append((addr, kind))
         if addr in self.down:
             raise BrokerConnectError("refused", broker_addr=addr)
