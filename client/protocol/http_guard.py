@@ -12,6 +12,9 @@ descriptor each. Here:
 
 A deadline that passes closes the connection (no answer can be framed for a request that is not all there).
 
+A request the HTTP parser refuses is answered as every other error of these servers is: 400 with a JSON body
+carrying a RocketMQ code (``INVALID_PARAMETER``), where uvicorn answers in plain text; then the connection closes.
+
 Over TLS a close sends ``close_notify`` and then waits for the client's, which an idle pooled client never reads
 (the SDK's sync transport reads only when it asks something): the connection would linger for the event loop's
 TLS shutdown timeout (30 s), holding a connection slot and the server's graceful stop. So once a TLS connection
