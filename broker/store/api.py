@@ -248,6 +248,11 @@ class MessageStore(Protocol):
     def dispatch_behind_bytes(self) -> int:
         """``max_physical_offset - reput offset``."""
 
+    @property
+    def dispatch_handover_bytes(self) -> int:
+        """Of those, the bytes of appended batches handed over to dispatch (built from what the send path read,
+        without parsing); 0 on a slave."""
+
     # reads ----------------------------------------------------------------------------------------------
     def get_message(
         self,

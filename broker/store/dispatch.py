@@ -130,6 +130,11 @@ class Dispatcher:
         while pending and pending[0][0] < reput:
             self._forget(pending.popleft())
 
+    @property
+    def handover_bytes(self) -> int:
+        """Bytes of the batches handed over and not dispatched yet."""
+        return self._handover_bytes
+
     def _next_handover_start(self) -> int | None:
         """Where the oldest kept hand-over starts (None: none kept)."""
         with self._handover_lock:

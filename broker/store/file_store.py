@@ -445,6 +445,10 @@ class FileMessageStore:
     def dispatch_behind_bytes(self) -> int:
         return max(0, self.max_physical_offset - self.dispatcher.reput)
 
+    @property
+    def dispatch_handover_bytes(self) -> int:
+        return self.dispatcher.handover_bytes
+
     def truncate(self, physical_offset: int) -> None:
         """Drop commit-log bytes from ``physical_offset`` on, and the consume-queue units pointing there."""
         with self.dispatcher.lock:

@@ -133,6 +133,10 @@ class FakeStore:
     def dispatch_behind_bytes(self) -> int:
         return len(self.log) - self.reput
 
+    @property
+    def dispatch_handover_bytes(self) -> int:
+        return 0  # every record is parsed back from the log
+
     # reads
     def get_message(self, group: str, topic: str, queue_id: int, offset: int, max_nums: int, max_bytes: int,
                     tag_filter: TagFilter | None = None, record_filter: RecordFilter | None = None

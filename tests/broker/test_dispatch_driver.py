@@ -18,6 +18,8 @@ class ScriptedStore:
 
     def __init__(self, behind: int = 0, *, fail_times: int = 0) -> None:
         self.behind = behind
+        self.handed = 0
+        """Of ``behind``, the bytes handed over by the send path (dispatched first, as the store does)."""
         self.calls: list[int] = []
         self.fail_times = fail_times
 
@@ -27,12 +29,17 @@ class ScriptedStore:
             raise OSError("injected dispatch failure")
         step = min(self.behind, max_bytes)
         self.behind -= step
+        self.handed = max(0, self.handed - step)
         self.calls.append(step)
         return step
 
     @property
     def dispatch_behind_bytes(self) -> int:
         return self.behind
+
+    @property
+    def dispatch_handover_bytes(self) -> int:
+        return self.handed
 
 
 def test_catch_up_is_bounded_and_says_whether_anything_is_left() -> None:
@@ -112,40 +119,51 @@ def test_bad_bounds_are_refused() -> None:
         DispatchDriver(ScriptedStore(), chunk_bytes=0)
 
 
-def test_steps_keep_pace_with_what_each_turn_appends() -> None:
-    """Other requests append 500 bytes a loop turn, five chunks' worth: each step takes what was appended since
-    the step before plus a chunk, so the backlog shrinks to nothing instead of growing by 400 bytes a turn."""
+def _load(store: ScriptedStore, driver: DispatchDriver, turns: int, per_turn: int, *, handed: bool) -> list[int]:
+    """``turns`` loop turns that each append ``per_turn`` bytes (handed over, as a master's sends, or not, as a
+    slave's replicated bytes) and wake the driver; the backlog after each turn."""
 
-    async def main() -> None:
-        store = ScriptedStore(300)
-        driver = DispatchDriver(store, chunk_bytes=100, step_max_bytes=10_000)
-        end = 1_000
-        driver.wake(end)
+    async def main() -> list[int]:
         task = asyncio.get_running_loop().create_task(driver.run())
         backlog: list[int] = []
         try:
-            for _ in range(40):  # the senders' turns
+            for _ in range(turns):
                 await asyncio.sleep(0)
-                store.behind += 500
-                end += 500
-                driver.wake(end)
+                store.behind += per_turn
+                if handed:
+                    store.handed += per_turn
+                driver.wake()
                 backlog.append(store.behind)
-            assert max(backlog[10:]) <= 600, backlog
             await waiting.wait_until(lambda: store.behind == 0, 5.0, "the last appends dispatched")
-            assert max(store.calls[1:]) <= 600  # (the first step takes what the first turns appended)
         finally:
             task.cancel()
+        return backlog
 
-    asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_steps_keep_pace_with_what_the_send_path_hands_over() -> None:
+    """Senders append 500 bytes a loop turn, five chunks' worth, all handed over: each step takes what is handed
+    over plus a chunk, so the backlog stays bounded instead of growing by 400 bytes a turn."""
+    store = ScriptedStore(300)
+    backlog = _load(store, DispatchDriver(store, chunk_bytes=100, step_max_bytes=10_000), 40, 500, handed=True)
+    assert max(backlog[10:]) <= 1_000, backlog
+
+
+def test_replicated_bytes_are_dispatched_a_chunk_a_step() -> None:
+    """A slave's appends carry no hand-over: its steps stay a chunk each, so a slave catching up spends its turns
+    replicating first (the backlog is dispatched once replication pauses)."""
+    store = ScriptedStore()
+    backlog = _load(store, DispatchDriver(store, chunk_bytes=100, step_max_bytes=10_000), 20, 500, handed=False)
+    assert backlog[-1] >= 20 * 400 - 500, backlog  # 100 a turn dispatched, 500 appended
+    assert max(store.calls) == 100
 
 
 def test_a_step_takes_at_most_step_max_bytes() -> None:
     async def main() -> None:
-        store = ScriptedStore()
+        store = ScriptedStore(5_000)
+        store.handed = 5_000  # one append event of 5,000 handed-over bytes
         driver = DispatchDriver(store, chunk_bytes=100, step_max_bytes=1_000)
-        driver.wake(1_000)
-        store.behind = 5_000  # one append event of 5,000 bytes (a slave's large replicated piece)
-        driver.wake(6_000)
         task = asyncio.get_running_loop().create_task(driver.run())
         try:
             await waiting.wait_until(lambda: store.behind == 0, 5.0, "the backlog dispatched")
