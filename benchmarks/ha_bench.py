@@ -17,9 +17,11 @@
   32 per request, decoded, overlapping pulls on 8 queues: several threads with :class:`PullConsumer`, and one
   :class:`AsyncPullConsumer` with one coroutine per queue (target >= 100,000 msgs/s);
 * :func:`bench_visibility` -- while 64 senders in flight saturate an ASYNC_MASTER, how long a probe message
-  takes from its send to being readable (median, and the slowest probe: target <= 1 s).
+  takes from its send to being readable (median, and the slowest probe: target <= 1 s);
+* :func:`bench_catch_up` -- a slave resumed behind a backlog: its replication rate against the rate the master
+  wrote the backlog at (target >= 1.0x), and when the backlog is dispatched on the slave.
 
-``python -m benchmarks.ha_bench [--quick]`` runs all four and prints the rows. The brokers run the default
+``python -m benchmarks.ha_bench [--quick]`` runs all five and prints the rows. The brokers run the default
 configuration (the message index on) apart from a faster nameserver registration, which only shortens the
 start, and an ``haAuthSecret``, as a production cluster should have: the handshake happens once per connection
 and the stream after it is the plain protocol, so the figures are those of replication itself.
@@ -329,6 +331,44 @@ def bench_slave_pull(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bo
     ]
 
 
+def _acked(master_addr: str) -> int:
+    """The slave's acknowledged offset, as the master's ``GET /ha`` shows it (0 with no slave connected)."""
+    slaves = httpx.get(f"http://{master_addr}/ha", timeout=5).json()["slaves"]
+    return int(slaves[0]["ackOffset"]) if slaves else 0
+
+
+def bench_catch_up(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bool = False) -> list[dict[str, Any]]:
+    """A slave stopped (SIGSTOP) while one thread sends batches of 64 to its master, then resumed: how fast it
+    replicates the backlog, against how fast the master wrote it (a slave slower than its master never catches up
+    under a steady load; target >= 1.0x), and how long until the backlog is dispatched on the slave too."""
+    seconds = 1.5 if quick else 4.0
+    with _cluster(tmp_dir, "catchup", mode="async") as cluster:
+        topic = _topic(cluster, 4)
+        master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+        start = _acked(master.addr)
+        slave.pause()
+        try:
+            with Producer("bench_ha_catchup", cluster.namesrv_addr) as p:
+                t0 = time.perf_counter()
+                send_batch_rate(p, [Message(topic, BODY) for _ in range(64)], seconds)
+                wrote_s = time.perf_counter() - t0
+            end = int(master.runtime()["commitLogMaxOffset"])
+        finally:
+            t0 = time.perf_counter()
+            slave.resume()
+        wait_for(lambda: _acked(master.addr) >= end, 300, "the slave caught up", interval_s=0.005)
+        replicated_s = time.perf_counter() - t0
+        wait_for(lambda: int(slave.runtime()["dispatchBehindBytes"]) == 0, 300, "the slave's dispatch",
+                 interval_s=0.005)
+        dispatched_s = time.perf_counter() - t0
+    mb = (end - start) / 1e6
+    return [
+        _row(f"slave resumed {mb:.0f} MB behind: replicated", mb / replicated_s, "MB/s",
+             "the master writing them", mb / wrote_s, ">= 1.0x"),
+        _row("  the backlog dispatched on the slave, after the resume", dispatched_s, "s"),
+    ]
+
+
 def _saturate(namesrv: str, topic: str, seconds: float, senders: int) -> None:
     """The load of :func:`bench_visibility`, in a child process: ``senders`` batches of 64 in flight."""
     _batch_rate_tasks(namesrv, topic, seconds, senders)
@@ -386,7 +426,8 @@ def bench_visibility(tmp_dir: str | os.PathLike[str] | None = None, *, quick: bo
 def run(quick: bool = False, tmp_dir: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
     """Every HA benchmark, rows in order."""
     return [*bench_send_batch_sync_vs_async(tmp_dir, quick=quick), *bench_replication_lag(tmp_dir, quick=quick),
-            *bench_slave_pull(tmp_dir, quick=quick), *bench_visibility(tmp_dir, quick=quick)]
+            *bench_slave_pull(tmp_dir, quick=quick), *bench_visibility(tmp_dir, quick=quick),
+            *bench_catch_up(tmp_dir, quick=quick)]
 
 
 def run_rows(quick: bool) -> list[Row]:
