@@ -159,14 +159,14 @@ class _StateCollector(Collector):
         yield lag
 
 
-class BrokerMetrics:
+class BrokerMetrics(Collector):
     """Counters the processors bump; :meth:`render` is the ``GET /metrics`` body.
 
     The data path's counts (messages and bytes in and out, requests by code, the request latency histogram) are
     plain ints, bumped on the broker's event loop, which is the only thread that calls these methods (the
     processors, the router's hook, the schedule and timer services all run on it): a prometheus_client child
-    takes a lock per bump, and the six or so bumps of a request cost about 2 µs that way. They are turned into
-    metric families at scrape time (:class:`_CountsCollector`).
+    takes a lock per bump, and the six or so bumps of a request cost about 2 µs that way. This object is also
+    the collector that turns them into metric families at scrape time (:meth:`collect`).
 
     Args:
         cluster: ``brokerClusterName``.
@@ -180,56 +180,78 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._base = (cluster, "broker", node_id)
         self._role = role
+        self._stored: dict[str, list[int]] = {}  # topic -> [messages, bytes] stored
+        self._served: dict[str, list[int]] = {}  # topic -> [messages, bytes] served to consumers
+        self._served_by_pulls = 0
+        self._requests: dict[tuple[bool, int], int] = {}  # (pull, response code) -> requests
+        # (path, status) -> [count per bucket of _LATENCY_BUCKETS and +Inf (not cumulative)..., sum of seconds]
+        self._latency: dict[tuple[str, int], list[float]] = {}
         r = self.registry
-        self.stored_by_topic: dict[str, list[int]] = {}
-        """``topic -> [messages, bytes]`` stored."""
-        self.served_by_topic: dict[str, list[int]] = {}
-        """``topic -> [messages, bytes]`` served to consumers."""
-        self.served_by_pulls = 0
-        """Messages served by pulls (``splitmq_pull_served_total`` of this broker's role)."""
-        self.requests: dict[tuple[bool, int], int] = {}
-        """``(pull, response code) -> requests`` (``pull=False``: sends)."""
-        self.latency: dict[tuple[str, int], list[float]] = {}
-        """``(path, status) -> [count per bucket of _LATENCY_BUCKETS and +Inf (not cumulative)..., sum]``."""
-        r.register(_CountsCollector(self))
+        r.register(self)
         self.parked_pulls = Gauge("splitmq_parked_pulls", "Pulls waiting in long polling", registry=r)
         self.commitlog_max_offset = Gauge("splitmq_commitlog_max_offset", "Commit-log max physical offset",
                                           registry=r)
         if state is not None:
             r.register(_StateCollector(self._base, state))
 
-    @property
-    def base_labels(self) -> tuple[str, str, str]:
-        """``(cluster, node_type, node_id)``."""
-        return self._base
-
-    @property
-    def role(self) -> str:
-        return self._role
-
     def stored(self, topic: str, count: int, size: int) -> None:
-        _add(self.stored_by_topic, topic, count, size)
+        _add(self._stored, topic, count, size)
 
     def served(self, topic: str, count: int, size: int) -> None:
-        _add(self.served_by_topic, topic, count, size)
-        self.served_by_pulls += count
+        _add(self._served, topic, count, size)
+        self._served_by_pulls += count
 
     def count_request(self, code: int, *, pull: bool) -> None:
         """One send (``pull=False``) or pull request answered with ``code``."""
         key = (pull, code)
-        requests = self.requests
+        requests = self._requests
         requests[key] = requests.get(key, 0) + 1
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
         """Router hook: one answered HTTP request."""
-        counts = self.latency.get((path, status))
+        counts = self._latency.get((path, status))
         if counts is None:
-            counts = self.latency[(path, status)] = [0] * (len(_LATENCY_BUCKETS) + 2)
+            counts = self._latency[(path, status)] = [0] * (len(_LATENCY_BUCKETS) + 2)
         counts[bisect_left(_LATENCY_BUCKETS, seconds)] += 1  # (le is inclusive: the first bound >= seconds)
         counts[-1] += seconds
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def describe(self) -> list[Any]:
+        return list(self.collect())  # (the registry checks names; docs/gen_operations.py lists the families)
+
+    def collect(self) -> Iterator[Any]:
+        """The data-path counts as metric families (the registry calls it at each scrape)."""
+        base = self._base
+        for (name, doc), by_topic, at in (
+            (("rocketmq_messages_in", "Messages stored"), self._stored, 0),
+            (("rocketmq_messages_out", "Messages served to consumers"), self._served, 0),
+            (("rocketmq_throughput_in", "Bytes stored"), self._stored, 1),
+            (("rocketmq_throughput_out", "Bytes served to consumers"), self._served, 1),
+        ):
+            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            for topic, pair in sorted(by_topic.items()):
+                family.add_metric((*base, topic), pair[at])
+            yield family
+        served = CounterMetricFamily("splitmq_pull_served", "Messages served by pulls, by serving role",
+                                     labels=("role",))
+        served.add_metric((self._role,), self._served_by_pulls)
+        yield served
+        for pull, name, doc in ((False, "splitmq_send_requests", "Send requests by response code"),
+                                (True, "splitmq_pull_requests", "Pull requests by response code")):
+            family = CounterMetricFamily(name, doc, labels=("code",))
+            for (is_pull, code), n in sorted(self._requests.items()):
+                if is_pull is pull:
+                    family.add_metric((str(int(code)),), n)
+            yield family
+        latency = HistogramMetricFamily("rocketmq_rpc_latency", "Seconds to answer an HTTP request",
+                                        labels=("cluster", "node_type", "node_id", "request_code", "response_code"))
+        bounds = [floatToGoString(b) for b in _LATENCY_BUCKETS] + ["+Inf"]
+        for (path, status), counts in sorted(self._latency.items()):
+            cumulative = list(accumulate(counts[:-1]))
+            latency.add_metric((*base, path, str(status)), list(zip(bounds, cumulative, strict=True)), counts[-1])
+        yield latency
 
 
 def _add(by_topic: dict[str, list[int]], topic: str, count: int, size: int) -> None:
@@ -238,48 +260,6 @@ def _add(by_topic: dict[str, list[int]], topic: str, count: int, size: int) -> N
         pair = by_topic[topic] = [0, 0]
     pair[0] += count
     pair[1] += size
-
-
-class _CountsCollector(Collector):
-    """The families of :class:`BrokerMetrics`' data-path counts, built from its ints at scrape time."""
-
-    def __init__(self, metrics: BrokerMetrics) -> None:
-        self._m = metrics
-
-    def describe(self) -> list[Any]:
-        return list(self.collect())  # (the registry checks names; docs/gen_operations.py lists the families)
-
-    def collect(self) -> Iterator[Any]:
-        m = self._m
-        base = m.base_labels
-        for (name, doc), by_topic, at in (
-            (("rocketmq_messages_in", "Messages stored"), m.stored_by_topic, 0),
-            (("rocketmq_messages_out", "Messages served to consumers"), m.served_by_topic, 0),
-            (("rocketmq_throughput_in", "Bytes stored"), m.stored_by_topic, 1),
-            (("rocketmq_throughput_out", "Bytes served to consumers"), m.served_by_topic, 1),
-        ):
-            family = CounterMetricFamily(name, doc, labels=_LABELS)
-            for topic, pair in sorted(by_topic.items()):
-                family.add_metric((*base, topic), pair[at])
-            yield family
-        served = CounterMetricFamily("splitmq_pull_served", "Messages served by pulls, by serving role",
-                                     labels=("role",))
-        served.add_metric((m.role,), m.served_by_pulls)
-        yield served
-        for pull, name, doc in ((False, "splitmq_send_requests", "Send requests by response code"),
-                                (True, "splitmq_pull_requests", "Pull requests by response code")):
-            family = CounterMetricFamily(name, doc, labels=("code",))
-            for (is_pull, code), n in sorted(m.requests.items()):
-                if is_pull is pull:
-                    family.add_metric((str(int(code)),), n)
-            yield family
-        latency = HistogramMetricFamily("rocketmq_rpc_latency", "Seconds to answer an HTTP request",
-                                        labels=("cluster", "node_type", "node_id", "request_code", "response_code"))
-        bounds = [floatToGoString(b) for b in _LATENCY_BUCKETS] + ["+Inf"]
-        for (path, status), counts in sorted(m.latency.items()):
-            cumulative = list(accumulate(counts[:-1]))
-            latency.add_metric((*base, path, str(status)), list(zip(bounds, cumulative, strict=True)), counts[-1])
-        yield latency
 
 
 class RateMeter:

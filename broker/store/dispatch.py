@@ -137,6 +137,8 @@ class Dispatcher:
 
     def _next_handover_start(self) -> int | None:
         """Where the oldest kept hand-over starts (None: none kept)."""
+        if not self._handovers:  # a slave's every step: no lock for nothing
+            return None
         with self._handover_lock:
             return self._handovers[0][0] if self._handovers else None
 
