@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import secrets
 import socket
 import threading
@@ -294,6 +295,7 @@ class HAService:
         self._tls_handshakes: set[asyncio.Task[None]] = set()
         self._state_name = "new"
         self._transfer_timer: asyncio.TimerHandle | None = None  # a gathered transfer due (ha_transfer_delay_ms)
+        self._wake_at: int | float = math.inf  # while it is due: the log offset that sends it at once
         self.port = 0
         """The bound HA port (0 before ``start``)."""
 
@@ -375,16 +377,23 @@ class HAService:
         if not self._conns or self._state_name != "started":
             return
         delay_ms = self._config.ha_transfer_delay_ms
-        if delay_ms and self._unsent_bytes() < self._config.ha_transfer_batch_size:
+        if delay_ms:
             if self._transfer_timer is None:
-                self._transfer_timer = self._require_loop().call_later(delay_ms / 1000.0, self._wake_writers)
-            return
+                wake_at = self._batch_full_at()
+                if self._store.max_physical_offset < wake_at:
+                    self._wake_at = wake_at
+                    self._transfer_timer = self._require_loop().call_later(delay_ms / 1000.0, self._wake_writers)
+                    return
+            elif self._store.max_physical_offset < self._wake_at:
+                return  # the gathered transfer is due later: one comparison per append until then
         self._wake_writers()
 
-    def _unsent_bytes(self) -> int:
-        """Bytes of the log not handed to the streaming slave furthest behind (0 while none streams)."""
+    def _batch_full_at(self) -> int | float:
+        """The log offset at which ``ha_transfer_batch_size`` bytes wait for the streaming slave furthest behind
+        (never, while none streams). Worked out when a gathered transfer is armed: until it goes, the slaves are
+        sent nothing, so it holds (a slave that starts streaming meanwhile waits for the timer at most)."""
         sent = [c.sent_to for c in self._conns.values() if c.first_report.is_set()]
-        return self._store.max_physical_offset - min(sent) if sent else 0
+        return min(sent) + self._config.ha_transfer_batch_size if sent else math.inf
 
     def _wake_writers(self) -> None:
         if self._transfer_timer is not None:
