@@ -29,13 +29,13 @@ import uvicorn
 from broker.config import BrokerConfig, ConfigError, load_config, parse_set_options
 from broker.controller import BrokerController
 from broker.dledger.message_store import DLedgerMessageStore
-from broker.http_protocol import CoalescingHttpToolsProtocol
+from broker.http_protocol import serving
 from broker.peer_auth import startup_warnings
 from broker.store.api import StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
 from client.protocol.acl import AclFileError
 from client.protocol.codec import pack_host
-from client.protocol.http_guard import HttpLimits, with_limits
+from client.protocol.http_guard import HttpLimits
 
 __all__ = ["main"]
 
@@ -199,7 +199,7 @@ async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int
     # server_header=False: no "server: uvicorn" on every answer (a line each client parses, and a version banner).
     limits = HttpLimits(header_timeout_s=config.http_header_timeout_ms / 1000,
                         body_timeout_s=config.http_body_timeout_ms / 1000, max_connections=config.http_max_connections)
-    uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http=with_limits(CoalescingHttpToolsProtocol, limits),
+    uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http=serving(ctrl.router, limits),
                                lifespan="off", timeout_keep_alive=limits.keep_alive_timeout_s,
                                access_log=False, proxy_headers=False, server_header=False,
                                log_level="warning", log_config=None,

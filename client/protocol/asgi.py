@@ -27,14 +27,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-class TooManyBodyBytes(Exception):
-    """The bodies of the requests being read or handled would pass the server's in-flight bound."""
-
-
 class Request:
     """One HTTP request: method, path, query and a body read up to a bound."""
 
@@ -197,52 +189,102 @@ class Router:
         for i, piece in enumerate(tail):
             await send({"type": "http.response.body", "body": piece, "more_body": i < last})
 
+    async def serve(self, method: str, path: str, query_string: bytes, body: bytes, client: tuple[str, int],
+                    authorization: bytes | None) -> Response:
+        """The answer to one request whose body the caller has read and counted (:meth:`take_body_bytes`): the
+        entry of the broker's HTTP protocol (:mod:`broker.http_protocol`), which serves without ASGI. Latency is
+        observed from here to the answer."""
+        observe = self._observe
+        started = time.perf_counter() if observe is not None else 0.0
+        handler = self._routes.get((method, path))
+        if handler is None:
+            response = self._no_route(method, path)
+        else:
+            request = Request(method, path, parse_query(query_string), body, client, query_string)
+            response = await self._handle(handler, request, authorization)
+        if observe is not None:
+            observe(path if path in self._paths else "other", response.status, time.perf_counter() - started)
+        return response
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body served (``maxRequestBodyBytes``)."""
+        return self._max_body
+
+    def take_body_bytes(self, held: int, more: int, method: str, path: str) -> Response | None:
+        """Count ``more`` body bytes of a request that already holds ``held`` into the bytes in flight; None when
+        they fit, else the refusal to answer (413 past the body limit, SYSTEM_BUSY past the in-flight bound),
+        with nothing counted. The caller gives its ``held`` bytes back with :meth:`release_body_bytes`."""
+        if held + more > self._max_body:
+            return self._too_large()
+        if self._inflight + more > self._max_inflight:
+            return self._busy(method, path)
+        self._inflight += more
+        return None
+
+    @property
+    def body_bytes_in_flight(self) -> int:
+        """Body bytes of the requests being read or handled now (bounded by ``max_inflight_body_bytes``)."""
+        return self._inflight
+
+    def release_body_bytes(self, held: int) -> None:
+        """Give back the body bytes a request held (it was answered, refused or abandoned)."""
+        self._inflight -= held
+
+    def _no_route(self, method: str, path: str) -> Response:
+        broker, role = self._identity()
+        allowed = self._paths.get(path)
+        if allowed:
+            r = error_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                               f"method {method} not allowed on {path}; use {', '.join(sorted(allowed))}",
+                               broker=broker, role=role)
+            r.status = 405
+            return r
+        return error_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"no such endpoint: {method} {path}",
+                              broker=broker, role=role)
+
+    def _too_large(self) -> Response:
+        broker, role = self._identity()
+        r = error_response(ResponseCode.MESSAGE_ILLEGAL,
+                           f"request body exceeds the limit of {self._max_body} bytes", broker=broker, role=role)
+        r.status = 413
+        return r
+
+    def _busy(self, method: str, path: str) -> Response:
+        broker, role = self._identity()
+        now = time.monotonic()
+        if now - self._busy_logged >= 1.0:  # one line a second at most: a flood must not flood the log
+            self._busy_logged = now
+            log.warning("%s %s refused with SYSTEM_BUSY: request bodies in flight would pass %d bytes",
+                        method, path, self._max_inflight)
+        return error_response(ResponseCode.SYSTEM_BUSY,
+                              f"server busy: request bodies in flight would pass {self._max_inflight} bytes "
+                              "(maxInflightRequestBodyBytes); try again shortly", broker=broker, role=role)
+
     async def _dispatch(self, scope: dict[str, Any], receive: Receive) -> Response:
         method: str = scope["method"]
         path: str = scope["path"]
         handler = self._routes.get((method, path))
         if handler is None:
-            broker, role = self._identity()
-            allowed = self._paths.get(path)
-            if allowed:
-                r = error_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                   f"method {method} not allowed on {path}; use {', '.join(sorted(allowed))}",
-                                   broker=broker, role=role)
-                r.status = 405
-                return r
-            return error_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"no such endpoint: {method} {path}",
-                                  broker=broker, role=role)
+            return self._no_route(method, path)
         held = [0]  # bytes of this request's body counted in self._inflight
         try:
-            return await self._read_and_handle(scope, receive, handler, method, path, held)
-        except BodyTooLarge:
-            broker, role = self._identity()
-            r = error_response(ResponseCode.MESSAGE_ILLEGAL,
-                               f"request body exceeds the limit of {self._max_body} bytes", broker=broker, role=role)
-            r.status = 413
-            return r
-        except TooManyBodyBytes:
-            broker, role = self._identity()
-            now = time.monotonic()
-            if now - self._busy_logged >= 1.0:  # one line a second at most: a flood must not flood the log
-                self._busy_logged = now
-                log.warning("%s %s refused with SYSTEM_BUSY: request bodies in flight would pass %d bytes",
-                            method, path, self._max_inflight)
-            return error_response(ResponseCode.SYSTEM_BUSY,
-                                  f"server busy: request bodies in flight would pass {self._max_inflight} bytes "
-                                  "(maxInflightRequestBodyBytes); try again shortly", broker=broker, role=role)
+            body = await self._read_body(receive, held, method, path)
+            if isinstance(body, Response):
+                return body  # refused
+            qs = scope.get("query_string", b"")
+            request = Request(method, path, parse_query(qs), body, scope.get("client") or ("", 0), qs)
+            return await self._handle(handler, request, _header(scope, b"authorization"))
         finally:
-            self._inflight -= held[0]
+            self.release_body_bytes(held[0])
 
-    async def _read_and_handle(self, scope: dict[str, Any], receive: Receive, handler: Handler, method: str,
-                               path: str, held: list[int]) -> Response:
-        body = await self._read_body(receive, held)
-        qs = scope.get("query_string", b"")
-        request = Request(method, path, parse_query(qs), body, scope.get("client") or ("", 0), qs)
+    async def _handle(self, handler: Handler, request: Request, authorization: bytes | None) -> Response:
+        """The handler's answer, after the ACL hook; a ClientError becomes its coded error answer and any other
+        exception SYSTEM_ERROR (logged)."""
         try:
             if self._authorize is not None:
                 try:
-                    self._authorize(request, _header(scope, b"authorization"))
+                    self._authorize(request, authorization)
                 except NoPermissionError as e:  # marked, so the SDK tells it from a topic's perm and won't retry
                     raise AccessDeniedError(e.message) from None
             return await handler(request)
@@ -251,28 +293,24 @@ class Router:
             broker, role = self._identity()
             return error_response(code, e.message, broker=broker, role=role, acl=isinstance(e, AccessDeniedError))
         except Exception as e:  # a bug must not kill the connection; the client gets SYSTEM_ERROR and a log line
-            log.exception("%s %s failed", method, path)
+            log.exception("%s %s failed", request.method, request.path)
             broker, role = self._identity()
             return error_response(ResponseCode.SYSTEM_ERROR, f"internal error: {type(e).__name__}: {e}",
                                   broker=broker, role=role)
 
-
-    async def _read_body(self, receive: Receive, held: list[int]) -> bytes:
-        """The body, counted into the in-flight bytes as it arrives (``held[0]`` says how much is this one's)."""
+    async def _read_body(self, receive: Receive, held: list[int], method: str, path: str) -> bytes | Response:
+        """The body, counted into the in-flight bytes as it arrives (``held[0]`` says how much is this one's), or
+        the refusal once it passes a bound (:meth:`take_body_bytes`)."""
         chunks: list[bytes] = []
-        total = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 break
             chunk = message.get("body", b"")
             if chunk:
-                total += len(chunk)
-                if total > self._max_body:
-                    raise BodyTooLarge
-                if self._inflight + len(chunk) > self._max_inflight:
-                    raise TooManyBodyBytes
-                self._inflight += len(chunk)
+                refusal = self.take_body_bytes(held[0], len(chunk), method, path)
+                if refusal is not None:
+                    return refusal
                 held[0] += len(chunk)
                 chunks.append(chunk)
             if not message.get("more_body", False):

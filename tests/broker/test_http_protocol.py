@@ -1,16 +1,19 @@
-"""The broker's uvicorn protocol: one socket write per response, nothing else changed."""
+"""The broker's HTTP protocol: each request served straight from the parser, one write per answer, and the
+connection rules of uvicorn kept (keep-alive, pipelining in order, flow control, bounded bodies, shutdown)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from broker.http_protocol import CoalescingHttpToolsProtocol, _held_body_bytes
+from broker.http_protocol import DirectHttpProtocol, serving
 from client.protocol.asgi import Request, Response, Router
+from client.protocol.http_guard import HttpLimits
 
 
 class _FakeTransport(asyncio.Transport):
@@ -20,6 +23,7 @@ class _FakeTransport(asyncio.Transport):
         self.gathered: list[int] = []
         """For each write, how many buffers it gathered (1: a plain write)."""
         self.closed = False
+        self.reading = True
 
     def write(self, data: Any) -> None:
         self.writes.append(bytes(data))
@@ -40,14 +44,22 @@ class _FakeTransport(asyncio.Transport):
         return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 80)}.get(name, default)
 
     def pause_reading(self) -> None:
-        pass
+        self.reading = False
 
     def resume_reading(self) -> None:
-        pass
+        self.reading = True
 
 
 async def _echo(request: Request) -> Response:
     return Response(b"q=" + request.query.get("q", "").encode())
+
+
+async def _post(request: Request) -> Response:
+    return Response(b"%d bytes" % len(request.body))
+
+
+async def _fail(request: Request) -> Response:
+    raise RuntimeError("a bug")
 
 
 def _pieces(n: int, size: int) -> list[bytes]:
@@ -58,32 +70,61 @@ async def _pieced(request: Request) -> Response:
     return Response.of_pieces(_pieces(request.int_arg("n"), request.int_arg("size")))
 
 
-async def _roundtrip(raw: bytes, *, expect_writes: int = 1) -> tuple[list[bytes], _FakeTransport]:
-    app = Router({("GET", "/echo"): _echo, ("GET", "/pieced"): _pieced}, max_body_bytes=1024)
-    config = uvicorn.Config(app, http=CoalescingHttpToolsProtocol, lifespan="off", proxy_headers=False,
-                            log_config=None)
-    config.load()
-    proto = CoalescingHttpToolsProtocol(config=config, server_state=ServerState(), app_state={},
-                                        _loop=asyncio.get_running_loop())
-    transport = _FakeTransport()
-    proto.connection_made(transport)
-    proto.data_received(raw)
+class _Server:
+    """A protocol per connection over fake transports, all serving one router."""
+
+    def __init__(self, routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] | None = None, *,
+                 max_body: int = 1024, max_inflight: int | None = None) -> None:
+        self.router = Router({("GET", "/echo"): _echo, ("GET", "/pieced"): _pieced, ("POST", "/post"): _post,
+                              ("GET", "/fail"): _fail, **(routes or {})},
+                             max_body_bytes=max_body, max_inflight_body_bytes=max_inflight)
+        self.cls = serving(self.router, HttpLimits())
+        self.config = uvicorn.Config(self.router, http=self.cls, lifespan="off", proxy_headers=False,
+                                     log_config=None)
+        self.config.load()
+        self.state = ServerState()
+
+    def connect(self) -> tuple[DirectHttpProtocol, _FakeTransport]:
+        proto = self.cls(config=self.config, server_state=self.state, app_state={},
+                         _loop=asyncio.get_running_loop())
+        transport = _FakeTransport()
+        proto.connection_made(transport)
+        return proto, transport
+
+
+async def _writes(transport: _FakeTransport, n: int) -> list[bytes]:
     async with asyncio.timeout(5):
-        while len(transport.writes) < expect_writes:
+        while len(transport.writes) < n:
             await asyncio.sleep(0.001)  # polling the fake transport, bounded by the timeout above
+    return transport.writes
+
+
+async def _roundtrip(raw: bytes, *, expect_writes: int = 1, server: _Server | None = None
+                     ) -> tuple[list[bytes], _FakeTransport]:
+    proto, transport = (server or _Server()).connect()
+    proto.data_received(raw)
+    writes = await _writes(transport, expect_writes)
     proto.connection_lost(None)
-    return transport.writes, transport
+    return writes, transport
 
 
-def test_head_and_body_leave_in_one_write() -> None:
-    asyncio.run(_test_head_and_body_leave_in_one_write())
+def _body(answer: bytes) -> bytes:
+    return answer.split(b"\r\n\r\n", 1)[1]
 
 
-async def _test_head_and_body_leave_in_one_write() -> None:
-    writes, _ = await _roundtrip(b"GET /echo?q=hi HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert len(writes) == 1
-    assert writes[0].startswith(b"HTTP/1.1 200 ")
-    assert writes[0].endswith(b"\r\n\r\nq=hi")
+def test_an_answer_leaves_in_one_write_with_its_head() -> None:
+    async def main() -> None:
+        server = _Server()
+        server.state.default_headers = [(b"date", b"Thu, 26 Nov 2026 14:00:00 GMT")]
+        proto, transport = server.connect()
+        proto.data_received(b"GET /echo?q=hi HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await _writes(transport, 1) == [b"HTTP/1.1 200 OK\r\ndate: Thu, 26 Nov 2026 14:00:00 GMT\r\n"
+                                               b"content-type: application/octet-stream\r\ncontent-length: 4\r\n"
+                                               b"\r\nq=hi"]
+        assert not transport.closed and server.state.total_requests == 1
+        proto.connection_lost(None)
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize(
@@ -95,68 +136,216 @@ async def _test_head_and_body_leave_in_one_write() -> None:
     ],
 )
 def test_an_answer_in_pieces_leaves_in_one_write(n: int, size: int, gathered: int) -> None:
-    asyncio.run(_test_an_answer_in_pieces_leaves_in_one_write(n, size, gathered))
+    async def main() -> None:
+        writes, transport = await _roundtrip(b"GET /pieced?n=%d&size=%d HTTP/1.1\r\nHost: x\r\n\r\n" % (n, size))
+        assert transport.gathered == [gathered]
+        head, body = writes[0].split(b"\r\n\r\n", 1)
+        assert b"content-length: %d" % (n * size) in head
+        assert body == b"".join(_pieces(n, size))
+
+    asyncio.run(main())
 
 
-async def _test_an_answer_in_pieces_leaves_in_one_write(n: int, size: int, gathered: int) -> None:
-    writes, transport = await _roundtrip(b"GET /pieced?n=%d&size=%d HTTP/1.1\r\nHost: x\r\n\r\n" % (n, size))
-    assert transport.gathered == [gathered]
-    head, body = writes[0].split(b"\r\n\r\n", 1)
-    assert b"content-length: %d" % (n * size) in head.lower()
-    assert body == b"".join(_pieces(n, size))
+def test_requests_on_a_kept_connection_are_each_answered() -> None:
+    async def main() -> None:
+        proto, transport = _Server().connect()
+        for q in (b"1", b"2"):
+            proto.data_received(b"GET /echo?q=%s HTTP/1.1\r\nHost: x\r\n\r\n" % q)
+            await _writes(transport, int(q))
+        assert [_body(w) for w in transport.writes] == [b"q=1", b"q=2"]
+        assert not transport.closed
+        assert proto.timeout_keep_alive_task is not None  # idle now: the keep-alive timer runs
+        proto.connection_lost(None)
+
+    asyncio.run(main())
 
 
-def test_pipelined_requests_each_answered_in_order() -> None:
-    asyncio.run(_test_pipelined_requests_each_answered_in_order())
+def test_pipelined_requests_are_answered_in_order_with_reading_paused_meanwhile() -> None:
+    gate = asyncio.Event()
+
+    async def slow(request: Request) -> Response:
+        await gate.wait()
+        return Response(b"slow")
+
+    async def main() -> None:
+        server = _Server({("GET", "/slow"): slow})
+        proto, transport = server.connect()
+        proto.data_received(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?q=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0)
+        assert transport.writes == [] and not transport.reading  # the second waits for the first
+        gate.set()
+        writes = await _writes(transport, 2)
+        assert [_body(w) for w in writes] == [b"slow", b"q=2"]
+        assert transport.reading
+        proto.connection_lost(None)
+
+    asyncio.run(main())
 
 
-async def _test_pipelined_requests_each_answered_in_order() -> None:
-    raw = b"GET /echo?q=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?q=2 HTTP/1.1\r\nHost: x\r\n\r\n"
-    writes, _ = await _roundtrip(raw, expect_writes=2)
-    assert [w.rsplit(b"\r\n\r\n", 1)[1] for w in writes] == [b"q=1", b"q=2"]
+def test_no_next_answer_while_the_socket_takes_no_writes() -> None:
+    async def main() -> None:
+        proto, transport = _Server().connect()
+        proto.pause_writing()  # the transport's buffer is over its high-water mark
+        proto.data_received(b"GET /echo?q=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?q=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _writes(transport, 1)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(transport.writes) == 1
+        proto.resume_writing()
+        assert [_body(w) for w in await _writes(transport, 2)] == [b"q=1", b"q=2"]
+        proto.connection_lost(None)
+
+    asyncio.run(main())
 
 
-def test_error_answer_is_complete() -> None:
-    asyncio.run(_test_error_answer_is_complete())
+@pytest.mark.parametrize("raw", [b"GET /echo?q=z HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                                 b"GET /echo?q=z HTTP/1.0\r\n\r\n"])
+def test_a_connection_the_client_ends_is_closed_after_the_answer(raw: bytes) -> None:
+    async def main() -> None:
+        writes, transport = await _roundtrip(raw)
+        assert b"\r\nconnection: close\r\n" in writes[0] and writes[0].endswith(b"q=z")
+        assert transport.closed
+
+    asyncio.run(main())
 
 
-async def _test_error_answer_is_complete() -> None:
-    writes, _ = await _roundtrip(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert len(writes) == 1
-    assert writes[0].startswith(b"HTTP/1.1 404 ")
-    assert b'"code"' in writes[0]
+def test_errors_are_complete_coded_answers_on_a_kept_connection() -> None:
+    async def main() -> None:
+        proto, transport = _Server().connect()
+        proto.data_received(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\nGET /fail HTTP/1.1\r\nHost: x\r\n\r\n")
+        writes = await _writes(transport, 2)
+        assert writes[0].startswith(b"HTTP/1.1 404 ") and b'"code":' in writes[0]
+        assert writes[1].startswith(b"HTTP/1.1 500 ") and b"internal error: RuntimeError: a bug" in writes[1]
+        assert not transport.closed
+        proto.connection_lost(None)
+
+    asyncio.run(main())
 
 
-def test_head_request_is_not_held_back() -> None:
-    asyncio.run(_test_head_request_is_not_held_back())
+def test_a_head_request_gets_the_head_alone() -> None:
+    async def main() -> None:
+        writes, _ = await _roundtrip(b"HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert writes[0].startswith(b"HTTP/1.1 405 ") and writes[0].endswith(b"\r\n\r\n")
+
+    asyncio.run(main())
 
 
-async def _test_head_request_is_not_held_back() -> None:
-    # HEAD answers have a Content-Length but no body write: the head must still go out.
-    writes, _ = await _roundtrip(b"HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert writes and writes[0].startswith(b"HTTP/1.1 405 ")
+def test_expect_100_continue_is_answered_before_the_body() -> None:
+    async def main() -> None:
+        proto, transport = _Server().connect()
+        proto.data_received(b"POST /post HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+        proto.data_received(b"hello")
+        assert _body((await _writes(transport, 2))[1]) == b"5 bytes"
+        proto.connection_lost(None)
+
+    asyncio.run(main())
 
 
-def test_connection_close_flushes_before_closing() -> None:
-    asyncio.run(_test_connection_close_flushes_before_closing())
+def test_a_body_past_the_limit_is_refused_with_413_and_the_connection_kept() -> None:
+    async def main() -> None:
+        server = _Server(max_body=1024)
+        proto, transport = server.connect()
+        proto.data_received(b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n" + b"x" * 1500)
+        assert server.router.body_bytes_in_flight == 0  # what was counted went back with the refusal
+        proto.data_received(b"x" * 500 + b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+        writes = await _writes(transport, 2)
+        assert writes[0].startswith(b"HTTP/1.1 413 ") and b"exceeds the limit of 1024 bytes" in writes[0]
+        assert _body(writes[1]) == b"3 bytes"
+        assert server.router.body_bytes_in_flight == 0 and not transport.closed
+        proto.connection_lost(None)
+
+    asyncio.run(main())
 
 
-async def _test_connection_close_flushes_before_closing() -> None:
-    writes, transport = await _roundtrip(b"GET /echo?q=z HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    assert writes[0].endswith(b"q=z")
-    assert transport.closed
+def test_bodies_in_flight_are_bounded_across_connections_and_given_back() -> None:
+    gate = asyncio.Event()
+
+    async def held(request: Request) -> Response:
+        await gate.wait()
+        return Response(b"held")
+
+    async def main() -> None:
+        server = _Server({("POST", "/held"): held}, max_body=1024, max_inflight=1500)
+        a, ta = server.connect()
+        a.data_received(b"POST /held HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000)
+        await asyncio.sleep(0)
+        assert server.router.body_bytes_in_flight == 1000
+        b, tb = server.connect()
+        b.data_received(b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000)
+        assert (await _writes(tb, 1))[0].startswith(b"HTTP/1.1 503 ")  # SYSTEM_BUSY
+        c, tc = server.connect()
+        c.data_received(b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 400)
+        assert server.router.body_bytes_in_flight == 1400
+        c.connection_lost(None)  # gone mid-body: its 400 bytes go back, and nothing is answered
+        assert server.router.body_bytes_in_flight == 1000 and tc.writes == []
+        gate.set()
+        assert _body((await _writes(ta, 1))[0]) == b"held"
+        assert server.router.body_bytes_in_flight == 0
+        a.connection_lost(None)
+        b.connection_lost(None)
+
+    asyncio.run(main())
 
 
-@pytest.mark.parametrize(
-    ("data", "due"),
-    [
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", 5),
-        (b"HTTP/1.1 200 OK\r\nContent-Type: x\r\nContent-Length: 1048576\r\n\r\n", 1048576),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", 0),
-        (b"HTTP/1.1 400 Bad\r\ncontent-length: 3\r\n\r\nbad", 0),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", 0),
-        (b"some body bytes\r\n\r\n", 0),
-    ],
-)
-def test_only_bare_heads_with_a_body_to_come_are_held(data: bytes, due: int) -> None:
-    assert _held_body_bytes(data) == due
+@pytest.mark.parametrize("raw", [b"NOT-HTTP\r\n\r\n",
+                                 b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"])
+def test_what_cannot_be_served_gets_a_coded_400_and_a_close(raw: bytes) -> None:
+    async def main() -> None:
+        writes, transport = await _roundtrip(raw)
+        assert writes[-1].startswith(b"HTTP/1.1 400 ") and b'"code": 29' in writes[-1]
+        assert transport.closed
+
+    asyncio.run(main())
+
+
+def test_graceful_shutdown_closes_an_idle_connection_and_a_busy_one_after_its_answer() -> None:
+    gate = asyncio.Event()
+
+    async def slow(request: Request) -> Response:
+        await gate.wait()
+        return Response(b"slow")
+
+    async def main() -> None:
+        server = _Server({("GET", "/slow"): slow})
+        idle, t_idle = server.connect()
+        busy, t_busy = server.connect()
+        busy.data_received(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0)
+        idle.shutdown()
+        busy.shutdown()
+        assert t_idle.closed and not t_busy.closed
+        gate.set()
+        writes = await _writes(t_busy, 1)
+        assert _body(writes[0]) == b"slow" and b"\r\nconnection: close\r\n" in writes[0]
+        assert t_busy.closed
+        idle.connection_lost(None)
+        busy.connection_lost(None)
+
+    asyncio.run(main())
+
+
+def test_a_lost_connection_gives_back_the_body_of_a_request_waiting_its_turn() -> None:
+    gate = asyncio.Event()
+
+    async def held(request: Request) -> Response:
+        await gate.wait()
+        return Response(b"held")
+
+    async def main() -> None:
+        server = _Server({("POST", "/held"): held})
+        proto, transport = server.connect()
+        proto.data_received(b"POST /held HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
+                            + b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 300\r\n\r\n" + b"y" * 300)
+        await asyncio.sleep(0)
+        assert server.router.body_bytes_in_flight == 400  # the second waits behind the first
+        transport.closed = True  # as a real transport is once the peer reset it
+        proto.connection_lost(ConnectionResetError())
+        assert server.router.body_bytes_in_flight == 100  # the waiting one's went back; the first is still handled
+        gate.set()
+        async with asyncio.timeout(5):
+            while server.router.body_bytes_in_flight:
+                await asyncio.sleep(0.001)  # polling the counter, bounded by the timeout above
+        assert transport.writes == []  # nothing is written to a lost connection
+
+    asyncio.run(main())

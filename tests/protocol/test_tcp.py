@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 import client._transport as transport_module
-from broker.http_protocol import CoalescingHttpToolsProtocol
+from broker.http_protocol import DirectHttpProtocol
 from client._transport import AsyncTransport, SyncTransport
 from client.protocol.asgi import Request, Response, Router
 from client.protocol.tcp import LOOPBACK_CONGESTION_CONTROL, tune_loopback
@@ -111,7 +111,7 @@ async def _ok(request: Request) -> Response:
     return Response(b"ok")
 
 
-class _Recording(CoalescingHttpToolsProtocol):
+class _Recording(DirectHttpProtocol):
     seen: list[bytes] = []
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -134,8 +134,9 @@ def test_the_sdk_and_the_broker_tune_their_loopback_connections(monkeypatch: pyt
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    config = uvicorn.Config(Router({("GET", "/ok"): _ok}, max_body_bytes=1024), http=_Recording, lifespan="off",
-                            log_config=None, proxy_headers=False)
+    _Recording.router = Router({("GET", "/ok"): _ok}, max_body_bytes=1024)
+    config = uvicorn.Config(_Recording.router, http=_Recording, lifespan="off", log_config=None,
+                            proxy_headers=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=asyncio.run, args=(server.serve(sockets=[listener]),), daemon=True)
     thread.start()
