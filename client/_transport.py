@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import select
 import socket
 import ssl
@@ -124,10 +125,13 @@ _FRESH_S = 1.0
 
 
 class _SyncConnection:
-    __slots__ = ("answered_at", "sock")
+    __slots__ = ("_timeout", "answered_at", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self._timeout = sock.gettimeout()
+        """The socket's timeout as last set (``gettimeout`` reads it back through nanoseconds, and a float that
+        does not survive the round trip compared unequal: every request set it twice)."""
         self.answered_at = -_FRESH_S
         """``time.monotonic()`` of the last complete answer."""
 
@@ -143,9 +147,14 @@ class _SyncConnection:
         return bool(readable)
 
     def _set_timeout(self, seconds: float | None) -> None:
-        """``settimeout`` is a system call (``ioctl``): made only when the timeout changes."""
-        if seconds != self.sock.gettimeout():
+        """``settimeout`` is a system call (``ioctl``): made only when the timeout changes. A timeout is rounded
+        up to the millisecond, so that the time left of successive calls' deadlines (3 s less a few µs each) is
+        one value rather than a system call each; a wait may end up to 1 ms after its deadline."""
+        if seconds is not None:
+            seconds = math.ceil(seconds * 1000) / 1000
+        if seconds != self._timeout:
             self.sock.settimeout(seconds)
+            self._timeout = seconds
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from client._transport import AsyncTransport, SyncTransport
+from client._transport import AsyncTransport, SyncTransport, _SyncConnection
 
 
 class TinyServer:
@@ -466,3 +466,23 @@ def test_host_pool_accounting() -> None:
     pool.put_back(c, reusable=True)
     pool.close_idle()
     assert c.closed and pool.open_count == 0 and not pool.idle
+
+
+class _CountingSocket(socket.socket):
+    settimeouts = 0
+
+    def settimeout(self, value: float | None) -> None:
+        self.settimeouts += 1
+        super().settimeout(value)
+
+
+def test_the_time_left_of_successive_deadlines_sets_the_socket_timeout_once() -> None:
+    """``settimeout`` is a system call: the 3 s less a few µs left of each request's deadline is one value."""
+    with _CountingSocket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        conn = _SyncConnection(sock)
+        for left in (2.9999929790064925, 2.9999933399958536, 2.999992689001374, 2.9999999):
+            conn._set_timeout(left)
+        assert sock.settimeouts == 1 and sock.gettimeout() == 3.0  # never shorter, at most 1 ms longer
+        conn._set_timeout(0.0004)
+        conn._set_timeout(None)
+        assert sock.settimeouts == 3 and sock.gettimeout() is None
