@@ -78,38 +78,6 @@ QUICK = Profile(rounds=7, batches=40, pull_messages=8_192)
 COMMITLOG_FILE_BYTES = 512 << 20
 
 
-class _BrokerCpu(CpuMeter):
-    """:class:`CpuMeter` reading the broker's CPU in nanoseconds from schedstat where the kernel offers it."""
-
-    def __init__(self, broker_pid: int | None) -> None:
-        super().__init__(broker_pid)
-        self._tasks = f"/proc/{broker_pid}/task" if broker_pid is not None else None
-        if self._tasks is not None and self._schedstat_s() is None:
-            self._tasks = None
-
-    def _schedstat_s(self) -> float | None:
-        assert self._tasks is not None
-        total = 0
-        try:
-            tasks = os.listdir(self._tasks)
-        except OSError:
-            return None
-        for task in tasks:
-            try:
-                with open(f"{self._tasks}/{task}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue  # a thread that ended meanwhile
-        return total / 1e9
-
-    def broker_cpu_s(self) -> float:
-        if self._tasks is not None:
-            s = self._schedstat_s()
-            if s is not None:
-                return s
-        return super().broker_cpu_s()
-
-
 @attrs.frozen
 class AclFigures:
     """Per-round msgs/s of each side (``off`` = ACL off, ``on`` = ACL on), and the CPU µs per message (client plus
@@ -138,7 +106,7 @@ class Side:
     def __init__(self, namesrv_addr: str, config: ClientConfig | None, pull_messages: int,
                  broker_pid: int | None, name: str = "AclBench") -> None:
         self.ns = namesrv_addr
-        self.meter = _BrokerCpu(broker_pid)
+        self.meter = CpuMeter(broker_pid)
         self.cpu_s: dict[str, float] = {"send": 0.0, "pull": 0.0}
         self.messages: dict[str, int] = {"send": 0, "pull": 0}
         self.config = config
