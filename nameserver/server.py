@@ -462,10 +462,12 @@ async def serve(
                     "(docs/SECURITY.md) or listen on loopback.", listen)
     watch = (asyncio.create_task(AclFileWatcher(config.acl_file, acl.update).run()) if acl is not None
              else None)
+    # proxy_headers=False: the ACL judges the address a connection comes from; uvicorn's default rewrote it from an
+    # X-Forwarded-For header sent from 127.0.0.1, so any local peer could claim a white-listed address.
     uv_config = uvicorn.Config(
         app, loop="uvloop", http=with_limits(LimitedHttpToolsProtocol, config.http_limits), lifespan="off",
         timeout_keep_alive=config.http_limits.keep_alive_timeout_s, access_log=False, log_level="warning",
-        server_header=False,
+        server_header=False, proxy_headers=False,
         timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S), log_config=None,
     )
     tls = config.tls_context()

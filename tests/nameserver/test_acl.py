@@ -103,3 +103,17 @@ def test_route_queries_open_or_protected(tmp_path: Path, protect: bool) -> None:
         assert (await c.get("/topics", auth=APP)).status_code == 200
 
     run(tmp_path, scenario, acl_protect_routes=protect)
+
+
+def test_a_forwarded_for_header_does_not_make_a_peer_white_listed(
+        tmp_path: Path, start_nameserver: Callable[..., Any]) -> None:
+    """A real nameserver judges the address the connection comes from: ``X-Forwarded-For`` from a loopback peer
+    (uvicorn trusts it from 127.0.0.1 by default) must not pass the global white list."""
+    acl = tmp_path / "acl.toml"
+    acl.write_text('globalWhiteRemoteAddresses = ["10.9.*.*"]\n' + ACCOUNTS)
+    ns = start_nameserver("--acl-enable", "--acl-file", str(acl), "--acl-protect-routes")
+    with httpx.Client(base_url=ns.url, timeout=5) as c:
+        for headers in ({}, {"X-Forwarded-For": "10.9.1.1"}, {"Forwarded": "for=10.9.1.1"}):
+            r = c.get("/cluster", headers=headers)
+            assert (r.status_code, r.json()["code"]) == (403, 16), (headers, r.text)
+        assert c.get("/cluster", auth=APP).status_code == 200
