@@ -4,7 +4,6 @@ connection rules of uvicorn kept (keep-alive, pipelining in order, flow control,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -73,10 +72,16 @@ async def _pieced(request: Request) -> Response:
 class _Server:
     """A protocol per connection over fake transports, all serving one router."""
 
-    def __init__(self, routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] | None = None, *,
-                 max_body: int = 1024, max_inflight: int | None = None) -> None:
+    def __init__(self, *, max_body: int = 1024, max_inflight: int | None = None) -> None:
+        self.gate = asyncio.Event()
+        """``/held`` (GET or POST) answers ``held`` once this is set."""
+
+        async def held(request: Request) -> Response:
+            await self.gate.wait()
+            return Response(b"held")
+
         self.router = Router({("GET", "/echo"): _echo, ("GET", "/pieced"): _pieced, ("POST", "/post"): _post,
-                              ("GET", "/fail"): _fail, **(routes or {})},
+                              ("GET", "/fail"): _fail, ("GET", "/held"): held, ("POST", "/held"): held},
                              max_body_bytes=max_body, max_inflight_body_bytes=max_inflight)
         self.cls = serving(self.router, HttpLimits())
         self.config = uvicorn.Config(self.router, http=self.cls, lifespan="off", proxy_headers=False,
@@ -161,21 +166,15 @@ def test_requests_on_a_kept_connection_are_each_answered() -> None:
 
 
 def test_pipelined_requests_are_answered_in_order_with_reading_paused_meanwhile() -> None:
-    gate = asyncio.Event()
-
-    async def slow(request: Request) -> Response:
-        await gate.wait()
-        return Response(b"slow")
-
     async def main() -> None:
-        server = _Server({("GET", "/slow"): slow})
+        server = _Server()
         proto, transport = server.connect()
-        proto.data_received(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?q=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        proto.data_received(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?q=2 HTTP/1.1\r\nHost: x\r\n\r\n")
         await asyncio.sleep(0)
         assert transport.writes == [] and not transport.reading  # the second waits for the first
-        gate.set()
+        server.gate.set()
         writes = await _writes(transport, 2)
-        assert [_body(w) for w in writes] == [b"slow", b"q=2"]
+        assert [_body(w) for w in writes] == [b"held", b"q=2"]
         assert transport.reading
         proto.connection_lost(None)
 
@@ -259,14 +258,8 @@ def test_a_body_past_the_limit_is_refused_with_413_and_the_connection_kept() -> 
 
 
 def test_bodies_in_flight_are_bounded_across_connections_and_given_back() -> None:
-    gate = asyncio.Event()
-
-    async def held(request: Request) -> Response:
-        await gate.wait()
-        return Response(b"held")
-
     async def main() -> None:
-        server = _Server({("POST", "/held"): held}, max_body=1024, max_inflight=1500)
+        server = _Server(max_body=1024, max_inflight=1500)
         a, ta = server.connect()
         a.data_received(b"POST /held HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000)
         await asyncio.sleep(0)
@@ -279,7 +272,7 @@ def test_bodies_in_flight_are_bounded_across_connections_and_given_back() -> Non
         assert server.router.body_bytes_in_flight == 1400
         c.connection_lost(None)  # gone mid-body: its 400 bytes go back, and nothing is answered
         assert server.router.body_bytes_in_flight == 1000 and tc.writes == []
-        gate.set()
+        server.gate.set()
         assert _body((await _writes(ta, 1))[0]) == b"held"
         assert server.router.body_bytes_in_flight == 0
         a.connection_lost(None)
@@ -300,24 +293,18 @@ def test_what_cannot_be_served_gets_a_coded_400_and_a_close(raw: bytes) -> None:
 
 
 def test_graceful_shutdown_closes_an_idle_connection_and_a_busy_one_after_its_answer() -> None:
-    gate = asyncio.Event()
-
-    async def slow(request: Request) -> Response:
-        await gate.wait()
-        return Response(b"slow")
-
     async def main() -> None:
-        server = _Server({("GET", "/slow"): slow})
+        server = _Server()
         idle, t_idle = server.connect()
         busy, t_busy = server.connect()
-        busy.data_received(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        busy.data_received(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
         await asyncio.sleep(0)
         idle.shutdown()
         busy.shutdown()
         assert t_idle.closed and not t_busy.closed
-        gate.set()
+        server.gate.set()
         writes = await _writes(t_busy, 1)
-        assert _body(writes[0]) == b"slow" and b"\r\nconnection: close\r\n" in writes[0]
+        assert _body(writes[0]) == b"held" and b"\r\nconnection: close\r\n" in writes[0]
         assert t_busy.closed
         idle.connection_lost(None)
         busy.connection_lost(None)
@@ -326,14 +313,8 @@ def test_graceful_shutdown_closes_an_idle_connection_and_a_busy_one_after_its_an
 
 
 def test_a_lost_connection_gives_back_the_body_of_a_request_waiting_its_turn() -> None:
-    gate = asyncio.Event()
-
-    async def held(request: Request) -> Response:
-        await gate.wait()
-        return Response(b"held")
-
     async def main() -> None:
-        server = _Server({("POST", "/held"): held})
+        server = _Server()
         proto, transport = server.connect()
         proto.data_received(b"POST /held HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
                             + b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 300\r\n\r\n" + b"y" * 300)
@@ -342,7 +323,7 @@ def test_a_lost_connection_gives_back_the_body_of_a_request_waiting_its_turn() -
         transport.closed = True  # as a real transport is once the peer reset it
         proto.connection_lost(ConnectionResetError())
         assert server.router.body_bytes_in_flight == 100  # the waiting one's went back; the first is still handled
-        gate.set()
+        server.gate.set()
         async with asyncio.timeout(5):
             while server.router.body_bytes_in_flight:
                 await asyncio.sleep(0.001)  # polling the counter, bounded by the timeout above
