@@ -105,13 +105,16 @@ class DirectHttpProtocol(LimitedHttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._arm(self.limits.header_timeout_s, "request head")
+        self._head_bytes = 0
         self._incoming = _Incoming()
 
     def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
         assert self._incoming is not None
         self._incoming.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
         incoming = self._incoming
         assert incoming is not None
         name = name.lower()

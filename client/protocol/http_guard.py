@@ -1,5 +1,5 @@
-"""uvicorn's httptools protocol with the bounds uvicorn lacks: a header and a body read deadline, and a cap on open
-connections. Server-side glue, like :mod:`client.protocol.asgi`: the broker and the nameserver both serve with it.
+"""uvicorn's httptools protocol with the bounds uvicorn lacks: a header and a body read deadline, a cap on a request
+head's size, and a cap on open connections. Server-side glue, like :mod:`client.protocol.asgi`: the broker and the nameserver both serve with it.
 
 uvicorn arms its keep-alive timer only after a response, so a connection that never sends a complete request
 (an idle socket, a slowloris header, a body that stops short of its ``Content-Length``) stays open for ever, one
@@ -8,6 +8,7 @@ descriptor each. Here:
 * from the connection's start, and from the first byte of each later request, the request head must be complete
   within ``header_timeout_s``;
 * once the head is in, the body must be complete within ``body_timeout_s``;
+* a request head (target and headers) of more than ``max_head_bytes`` is refused (httptools sets no bound);
 * past ``max_connections`` open connections a new one is closed at once, with a warning at most once a second.
 
 A deadline that passes closes the connection (no answer can be framed for a request that is not all there).
@@ -55,6 +56,9 @@ class HttpLimits:
     """Open connections; a new one past it is closed at once."""
     keep_alive_timeout_s: int = 5
     """An idle connection after a response is closed after this long (uvicorn's ``timeout_keep_alive``)."""
+    max_head_bytes: int = 64 * 1024
+    """Bytes of a request's target and headers: past them the request is refused (400) and the connection closed
+    (httptools sets no bound, and uvicorn kept every header: a slow stream of them grew without one)."""
 
 
 class _RefusalLog:
@@ -116,6 +120,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._tls_closer: _TlsClosingTransport | None = None
+        self._head_bytes = 0
+        self._refused_why = ""
+        """Why the parse was stopped (the 400's remark), when this protocol stopped it."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -138,7 +145,24 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._arm(self.limits.header_timeout_s, "request head")  # the first byte of a request
+        self._head_bytes = 0
         super().on_message_begin()
+
+    def _count_head(self, more: int) -> None:
+        """Count ``more`` bytes of the request head; past ``max_head_bytes`` the parse stops (the parser answers
+        400 with :attr:`_refused_why`)."""
+        self._head_bytes += more
+        if self._head_bytes > self.limits.max_head_bytes:
+            self._refused_why = f"request head (target and headers) exceeds {self.limits.max_head_bytes} bytes"
+            raise ValueError(self._refused_why)  # httptools raises it on as an HttpParserError
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._arm(self.limits.body_timeout_s, "request body")
@@ -152,6 +176,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's answer to a request its HTTP parser refuses, shaped as every other error of these servers: a
         JSON body with a RocketMQ code (``INVALID_PARAMETER``) and a remark naming the problem, where uvicorn sent
         plain text; the connection is closed after it, as uvicorn does (the parser cannot find the next request)."""
+        if self._refused_why:
+            msg = self._refused_why
         body = encode_error(ResponseCode.INVALID_PARAMETER,
                             f"malformed HTTP/1.1 request: {msg.rstrip('.')}; nothing was done")
         head = [b"HTTP/1.1 400 Bad Request\r\n"]

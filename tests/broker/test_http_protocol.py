@@ -330,3 +330,21 @@ def test_a_lost_connection_gives_back_the_body_of_a_request_waiting_its_turn() -
         assert transport.writes == []  # nothing is written to a lost connection
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("raw", [b"GET /echo?q=" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n",
+                                 b"GET /echo HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"b" * 999)
+                                                                      for i in range(70)) + b"\r\n"])
+def test_a_request_head_past_its_bound_is_refused_with_a_coded_400(raw: bytes) -> None:
+    async def main() -> None:
+        proto, transport = _Server().connect()
+        for at in range(0, len(raw), 4096):  # as the socket delivers it
+            if transport.closed:
+                break
+            proto.data_received(raw[at : at + 4096])
+        assert transport.writes[-1].startswith(b"HTTP/1.1 400 ")
+        assert b"request head (target and headers) exceeds 65536 bytes" in transport.writes[-1]
+        assert transport.closed
+        proto.connection_lost(None)
+
+    asyncio.run(main())
