@@ -23,7 +23,8 @@ pieces, :meth:`~client.protocol.asgi.Response.of_pieces`, that are not copied in
 * **Keep-alive** as uvicorn does it: HTTP/1.1 keeps the connection unless the client says ``Connection: close``;
   HTTP/1.0 closes it after the answer; an idle connection closes after ``keep_alive_timeout_s``.
 * ``Expect: 100-continue`` is answered at once when no other answer is due on the connection; ``HEAD`` gets the
-  head alone; a protocol upgrade (WebSocket) is refused like a malformed request.
+  head alone; a protocol upgrade (WebSocket) is refused like a malformed request: a coded 400, after the answers
+  of the requests before it, then a close.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class DirectHttpProtocol(LimitedHttpToolsProtocol):
         self._answering = False
         self._closing = False
         """Graceful shutdown: close once the answer being written is out."""
+        self._refusal_due: str | None = None
+        """What the parser refused while an answer was due: answered (400, then a close) after it."""
         self._default_headers: list[tuple[bytes, bytes]] | None = None
         self._default_head = b""
 
@@ -99,9 +102,17 @@ class DirectHttpProtocol(LimitedHttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self.send_400_response("protocol upgrades (WebSocket) are not served")
+            self._refuse("protocol upgrades (WebSocket) are not served")
         except httptools.HttpParserError as e:
-            self.send_400_response(str(e) or "invalid HTTP request")
+            self._refuse(str(e) or "invalid HTTP request")
+
+    def _refuse(self, why: str) -> None:
+        """Answer 400 and close -- after the answers of the requests that came before (answers go in order)."""
+        if self._answering:
+            self._refusal_due = why
+            self.flow.pause_reading()
+        else:
+            self.send_400_response(why)
 
     def on_message_begin(self) -> None:
         self._arm(self.limits.header_timeout_s, "request head")
@@ -224,6 +235,9 @@ class DirectHttpProtocol(LimitedHttpToolsProtocol):
             return
         if self._waiting:
             self._start(self._waiting.popleft())
+            return
+        if self._refusal_due is not None:
+            self.send_400_response(self._refusal_due)
             return
         self.flow.resume_reading()
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)

@@ -348,3 +348,19 @@ def test_a_request_head_past_its_bound_is_refused_with_a_coded_400(raw: bytes) -
         proto.connection_lost(None)
 
     asyncio.run(main())
+
+
+def test_garbage_after_a_request_is_refused_after_that_request_is_answered() -> None:
+    async def main() -> None:
+        server = _Server()
+        proto, transport = server.connect()
+        proto.data_received(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\nNOT-HTTP\r\n\r\n")
+        await asyncio.sleep(0)
+        assert transport.writes == [] and not transport.closed  # the 400 waits for the answer before it
+        server.gate.set()
+        writes = await _writes(transport, 2)
+        assert _body(writes[0]) == b"held" and writes[1].startswith(b"HTTP/1.1 400 ")
+        assert transport.closed
+        proto.connection_lost(None)
+
+    asyncio.run(main())
