@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,6 +136,11 @@ def _can_mount_tmpfs() -> bool:
     return True
 
 
+def _copy_if_there(src: str, dst: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copy2(src, dst)
+
+
 def _read_line(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> str:
     """The next stdout line of ``proc`` within ``timeout_s``."""
     assert proc.stdout is not None
@@ -236,6 +242,18 @@ class ChaosCluster:
             self.close()
             raise
         return self
+
+    def keep_stores(self, dest: Path) -> list[Path]:
+        """Copy every broker's store to ``dest/<broker>`` (a failed run's evidence: on tmpfs the stores go with the
+        unmount); returns the copies. A file that changes or vanishes meanwhile is skipped, not an error."""
+        kept = []
+        for b in self.local.brokers:
+            if b.store_dir.is_dir():
+                to = dest / b.store_dir.parent.name
+                shutil.copytree(b.store_dir, to, dirs_exist_ok=True, ignore_dangling_symlinks=True,
+                                copy_function=_copy_if_there)
+                kept.append(to)
+        return kept
 
     def close(self) -> None:
         """Stop every process (paused ones too), the relays, and unmount. Idempotent."""

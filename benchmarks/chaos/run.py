@@ -74,12 +74,26 @@ def run_chaos(profile: Profile, *, mode: str = "sync", seed: int | None = None, 
                 _Run(profile, cluster, report, random.Random(seed), progress or (lambda _: None)).go()
             finally:
                 resume_all(cluster)
+                if report.failures():
+                    _keep_evidence(cluster, report, root)
     except (ChaosClusterError, ClusterError, ClientError, OSError) as e:
         report.errors.append(f"run stopped: {e!r}")
     report.duration_s = time.monotonic() - t0
     if own_root and not report.failures():
         shutil.rmtree(root, ignore_errors=True)
     return report
+
+
+def _keep_evidence(cluster: ChaosCluster, report: ChaosReport, root: Path) -> None:
+    """A failed run keeps what it found (every example the checker noted) and a copy of each broker's store, which
+    a tmpfs disk would otherwise take with it, under ``root``."""
+    lines = [report.summary()]
+    lines += [f"{kind}: {text}" for kind, texts in report.verdict.examples.items() for text in texts]
+    (root / "failure.txt").write_text("\n".join(lines) + "\n")
+    try:
+        cluster.keep_stores(root / "kept-stores")
+    except OSError as e:
+        report.errors.append(f"could not keep the stores: {e}")
 
 
 class _Run:

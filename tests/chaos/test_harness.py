@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
 
+from benchmarks.chaos.cluster import ChaosCluster, ClusterSpec
 from benchmarks.chaos.ledger import AttemptCounter, Ledger, Location, body_of, key_of, make_key, split_key
 from benchmarks.chaos.nemesis import FaultKind, plan
+from benchmarks.chaos.report import ChaosReport
+from benchmarks.chaos.run import _keep_evidence
 from benchmarks.chaos.workload import GAP, ConsumedQueue, Consumers, StallMonitor
 from client import MessageQueue
 
@@ -119,3 +123,22 @@ def test_acked_from_counts_the_acknowledged_messages_a_slave_lacks() -> None:
     led.ack(1, 1, Location(0, 0, 1), 500)   # message 1.0 was never acknowledged
     assert [led.acked_from(0, at) for at in (0, 101, 300, 301, 501)] == [3, 2, 2, 1, 0]
     assert led.acked_from(1, 900) == 1 and led.acked_from(1, 901) == 0
+
+
+def test_a_failed_run_keeps_every_store_and_what_the_checker_noted(tmp_path: Path) -> None:
+    """A failed run keeps what the checker noted, and the stores its tmpfs disks would take with them."""
+    cluster = ChaosCluster(tmp_path / "cluster", ClusterSpec(mode="sync", disk="fault-layer"))
+    try:
+        for b in cluster.local.brokers:
+            (b.store_dir / "commitlog").mkdir(parents=True)
+            (b.store_dir / "commitlog" / "00000000000000000000").write_bytes(b.store_dir.parent.name.encode())
+        report = ChaosReport(profile="short", mode="sync", disk="fault-layer", seed=1, root=str(tmp_path),
+                             targets=(1, 1), stuck_after_s=1.0)
+        report.verdict.note("replica_mismatch", "queue (1, 0): 225 offsets differ, first at 0")
+        _keep_evidence(cluster, report, tmp_path)
+    finally:
+        cluster.close()
+    kept = sorted(p.name for p in (tmp_path / "kept-stores").iterdir())
+    assert kept == sorted(b.store_dir.parent.name for b in cluster.local.brokers) and len(kept) == 4
+    assert (tmp_path / "kept-stores" / kept[0] / "commitlog" / "00000000000000000000").read_bytes() == kept[0].encode()
+    assert "replica_mismatch: queue (1, 0): 225 offsets differ, first at 0" in (tmp_path / "failure.txt").read_text()
