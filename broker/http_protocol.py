@@ -30,6 +30,7 @@ pieces, :meth:`~client.protocol.asgi.Response.of_pieces`, that are not copied in
 from __future__ import annotations
 
 import http
+import logging
 from collections import deque
 from typing import Any, ClassVar, cast
 from urllib.parse import unquote
@@ -40,6 +41,8 @@ from client.protocol.asgi import Response, Router
 from client.protocol.http_guard import HttpLimits, LimitedHttpToolsProtocol, with_limits
 
 __all__ = ["DirectHttpProtocol", "serving"]
+
+log = logging.getLogger(__name__)
 
 #: A head and a body smaller than this are joined into one buffer (cheaper than a gathered write of two).
 _JOIN_BELOW_BYTES = 64 * 1024
@@ -201,6 +204,12 @@ class DirectHttpProtocol(LimitedHttpToolsProtocol):
                 self._write(response, incoming)
                 if self.flow.write_paused:
                     await self.flow.drain()  # a slow reader: no next answer until this one is taken
+        except Exception:
+            # A bug past the router's own catch-all: no answer can be framed, and keeping the connection would leave
+            # the client waiting for it (or reading the next request's answer as this one's). It is closed.
+            log.exception("HTTP: %s %s failed without an answer; closing the connection", incoming.method,
+                          incoming.path)
+            incoming.keep_alive = False
         finally:
             self._answered(incoming)
 

@@ -364,3 +364,24 @@ def test_garbage_after_a_request_is_refused_after_that_request_is_answered() -> 
         proto.connection_lost(None)
 
     asyncio.run(main())
+
+
+def test_a_failure_past_the_router_closes_the_connection_rather_than_leave_the_client_waiting(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        server = _Server()
+
+        async def broken(*args: Any) -> Response:
+            raise RuntimeError("a bug below the router's catch-all")
+
+        server.router.serve = broken  # type: ignore[method-assign,assignment]
+        proto, transport = server.connect()
+        proto.data_received(b"GET /echo?q=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?q=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(5):
+            while not transport.closed:
+                await asyncio.sleep(0.001)  # polling the fake transport, bounded by the timeout above
+        assert transport.writes == []  # no answer, and the second request's is not taken for the first's
+        proto.connection_lost(None)
+
+    asyncio.run(main())
+    assert "GET /echo failed without an answer; closing the connection" in caplog.text
