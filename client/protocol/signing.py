@@ -279,12 +279,6 @@ def _split_target(target: str) -> tuple[str, str]:
     return path, canonical_query(_query_of(target)[1])
 
 
-def _message(scheme: str, method: str, path: str, canonical: str, timestamp_ms: int, nonce: str, access_key: str,
-             body: bytes) -> bytes:
-    return _to_sign(scheme, method.upper(), path, canonical, timestamp_ms, nonce, access_key,
-                    body_digest(body, scheme))  # the body's only pass
-
-
 def _to_sign(scheme: str, method: str, path: str, query: str, timestamp_ms: int, nonce: str, access_key: str,
              body_hash: str) -> bytes:
     """The string to sign (the module docstring), its parts given: the one place that spells it."""
@@ -302,8 +296,8 @@ def _known_scheme(scheme: str) -> str:
 def string_to_sign(method: str, path: str, query: Mapping[str, str], timestamp_ms: int, nonce: str,
                    access_key: str, body: bytes, *, scheme: str = SCHEME) -> bytes:
     """The bytes the signature covers (see the module docstring)."""
-    return _message(_known_scheme(scheme), method, path, canonical_query(query), timestamp_ms, nonce, access_key,
-                    body)
+    return _to_sign(_known_scheme(scheme), method.upper(), path, canonical_query(query), timestamp_ms, nonce,
+                    access_key, body_digest(body, scheme))
 
 
 #: SHA-256's block size, and the key pads of HMAC (RFC 2104) as ``bytes.translate`` tables.
@@ -378,8 +372,9 @@ def parse_authorization_fields(value: bytes | str) -> tuple[str, int, str, str, 
     m = _SDK_HEADER(text)  # the SDK's spelling, bounded in length by the pattern itself
     if m is not None:
         scheme, ak, ts, nonce, sig = m.groups()
-        return ak, int(ts), nonce, sig, _known_scheme(scheme)
-    return _parse_general(value)
+        if scheme in _BODY_DIGESTS:
+            return ak, int(ts), nonce, sig, scheme
+    return _parse_general(value)  # (which names what is wrong, e.g. a scheme this process cannot verify)
 
 
 def parse_authorization(value: bytes | str) -> SignedAuth:
@@ -441,7 +436,8 @@ def verify_fields(key: HmacKey, access_key: str, timestamp_ms: int, nonce: str, 
     request is accepted that its signer did not sign. Otherwise (another client, a proxy that reordered or
     re-encoded the query) ``query`` is canonicalised as usual.
     """
-    body_hash = body_digest(body, scheme)
+    digest = _BODY_DIGESTS.get(scheme) or _BODY_DIGESTS[_known_scheme(scheme)]  # (which raises, naming it)
+    body_hash = digest(body) if body else _EMPTY_BODY_DIGESTS[scheme]
     method = method.upper()
     if raw_query is not None and "\n" not in raw_query:
         msg = _to_sign(scheme, method, path, raw_query, timestamp_ms, nonce, access_key, body_hash)
@@ -472,7 +468,7 @@ class RequestSigner:
     ``scheme`` names the body's digest (the module docstring); the default is :data:`SIGNING_SCHEME`.
     """
 
-    __slots__ = ("_access_key", "_key", "_prefix", "_scheme")
+    __slots__ = ("_access_key", "_digest", "_empty", "_key", "_prefix", "_scheme")
 
     _cache: dict[Credentials, RequestSigner] = {}
     _cache_lock = threading.Lock()
@@ -483,6 +479,8 @@ class RequestSigner:
         self._key = hmac_key(credentials.secret_key)
         self._scheme = _known_scheme(scheme)
         self._prefix = f"{scheme} AccessKey={credentials.access_key},Timestamp="
+        self._digest = _BODY_DIGESTS[scheme]
+        self._empty = _EMPTY_BODY_DIGESTS[scheme]
 
     @classmethod
     def of(cls, credentials: Credentials) -> RequestSigner:
@@ -502,7 +500,8 @@ class RequestSigner:
         return self._header(method, path, canonical, body, timestamp_ms, nonce)
 
     def _header(self, method: str, path: str, canonical: str, body: bytes, timestamp_ms: int, nonce: str) -> str:
-        msg = _message(self._scheme, method, path, canonical, timestamp_ms, nonce, self._access_key, body)
+        msg = _to_sign(self._scheme, method.upper(), path, canonical, timestamp_ms, nonce, self._access_key,
+                       self._digest(body) if body else self._empty)  # the body's only pass
         return f"{self._prefix}{timestamp_ms},Nonce={nonce},Signature={self._key.hexdigest(msg)}"
 
     def fresh(self, method: str, target: str, body: bytes) -> str:
@@ -516,8 +515,12 @@ class RequestSigner:
         canonically), which lets the server verify the query string as received (:func:`verify_fields`) without
         canonicalising it again.
         """
+        timestamp_ms = time.time_ns() // 1_000_000
+        if type(target) is CanonicalTarget:  # every send and pull: its query is canonical, so it is sent as it is
+            path, _, canonical = target.partition("?")
+            return target, self._header(method, path, canonical, body, timestamp_ms, _next_nonce())
         path, canonical = _split_target(target)
-        header = self._header(method, path, canonical, body, time.time_ns() // 1_000_000, _next_nonce())
+        header = self._header(method, path, canonical, body, timestamp_ms, _next_nonce())
         # The canonical query decodes to the same arguments as the target's (decoding inverts the encoding).
         return (f"{path}?{canonical}" if canonical else target), header
 

@@ -272,3 +272,18 @@ def test_a_forked_child_signs_with_nonces_of_its_own() -> None:
         child = r.read().decode()
     os.waitpid(pid, 0)
     assert len(child) == 16 and child != parent
+
+
+@pytest.mark.parametrize(("method", "body"), [("GET", b""), ("POST", b"a batch"), ("post", b"")])
+def test_a_data_path_target_is_signed_as_any_other_target(method: str, body: bytes) -> None:
+    """The signer's shortcut for the request models' targets (their query already canonical) writes the header the
+    general path writes for the same request, timestamp and nonce, and sends the target unchanged."""
+    from client.protocol.requests import PullRequestHeader
+    from client.protocol.signing import RequestSigner, parse_authorization_fields
+
+    target = PullRequestHeader.of("g 1", "T|x", 3, 4096, 32).target()
+    sent, header = RequestSigner(CREDS).sign(method, target, body)
+    _, ts, nonce, _, _ = parse_authorization_fields(header)
+    assert sent is target
+    assert header == authorization_header(CREDS, method, str(target), body, timestamp_ms=ts, nonce=nonce)
+    assert check(header, method.upper(), target, body)
