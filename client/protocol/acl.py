@@ -371,17 +371,23 @@ class ReplayGuard:
 
     A request is fresh when ``|now - timestamp| <= tolerance_ms`` (``aclTimestampToleranceMs``). Each admitted
     request's signature (its first 64 bits: the HMAC covers timestamp, nonce and body, so equal signatures mean
-    the same request) is remembered in a bucket per ``tolerance_ms`` of timestamps; a bucket is dropped whole once
-    every timestamp in it is stale, so forgetting costs nothing per request. At most ``max_entries``
-    (``aclNonceCacheMax``) signatures are held: past that, new requests are refused (never forgotten early, which
-    would open a replay window) until buckets age out.
+    the same request) is remembered in a bucket per :data:`BUCKETS_PER_WINDOW`-th of ``tolerance_ms`` of
+    timestamps; a bucket is dropped whole once every timestamp in it is stale, so forgetting costs nothing per
+    request, and a signature is held at most ``tolerance_ms`` plus one bucket's width after its timestamp (with
+    buckets a window wide, it was up to twice the window: half as many signatures again, in memory and towards
+    the cap). At most ``max_entries`` (``aclNonceCacheMax``) signatures are held: past that, new requests are
+    refused (never forgotten early, which would open a replay window) until buckets age out.
     """
+
+    #: Buckets per ``tolerance_ms`` of timestamps.
+    BUCKETS_PER_WINDOW = 8
 
     def __init__(self, tolerance_ms: int, max_entries: int) -> None:
         if tolerance_ms <= 0 or max_entries <= 0:
             raise ValueError("tolerance_ms and max_entries must be > 0")
         self.tolerance_ms = tolerance_ms
         self.max_entries = max_entries
+        self._width = max(1, tolerance_ms // self.BUCKETS_PER_WINDOW)
         self._buckets: dict[int, set[int]] = {}
         self._size = 0
         self._expired_at = -1
@@ -394,19 +400,20 @@ class ReplayGuard:
         tol = self.tolerance_ms
         if timestamp_ms < now_ms - tol or timestamp_ms > now_ms + tol:
             return Refusal.STALE
-        current = now_ms // tol
-        if current != self._expired_at:
+        width = self._width
+        current = now_ms // width
+        if current != self._expired_at:  # once a bucket's width: drop the buckets whose timestamps are all stale
             self._expired_at = current
-            for b in [b for b in self._buckets if (b + 2) * tol <= now_ms]:
+            for b in [b for b in self._buckets if (b + 1) * width <= now_ms - tol]:
                 self._size -= len(self._buckets.pop(b))
         key = int(signature_hex[:16], 16)
-        bucket = self._buckets.get(timestamp_ms // tol)
+        bucket = self._buckets.get(timestamp_ms // width)
         if bucket is not None and key in bucket:
             return Refusal.REPLAYED
         if self._size >= self.max_entries:
             return Refusal.FULL
         if bucket is None:
-            bucket = self._buckets[timestamp_ms // tol] = set()
+            bucket = self._buckets[timestamp_ms // width] = set()
         bucket.add(key)
         self._size += 1
         return None

@@ -196,3 +196,38 @@ def test_replay_guard_is_bounded_and_forgets_only_stale_entries() -> None:
     later = now + 2000  # every remembered timestamp is now stale, so its bucket goes
     assert guard.admit(later, f"{9:016x}" + "0" * 48, later) is None
     assert len(guard) == 1
+
+
+def test_replay_guard_forgets_a_signature_one_bucket_after_its_timestamp_goes_stale() -> None:
+    """A signature is held until its timestamp is stale plus at most one bucket (an eighth of the window), not for
+    a second window: memory and the cap count the requests of about one window."""
+    guard = ReplayGuard(tolerance_ms=8000, max_entries=10)  # buckets of 1000 ms
+    t = 100_500
+    assert guard.admit(t, "ab" * 32, t) is None
+    assert guard.admit(t + 8000, "cd" * 32, t + 8000) is None  # t still fresh (at the edge): both held
+    assert len(guard) == 2
+    assert guard.admit(t, "ab" * 32, t + 8001) is Refusal.STALE  # t is stale now ...
+    assert len(guard) == 2
+    assert guard.admit(t + 9000, "ef" * 32, t + 9000) is None  # ... and its bucket [100000, 101000) gone
+    assert len(guard) == 2
+
+
+@given(st.lists(st.tuples(st.integers(0, 20_000), st.integers(-3000, 3000), st.integers(0, 5)), max_size=60))
+def test_replay_guard_admits_each_fresh_request_once(steps: list[tuple[int, int, int]]) -> None:
+    """Against a model that remembers everything: whatever the clock and timestamps do, a fresh request is
+    admitted exactly when it was not admitted before (the buckets forget only what is stale)."""
+    guard = ReplayGuard(tolerance_ms=2000, max_entries=1000)
+    seen: set[tuple[int, int]] = set()
+    now = 50_000
+    for advance, offset, n in steps:
+        now += advance % 700
+        ts = now + offset
+        sig = f"{ts:08x}{n:08x}" + "0" * 48
+        got = guard.admit(ts, sig, now)
+        if abs(ts - now) > 2000:
+            assert got is Refusal.STALE
+        elif (ts, n) in seen:
+            assert got is Refusal.REPLAYED
+        else:
+            assert got is None
+            seen.add((ts, n))
