@@ -360,8 +360,6 @@ def _unquote_plus(text: str) -> str:
     return _unquote_plus_short(text) if len(text) <= 64 else unquote(text.replace("+", " "))
 
 
-
-
 async def _lifespan(receive: Receive, send: Send) -> None:
     while True:
         message = await receive()

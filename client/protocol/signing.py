@@ -35,11 +35,12 @@ import re
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import attrs
 import httpx
 
+from client.protocol.asgi import parse_query
 from client.protocol.requests import CanonicalTarget
 
 try:
@@ -228,22 +229,6 @@ def canonical_query(query: Mapping[str, str]) -> str:
     return "&".join([f"{_quoted(k)}={_quoted(v)}" for k, v in items])
 
 
-def _query_of(target: str) -> tuple[str, dict[str, str]]:
-    """Split a request target into its path and decoded query (last value wins, like the servers' parser)."""
-    path, _, qs = target.partition("?")
-    query: dict[str, str] = {}
-    if qs:
-        for field in qs.split("&"):
-            if field:
-                name, _, value = field.partition("=")
-                if "%" in name or "+" in name:
-                    name = unquote(name.replace("+", " "))
-                if "%" in value or "+" in value:
-                    value = unquote(value.replace("+", " "))
-                query[name] = value
-    return path, query
-
-
 #: ``%XX`` as :func:`canonical_query` writes it: upper-case hex of an ASCII character ``quote`` escapes.
 _CANONICAL_ESCAPE = r"(?:[01][0-9A-F]|2[0-9A-CF]|3[A-F]|40|5[B-E]|60|7[B-DF])"
 #: A ``%`` that does not open such an escape.
@@ -276,7 +261,8 @@ def _split_target(target: str) -> tuple[str, str]:
             return path, qs
         if len(ordered) == len(names):
             return path, "&".join(sorted(qs.replace("=", "\x00").split("&"))).replace("\x00", "=")
-    return path, canonical_query(_query_of(target)[1])
+    # Decoded as the servers decode what they receive (a target outside ASCII as its UTF-8 bytes).
+    return path, canonical_query(parse_query(qs.encode()))
 
 
 def _to_sign(scheme: str, method: str, path: str, query: str, timestamp_ms: int, nonce: str, access_key: str,
