@@ -12,6 +12,7 @@ import pytest
 
 from broker.ha import HAConfig, HAService
 from broker.ha.protocol import encode_report
+from tests.broker.ha.conftest import FILE_SIZE
 
 pytestmark = pytest.mark.ha
 
@@ -133,6 +134,38 @@ def test_a_waiting_send_survives_its_slave_leaving_until_its_deadline(
             assert await expiring is False
             assert loop.time() - t0 >= 0.29  # at its deadline, not when the slave left
             assert service.status()["ackWaiters"] == 0
+
+    run(scenario())
+
+
+def test_an_empty_slave_does_not_ack_a_put_in_a_file_it_was_never_sent(
+    run: Run, kind: Any, stores: Callable[[str], Any]
+) -> None:
+    """A send waits while a slave is connected but silent (it counts, as in RocketMQ); the master moves on to its
+    next file before the slave's first report, 0, so the slave is streamed from that file's start and never gets
+    the send's bytes. Its later acks, past the send's end, must not complete the send (they did: SEND_OK for a
+    message no slave held, what the chaos run saw as a replica missing acknowledged messages)."""
+    master = stores("master")
+    end = kind.write(master, 2, 1000)  # within the 4 KiB gap of a slave that has not reported
+
+    async def scenario() -> None:
+        async with master_service(master) as service:
+            silent = await RawSlave.connect(service)
+            early = service.wait_for_replicas(end, 1.0)
+            assert early is not None and not early.done()
+            kind.write(master, FILE_SIZE // 1000 + 8, 1000)  # into the next file
+            start = master.max_physical_offset - master.max_physical_offset % FILE_SIZE
+            assert start >= end
+            later_end = kind.write(master, 1, 1000)
+            await silent.report(0)
+            await silent.report(later_end - 500)  # past the early send's end: in sync again
+            assert not early.done()
+            later = service.wait_for_replicas(later_end, DEADLINE_S)
+            assert later is not None and not later.done()
+            await silent.report(later_end)
+            assert await asyncio.wait_for(later, DEADLINE_S) is True  # what it was sent, it acks
+            assert await early is False  # FLUSH_SLAVE_TIMEOUT at its deadline, never SEND_OK
+            await silent.close()
 
     run(scenario())
 

@@ -298,3 +298,43 @@ def test_report_violation(offset: int, first: bool, master_max: int, sent_to: in
     assert (reason is not None) is refused
     if reason is not None:
         assert str(offset) in reason
+
+
+def test_an_empty_slave_streamed_from_the_last_file_acks_nothing_below_it() -> None:
+    """The chaos failure: a put waits while a slave is connected but has not reported; the slave reports 0 once
+    the master is in its next file, so it is streamed from that file's start and never gets the put. Its acks,
+    all past the put's end, must not answer SEND_OK for it."""
+    s: ReplicationState[str] = ReplicationState(max_gap=1 << 30, max_waiters=10)
+    s.add_slave(1, "s:1")
+    assert s.slave_acks_needed(1000) == 1  # a connected slave that has not reported counts (RocketMQ's -1)
+    assert s.wait(1000, "in the first file") is not None
+    assert s.on_report(1, 0, start=262144) == (True, [])
+    assert s.slaves[1].holds_from == 262144
+    assert s.wait(262144 + 500, "in the streamed file") is not None
+    assert s.wait(1000, "another below") is not None  # not completed at once either
+    assert s.on_report(1, 262144 + 600) == (False, ["in the streamed file"])
+    assert s.on_report(1, 10_000_000) == (False, [])
+    assert len(s.waiters) == 2  # they time out: FLUSH_SLAVE_TIMEOUT, never SEND_OK
+
+
+def test_a_slave_that_holds_the_put_still_completes_it_past_another_slaves_gap() -> None:
+    s: ReplicationState[str] = ReplicationState(max_gap=1 << 30, max_waiters=10)
+    s.add_slave(1, "full")
+    s.add_slave(2, "empty")
+    assert s.on_report(1, 500) == (True, [])  # holds everything below 500
+    s.wait(1000, "one ack", acks=1)
+    s.wait(1000, "two acks", acks=2)
+    s.wait(300_000, "two acks above the gap", acks=2)
+    assert s.on_report(2, 0, start=262144) == (True, [])
+    assert s.on_report(2, 400_000) == (False, [])  # slave 2 cannot hold offset 1000; slave 1 is behind
+    assert s.on_report(1, 400_000) == (False, ["one ack", "two acks above the gap"])
+    assert len(s.waiters) == 1  # "two acks" below the gap: only one slave holds it
+
+
+def test_a_resuming_or_retention_behind_slave_is_judged_by_where_it_is_streamed_from() -> None:
+    p = SlaveProgress("s:1")
+    p.on_report(5000, start=5000)  # resumes where it stopped: it holds what is below
+    assert p.holds_from == 0
+    q = SlaveProgress("s:2")
+    q.on_report(100, start=4096)  # behind the master's retention: it drops its log, starts at 4096
+    assert q.holds_from == 4096
