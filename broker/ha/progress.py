@@ -228,7 +228,7 @@ class AckWaiters(Generic[T]):
         counted slave by slave (:func:`holding`), and one it cannot complete yet is stepped over, not in the way
         of the waiters above it."""
         done: list[T] = []
-        gap_end = max((start for start, _ in gaps), default=0)
+        gap_end = max(start for start, _ in gaps) if gaps else 0
         for acks, heap in self._heaps.items():
             if acks > len(acks_best_first):
                 continue  # fewer slaves connected than this group needs
@@ -300,6 +300,8 @@ class ReplicationState(Generic[T]):
         self.waiters: AckWaiters[T] = AckWaiters(max_waiters)
         self.push2slave_max_offset = 0
         """The best ack any slave ever gave (monotonic, kept after it disconnects): for the status page only."""
+        self._gapped = 0
+        """Connected slaves whose bytes begin past 0 (:attr:`SlaveProgress.holds_from`): usually none."""
 
     @property
     def connection_count(self) -> int:
@@ -316,7 +318,9 @@ class ReplicationState(Generic[T]):
         """Forget a connection and its acks. A pending waiter is left alone: it can no longer count this slave,
         but other connected slaves (or one that connects and catches up) may still complete it before its
         deadline, when the I/O layer expires it (FLUSH_SLAVE_TIMEOUT)."""
-        self.slaves.pop(conn_id, None)
+        progress = self.slaves.pop(conn_id, None)
+        if progress is not None and progress.holds_from:
+            self._gapped -= 1
 
     def on_report(self, conn_id: int, offset: int, start: int | None = None) -> tuple[bool, list[T]]:
         """A report from one slave: returns (it was the connection's first report, waiter tokens completed).
@@ -329,11 +333,13 @@ class ReplicationState(Generic[T]):
         if progress is None:
             raise KeyError(f"report from unknown connection id {conn_id}")
         first = progress.on_report(offset, start)
+        if first and progress.holds_from:
+            self._gapped += 1
         if offset > self.push2slave_max_offset:
             self.push2slave_max_offset = offset
         if not len(self.waiters):
             return first, []
-        return first, self.waiters.on_acks(self.acks_best_first(), self.gaps())
+        return first, self.waiters.on_acks(self.acks_best_first(), self.gaps() if self._gapped else ())
 
     def acks_best_first(self) -> list[int]:
         """The last ack of each connected slave, best first (-1 for one that has not reported)."""
@@ -365,7 +371,8 @@ class ReplicationState(Generic[T]):
             TooManyWaitersError: ``max_waiters`` waits are already pending.
         """
         best = self.acks_best_first()
-        if 1 <= acks <= len(best) and holding(end_offset, best, self.gaps()) >= acks:
+        if 1 <= acks <= len(best) and best[acks - 1] >= end_offset and (
+                not self._gapped or holding(end_offset, best, self.gaps()) >= acks):
             return None
         return self.waiters.add(end_offset, token, acks)
 

@@ -338,3 +338,14 @@ def test_a_resuming_or_retention_behind_slave_is_judged_by_where_it_is_streamed_
     q = SlaveProgress("s:2")
     q.on_report(100, start=4096)  # behind the master's retention: it drops its log, starts at 4096
     assert q.holds_from == 4096
+
+
+def test_a_gapped_slave_that_leaves_no_longer_holds_back_the_waiters_below_its_start() -> None:
+    s: ReplicationState[str] = ReplicationState(max_gap=1 << 30, max_waiters=10)
+    s.add_slave(1, "empty")
+    s.wait(1000, "below")
+    s.on_report(1, 0, start=262144)
+    s.remove_slave(1)
+    s.add_slave(2, "full")
+    assert s.on_report(2, 2000) == (True, ["below"])  # it holds everything below its first report
+    assert s.wait(1500, "held already") is None
