@@ -29,6 +29,7 @@ function route() {
 function shortError(e) {
   const text = String(e || "");
   if (/refused/i.test(text)) return "connection refused";
+  if (/closed the connection|connection reset/i.test(text)) return "connection closed without an answer";
   if (/timeout|timed out/i.test(text)) return "no answer in time";
   return text.slice(0, 60);
 }
