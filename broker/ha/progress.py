@@ -18,10 +18,11 @@ do its acks: a waiter completes when enough *connected* slaves have acked its of
 still kept, for the status page only.
 
 An ack covers only bytes the slave holds. An empty slave is streamed from the start of the master's last file
-(SEMANTICS.md 2.4) and never gets the bytes below it, so its acks complete no waiter below that start
-(:attr:`SlaveProgress.holds_from`): RocketMQ compares the ack with the put's end alone, and a put appended while a
-slave connected but had not yet reported, in a file the master then left, got SEND_OK from a slave that never
-received it.
+(SEMANTICS.md 2.4) and never gets the bytes below it. A put appended while a slave was connected but had not yet
+reported, in a file the master then left, got SEND_OK from that slave's acks, past the put's end, though it never
+received it (RocketMQ compares the ack with the put's end alone). So an empty slave is streamed from the file of
+the oldest put still waiting (:func:`transfer_start_offset`), and a slave streamed from past its first report
+completes no waiter below where its bytes begin (:attr:`SlaveProgress.holds_from`).
 
 The I/O layer (:mod:`broker.ha.service`) feeds reports in and completes whatever tokens come back.
 """
@@ -56,10 +57,13 @@ _SWEEP_SLACK = 1024
 
 
 def transfer_start_offset(request_offset: int, master_max_offset: int, mapped_file_size: int,
-                          master_min_offset: int = 0) -> int:
+                          master_min_offset: int = 0, oldest_waiting_end: int | None = None) -> int:
     """Where the master starts streaming for a slave's first report (SEMANTICS.md 2.4).
 
-    An empty slave (report 0) gets the start of the master's LAST commit-log file; older data is never sent.
+    An empty slave (report 0) gets the start of the master's LAST commit-log file; older data is never sent --
+    except that it gets the file of the oldest SYNC_MASTER send still waiting for a replica
+    (``oldest_waiting_end``, that send's end offset) when that file is older: such a send was appended while a
+    slave was connected but silent, and a slave streamed from after it could never ack it truthfully.
     A slave whose log ends before the master's oldest file (it was away while retention deleted what it
     needed) gets the master's first file: it then drops its own log and continues from there (RocketMQ would
     wait forever for bytes the master no longer has).
@@ -67,7 +71,11 @@ def transfer_start_offset(request_offset: int, master_max_offset: int, mapped_fi
     if request_offset < 0:
         raise ValueError(f"request offset {request_offset} is negative: the slave has not reported yet")
     if request_offset == 0:
-        return max(0, master_max_offset - master_max_offset % mapped_file_size)
+        start = master_max_offset - master_max_offset % mapped_file_size
+        if oldest_waiting_end is not None and 0 < oldest_waiting_end <= start:
+            last_byte = oldest_waiting_end - 1
+            start = last_byte - last_byte % mapped_file_size
+        return max(start, master_min_offset)
     if request_offset < master_min_offset:
         return master_min_offset
     return request_offset
@@ -265,6 +273,11 @@ class AckWaiters(Generic[T]):
                 self._heaps[acks] = kept
             self._entries = self._live
         return True
+
+    def oldest_end(self) -> int | None:
+        """The lowest end offset a waiter may still wait for (None: no waiter); an expired waiter not yet dropped
+        can make it lower than the live ones'."""
+        return min((heap[0][0] for heap in self._heaps.values() if heap), default=None)
 
     def drain(self) -> list[T]:
         """Withdraw every pending waiter (shutdown); return their tokens, in offset order."""

@@ -503,7 +503,7 @@ class HAService:
     def _start_offset(self, request_offset: int) -> int:
         store = self._store
         return transfer_start_offset(request_offset, store.max_physical_offset, store.mapped_file_size_commitlog,
-                                     store.min_physical_offset)
+                                     store.min_physical_offset, self._state.waiters.oldest_end())
 
     def _on_report(self, conn: _SlaveConnection, offset: int) -> None:
         first = conn.progress.request_offset < 0

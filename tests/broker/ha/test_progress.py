@@ -50,6 +50,33 @@ def test_transfer_start_offset_after_retention(request_offset: int, master_min: 
     assert transfer_start_offset(request_offset, 9000, 4096, master_min) == expected
 
 
+@pytest.mark.parametrize(
+    ("request_offset", "oldest_waiting_end", "master_min", "expected"),
+    [
+        (0, None, 0, 8192),  # nothing waits: the last file
+        (0, 9000, 0, 8192),  # the oldest waiting send is in the last file already
+        (0, 8192, 0, 4096),  # it ends exactly at the last file's start: its bytes are in the file before
+        (0, 100, 0, 0),  # a send in the first file still waits: streamed from there
+        (0, 100, 4096, 4096),  # (retention never deletes that young a file; the master's first file at most)
+        (5000, 100, 0, 5000),  # a slave with a log resumes from its own offset, whatever waits
+    ],
+)
+def test_an_empty_slave_is_streamed_from_the_oldest_waiting_sends_file(request_offset: int, oldest_waiting_end: int,
+                                                                        master_min: int, expected: int) -> None:
+    assert transfer_start_offset(request_offset, 9000, 4096, master_min, oldest_waiting_end) == expected
+
+
+def test_the_oldest_waiting_end_is_the_lowest_head() -> None:
+    w: AckWaiters[str] = AckWaiters(max_waiters=10)
+    assert w.oldest_end() is None
+    w.add(300, "a", acks=2)
+    w.add(200, "b")
+    w.add(500, "c")
+    assert w.oldest_end() == 200
+    w.on_acks([250, 250])
+    assert w.oldest_end() == 300
+
+
 def test_transfer_start_offset_needs_a_report() -> None:
     with pytest.raises(ValueError, match="not reported"):
         transfer_start_offset(-1, 100, 64)
