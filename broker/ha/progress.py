@@ -275,9 +275,16 @@ class AckWaiters(Generic[T]):
         return True
 
     def oldest_end(self) -> int | None:
-        """The lowest end offset a waiter may still wait for (None: no waiter); an expired waiter not yet dropped
-        can make it lower than the live ones'."""
-        return min((heap[0][0] for heap in self._heaps.values() if heap), default=None)
+        """The lowest end offset a live waiter waits for (None: no waiter). Expired waiters at the heads are dropped
+        on the way: one left from long ago would send a new slave back to a file it has no need of."""
+        ends: list[int] = []
+        for heap in self._heaps.values():
+            while heap and not heap[0][2].active:
+                heapq.heappop(heap)
+                self._entries -= 1
+            if heap:
+                ends.append(heap[0][0])
+        return min(ends, default=None)
 
     def drain(self) -> list[T]:
         """Withdraw every pending waiter (shutdown); return their tokens, in offset order."""

@@ -75,6 +75,11 @@ def test_the_oldest_waiting_end_is_the_lowest_head() -> None:
     assert w.oldest_end() == 200
     w.on_acks([250, 250])
     assert w.oldest_end() == 300
+    w.expire(w.add(100, "expired long ago"))  # expired waiters stay in the heaps until acks pass them
+    assert w.oldest_end() == 300
+    assert len(w) == 2
+    w.drain()
+    assert w.oldest_end() is None
 
 
 def test_transfer_start_offset_needs_a_report() -> None:
