@@ -29,7 +29,7 @@ from client._requests import Answer, Exchange, Op
 from client._routing import PullNodeTable, PullPlan, PullTarget, plan_pull
 from client.errors import BrokerNotFoundError, ClientError
 from client.protocol import wire
-from client.protocol.codes import MASTER_ID, PullSysFlag
+from client.protocol.codes import MASTER_ID, PULL_COMMIT_OFFSET
 from client.protocol.message import MessageQueue
 from client.protocol.requests import PullRequestHeader
 
@@ -98,8 +98,8 @@ def _role(t: PullTarget) -> str:
 
 def _target(header: PullRequestHeader, t: PullTarget) -> str:
     """The pull's path and query for ``t``: the commit offset goes to a master only (SEMANTICS.md 3.3)."""
-    if t.slave and header.sys_flag & PullSysFlag.COMMIT_OFFSET:
-        header = attrs.evolve(header, sys_flag=header.sys_flag & ~PullSysFlag.COMMIT_OFFSET, commit_offset=-1)
+    if t.slave and header.sys_flag & PULL_COMMIT_OFFSET:
+        header = attrs.evolve(header, sys_flag=header.sys_flag & ~PULL_COMMIT_OFFSET, commit_offset=-1)
     return header.target()
 
 

@@ -26,7 +26,7 @@ from urllib.parse import quote
 import attrs
 
 from client.errors import ClientError, MessageIllegalError
-from client.protocol.codes import PullSysFlag, ResponseCode
+from client.protocol.codes import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ResponseCode
 from client.protocol.properties import validate_group, validate_topic
 from client.protocol.selector import EXPRESSION_TYPES, TAG
 
@@ -47,11 +47,6 @@ __all__ = [
     "query_int",
     "quote_arg",
 ]
-
-# The pull flag bits as ints: ``int & IntFlag`` and ``|=`` go through the enum machinery (about 1 µs each).
-_SUBSCRIPTION = int(PullSysFlag.SUBSCRIPTION)
-_COMMIT_OFFSET = int(PullSysFlag.COMMIT_OFFSET)
-_SUSPEND = int(PullSysFlag.SUSPEND)
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -216,14 +211,14 @@ class PullRequestHeader:
         Returns:
             The header; ``SUBSCRIPTION`` is always set.
         """
-        flag = _SUBSCRIPTION
+        flag = PULL_SUBSCRIPTION
         commit = -1
         if commit_offset is not None and commit_offset >= 0:
-            flag |= _COMMIT_OFFSET
+            flag |= PULL_COMMIT_OFFSET
             commit = commit_offset
         suspend = DEFAULT_SUSPEND_TIMEOUT_MS
         if suspend_timeout_ms:
-            flag |= _SUSPEND
+            flag |= PULL_SUSPEND
             suspend = suspend_timeout_ms
         return cls(group, topic, queue_id, offset, max_nums, DEFAULT_PULL_MAX_BYTES if max_bytes is None else max_bytes,
                    flag, commit, suspend, sub_expression, expression_type)
@@ -235,7 +230,7 @@ class PullRequestHeader:
         (:mod:`client.protocol.signing`), so the ACL's signer sends this string as it is.
         """
         flag = self.sys_flag
-        query = f"commitOffset={self.commit_offset}&" if flag & _COMMIT_OFFSET else ""
+        query = f"commitOffset={self.commit_offset}&" if flag & PULL_COMMIT_OFFSET else ""
         if self.expression_type != TAG:
             query += f"expressionType={quote_arg(self.expression_type)}&"
         query += f"group={quote_arg(self.group)}"
@@ -243,7 +238,7 @@ class PullRequestHeader:
             query += f"&maxBytes={self.max_bytes}"
         query += (f"&maxNums={self.max_nums}&offset={self.offset}&queueId={self.queue_id}"
                   f"&subExpression={quote_arg(self.sub_expression)}")
-        if flag & _SUSPEND:
+        if flag & PULL_SUSPEND:
             query += f"&suspendTimeoutMs={self.suspend_timeout_ms}"
         return f"{query}&sysFlag={flag}&topic={quote_arg(self.topic)}"
 
