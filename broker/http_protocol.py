@@ -118,8 +118,7 @@ class DirectHttpProtocol(LimitedHttpToolsProtocol):
             self.send_400_response(why)
 
     def on_message_begin(self) -> None:
-        self._arm(self.limits.header_timeout_s, "request head")
-        self._head_bytes = 0
+        self._head_begins()  # not the base's on_message_begin: it goes on into uvicorn's per-request scope
         self._incoming = _Incoming()
 
     def on_url(self, url: bytes) -> None:

@@ -144,9 +144,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
-        self._arm(self.limits.header_timeout_s, "request head")  # the first byte of a request
-        self._head_bytes = 0
+        self._head_begins()
         super().on_message_begin()
+
+    def _head_begins(self) -> None:
+        """The first byte of a request: its head's deadline and byte count start."""
+        self._arm(self.limits.header_timeout_s, "request head")
+        self._head_bytes = 0
 
     def _count_head(self, more: int) -> None:
         """Count ``more`` bytes of the request head; past ``max_head_bytes`` the parse stops (the parser answers
