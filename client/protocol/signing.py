@@ -422,8 +422,7 @@ def verify_fields(key: HmacKey, access_key: str, timestamp_ms: int, nonce: str, 
     request is accepted that its signer did not sign. Otherwise (another client, a proxy that reordered or
     re-encoded the query) ``query`` is canonicalised as usual.
     """
-    digest = _BODY_DIGESTS.get(scheme) or _BODY_DIGESTS[_known_scheme(scheme)]  # (which raises, naming it)
-    body_hash = digest(body) if body else _EMPTY_BODY_DIGESTS[scheme]
+    body_hash = body_digest(body, scheme)
     method = method.upper()
     if raw_query is not None and "\n" not in raw_query:
         msg = _to_sign(scheme, method, path, raw_query, timestamp_ms, nonce, access_key, body_hash)
@@ -501,14 +500,13 @@ class RequestSigner:
         canonically), which lets the server verify the query string as received (:func:`verify_fields`) without
         canonicalising it again.
         """
-        timestamp_ms = time.time_ns() // 1_000_000
-        if type(target) is CanonicalTarget:  # every send and pull: its query is canonical, so it is sent as it is
-            path, _, canonical = target.partition("?")
-            return target, self._header(method, path, canonical, body, timestamp_ms, _next_nonce())
         path, canonical = _split_target(target)
-        header = self._header(method, path, canonical, body, timestamp_ms, _next_nonce())
-        # The canonical query decodes to the same arguments as the target's (decoding inverts the encoding).
-        return (f"{path}?{canonical}" if canonical else target), header
+        header = self._header(method, path, canonical, body, time.time_ns() // 1_000_000, _next_nonce())
+        # The canonical query decodes to the same arguments as the target's (decoding inverts the encoding); a
+        # CanonicalTarget (every send and pull) already is that string.
+        if type(target) is CanonicalTarget or not canonical:
+            return target, header
+        return f"{path}?{canonical}", header
 
 
 def fresh_authorization(credentials: Credentials, method: str, target: str, body: bytes) -> str:
