@@ -17,12 +17,10 @@ slave still catching up every send waited for the whole timeout; here that slave
 do its acks: a waiter completes when enough *connected* slaves have acked its offset. ``push2SlaveMaxOffset`` is
 still kept, for the status page only.
 
-An ack covers only bytes the slave holds. An empty slave is streamed from the start of the master's last file
-(SEMANTICS.md 2.4) and never gets the bytes below it. A put appended while a slave was connected but had not yet
-reported, in a file the master then left, got SEND_OK from that slave's acks, past the put's end, though it never
-received it (RocketMQ compares the ack with the put's end alone). So an empty slave is streamed from the file of
-the oldest put still waiting (:func:`transfer_start_offset`), and a slave streamed from past its first report
-completes no waiter below where its bytes begin (:attr:`SlaveProgress.holds_from`).
+An empty slave is streamed from the start of the master's last file (SEMANTICS.md 2.4) -- or from the file of the
+oldest put still waiting for a replica, when that file is older (:func:`transfer_start_offset`). Such a put was
+appended while a slave was connected but had not yet reported; streamed from after it, that slave acked past its
+end without ever receiving it, and the put got SEND_OK (RocketMQ compares the ack with the put's end alone).
 
 The I/O layer (:mod:`broker.ha.service`) feeds reports in and completes whatever tokens come back.
 """
@@ -31,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 import attrs
@@ -43,7 +41,6 @@ __all__ = [
     "ReplicationState",
     "SlaveProgress",
     "TooManyWaitersError",
-    "holding",
     "report_violation",
     "slave_acks_needed",
     "slave_in_sync",
@@ -151,29 +148,14 @@ class SlaveProgress:
     """The last report (the slave's max physical offset); -1 until the first report."""
     transferred_bytes: int = 0
     """Body bytes sent to this slave on this connection."""
-    holds_from: int = 0
-    """Where this slave's bytes begin when the master streamed from past its first report (an empty slave gets
-    the master's last file, a slave behind retention its first): its acks cover nothing below. 0 when it holds
-    everything below its first report."""
 
-    def on_report(self, offset: int, start: int | None = None) -> bool:
-        """Record a report; return True when it is the first one (the writer may start). ``start``: with the first
-        report, where the master streams from (:func:`transfer_start_offset`)."""
+    def on_report(self, offset: int) -> bool:
+        """Record a report; return True when it is the first one (the writer may start)."""
         self.ack_offset = offset
         if self.request_offset < 0:
             self.request_offset = offset
-            if start is not None and start > offset:
-                self.holds_from = start
             return True
         return False
-
-
-def holding(end_offset: int, acks_best_first: Sequence[int], gaps: Sequence[tuple[int, int]]) -> int:
-    """How many slaves hold the put ending at ``end_offset``: those whose ack reached it, less those of ``gaps``
-    (``(holds_from, ack)`` of each slave streamed from past its first report) whose bytes begin at or after it.
-    A put never straddles such a start (a commit-log file's first byte)."""
-    n = sum(1 for a in acks_best_first if a >= end_offset)
-    return n - sum(1 for start, a in gaps if start >= end_offset and a >= end_offset) if gaps else n
 
 
 class TooManyWaitersError(RuntimeError):
@@ -227,37 +209,21 @@ class AckWaiters(Generic[T]):
         self._live += 1
         return waiter
 
-    def on_acks(self, acks_best_first: list[int], gaps: Sequence[tuple[int, int]] = ()) -> list[T]:
+    def on_acks(self, acks_best_first: list[int]) -> list[T]:
         """The ack offsets of the connected slaves, best first: return the tokens now satisfied, in offset order
-        within each group of equal ``acks``.
-
-        ``gaps``: ``(holds_from, ack)`` of each slave whose bytes begin past 0 (:attr:`SlaveProgress.holds_from`).
-        Such a slave's ack covers no put below its first byte: a waiter at or below the highest such start is
-        counted slave by slave (:func:`holding`), and one it cannot complete yet is stepped over, not in the way
-        of the waiters above it."""
+        within each group of equal ``acks``."""
         done: list[T] = []
-        gap_end = max(start for start, _ in gaps) if gaps else 0
         for acks, heap in self._heaps.items():
             if acks > len(acks_best_first):
                 continue  # fewer slaves connected than this group needs
             reached = acks_best_first[acks - 1]
-            stepped_over: list[tuple[int, int, AckWaiter[T]]] = []
-            while heap:
-                end, _, waiter = heap[0]
-                if end > gap_end:
-                    if end > reached:
-                        break
-                elif waiter.active and holding(end, acks_best_first, gaps) < acks:
-                    stepped_over.append(heapq.heappop(heap))
-                    continue
-                heapq.heappop(heap)
+            while heap and heap[0][0] <= reached:
+                waiter = heapq.heappop(heap)[2]
                 self._entries -= 1
                 if waiter.active:
                     waiter.active = False
                     self._live -= 1
                     done.append(waiter.token)
-            for entry in stepped_over:
-                heapq.heappush(heap, entry)
         return done
 
     def expire(self, waiter: AckWaiter[T]) -> bool:
@@ -320,8 +286,6 @@ class ReplicationState(Generic[T]):
         self.waiters: AckWaiters[T] = AckWaiters(max_waiters)
         self.push2slave_max_offset = 0
         """The best ack any slave ever gave (monotonic, kept after it disconnects): for the status page only."""
-        self._gapped = 0
-        """Connected slaves whose bytes begin past 0 (:attr:`SlaveProgress.holds_from`): usually none."""
 
     @property
     def connection_count(self) -> int:
@@ -338,36 +302,26 @@ class ReplicationState(Generic[T]):
         """Forget a connection and its acks. A pending waiter is left alone: it can no longer count this slave,
         but other connected slaves (or one that connects and catches up) may still complete it before its
         deadline, when the I/O layer expires it (FLUSH_SLAVE_TIMEOUT)."""
-        progress = self.slaves.pop(conn_id, None)
-        if progress is not None and progress.holds_from:
-            self._gapped -= 1
+        self.slaves.pop(conn_id, None)
 
-    def on_report(self, conn_id: int, offset: int, start: int | None = None) -> tuple[bool, list[T]]:
+    def on_report(self, conn_id: int, offset: int) -> tuple[bool, list[T]]:
         """A report from one slave: returns (it was the connection's first report, waiter tokens completed).
 
-        The first report is an ack too: the slave holds every byte below it (a reconnecting slave's data counts),
-        unless the master streams it from further on (``start``, given with the first report: an empty slave gets
-        the master's last file), when its acks cover only what it was sent.
+        The first report is an ack too: the slave holds every byte below it (a reconnecting slave's data counts).
         """
         progress = self.slaves.get(conn_id)
         if progress is None:
             raise KeyError(f"report from unknown connection id {conn_id}")
-        first = progress.on_report(offset, start)
-        if first and progress.holds_from:
-            self._gapped += 1
+        first = progress.on_report(offset)
         if offset > self.push2slave_max_offset:
             self.push2slave_max_offset = offset
         if not len(self.waiters):
             return first, []
-        return first, self.waiters.on_acks(self.acks_best_first(), self.gaps() if self._gapped else ())
+        return first, self.waiters.on_acks(self.acks_best_first())
 
     def acks_best_first(self) -> list[int]:
         """The last ack of each connected slave, best first (-1 for one that has not reported)."""
         return sorted((p.ack_offset for p in self.slaves.values()), reverse=True)
-
-    def gaps(self) -> list[tuple[int, int]]:
-        """``(holds_from, ack)`` of each connected slave whose bytes begin past 0."""
-        return [(p.holds_from, p.ack_offset) for p in self.slaves.values() if p.holds_from]
 
     def in_sync_slave_count(self, master_put_where: int) -> int:
         """Connected slaves whose own ack is less than ``max_gap`` behind ``master_put_where`` (the master not
@@ -391,8 +345,7 @@ class ReplicationState(Generic[T]):
             TooManyWaitersError: ``max_waiters`` waits are already pending.
         """
         best = self.acks_best_first()
-        if 1 <= acks <= len(best) and best[acks - 1] >= end_offset and (
-                not self._gapped or holding(end_offset, best, self.gaps()) >= acks):
+        if 1 <= acks <= len(best) and best[acks - 1] >= end_offset:
             return None
         return self.waiters.add(end_offset, token, acks)
 

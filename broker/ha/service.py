@@ -521,7 +521,7 @@ class HAService:
                 conn.close("too many slaves")
                 return
             conn.sent_to = self._start_offset(offset)
-        first, done = self._state.on_report(conn.conn_id, offset, conn.sent_to if first else None)
+        first, done = self._state.on_report(conn.conn_id, offset)
         if first:
             conn.first_report.set()
         for fut in done:

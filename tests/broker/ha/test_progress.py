@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.ha.config import HAConfig
 from broker.ha.progress import (
@@ -332,52 +334,22 @@ def test_report_violation(offset: int, first: bool, master_max: int, sent_to: in
         assert str(offset) in reason
 
 
-def test_an_empty_slave_streamed_from_the_last_file_acks_nothing_below_it() -> None:
-    """The chaos failure: a put waits while a slave is connected but has not reported; the slave reports 0 once
-    the master is in its next file, so it is streamed from that file's start and never gets the put. Its acks,
-    all past the put's end, must not answer SEND_OK for it."""
-    s: ReplicationState[str] = ReplicationState(max_gap=1 << 30, max_waiters=10)
-    s.add_slave(1, "s:1")
-    assert s.slave_acks_needed(1000) == 1  # a connected slave that has not reported counts (RocketMQ's -1)
-    assert s.wait(1000, "in the first file") is not None
-    assert s.on_report(1, 0, start=262144) == (True, [])
-    assert s.slaves[1].holds_from == 262144
-    assert s.wait(262144 + 500, "in the streamed file") is not None
-    assert s.wait(1000, "another below") is not None  # not completed at once either
-    assert s.on_report(1, 262144 + 600) == (False, ["in the streamed file"])
-    assert s.on_report(1, 10_000_000) == (False, [])
-    assert len(s.waiters) == 2  # they time out: FLUSH_SLAVE_TIMEOUT, never SEND_OK
-
-
-def test_a_slave_that_holds_the_put_still_completes_it_past_another_slaves_gap() -> None:
-    s: ReplicationState[str] = ReplicationState(max_gap=1 << 30, max_waiters=10)
-    s.add_slave(1, "full")
-    s.add_slave(2, "empty")
-    assert s.on_report(1, 500) == (True, [])  # holds everything below 500
-    s.wait(1000, "one ack", acks=1)
-    s.wait(1000, "two acks", acks=2)
-    s.wait(300_000, "two acks above the gap", acks=2)
-    assert s.on_report(2, 0, start=262144) == (True, [])
-    assert s.on_report(2, 400_000) == (False, [])  # slave 2 cannot hold offset 1000; slave 1 is behind
-    assert s.on_report(1, 400_000) == (False, ["one ack", "two acks above the gap"])
-    assert len(s.waiters) == 1  # "two acks" below the gap: only one slave holds it
-
-
-def test_a_resuming_or_retention_behind_slave_is_judged_by_where_it_is_streamed_from() -> None:
-    p = SlaveProgress("s:1")
-    p.on_report(5000, start=5000)  # resumes where it stopped: it holds what is below
-    assert p.holds_from == 0
-    q = SlaveProgress("s:2")
-    q.on_report(100, start=4096)  # behind the master's retention: it drops its log, starts at 4096
-    assert q.holds_from == 4096
-
-
-def test_a_gapped_slave_that_leaves_no_longer_holds_back_the_waiters_below_its_start() -> None:
-    s: ReplicationState[str] = ReplicationState(max_gap=1 << 30, max_waiters=10)
-    s.add_slave(1, "empty")
-    s.wait(1000, "below")
-    s.on_report(1, 0, start=262144)
-    s.remove_slave(1)
-    s.add_slave(2, "full")
-    assert s.on_report(2, 2000) == (True, ["below"])  # it holds everything below its first report
-    assert s.wait(1500, "held already") is None
+@given(ends=st.lists(st.tuples(st.integers(1, 40_000), st.booleans(), st.integers(1, 2)), max_size=30),
+       master_max=st.integers(0, 40_000), file_size=st.sampled_from([64, 4096, 8192]))
+def test_an_empty_slave_is_streamed_every_byte_of_every_send_still_waiting(
+        ends: list[tuple[int, bool, int]], master_max: int, file_size: int) -> None:
+    """Whatever waits (expired waiters left in the heaps included): an empty slave's stream starts at a file start
+    at or below every live waiter's put, so every ack it gives is for bytes it was sent -- never past a put it lacks
+    (a put never straddles a file start, so the file of its last byte holds all of it)."""
+    w: AckWaiters[int] = AckWaiters(max_waiters=100)
+    live = []
+    for end, expired, acks in ends:
+        waiter = w.add(min(end, master_max) or 1, end, acks=acks)
+        if expired:
+            w.expire(waiter)
+        else:
+            live.append(waiter.end_offset)
+    start = transfer_start_offset(0, master_max, file_size, 0, w.oldest_end())
+    assert start % file_size == 0 and start <= master_max
+    for end in live:
+        assert start <= (end - 1) - (end - 1) % file_size  # the put's file is streamed
