@@ -21,7 +21,8 @@ pieces, :meth:`~client.protocol.asgi.Response.of_pieces`, that are not copied in
   is complete, on a connection that stays open. The bytes are given back when the request is answered, or when
   the connection is lost before.
 * **Keep-alive** as uvicorn does it: HTTP/1.1 keeps the connection unless the client says ``Connection: close``;
-  HTTP/1.0 closes it after the answer; an idle connection closes after ``keep_alive_timeout_s``.
+  HTTP/1.0 closes it after the answer; an idle connection closes after ``keep_alive_timeout_s`` (a deadline of
+  the connection's one timer, like the head and body deadlines, rather than a timer armed per answer).
 * ``Expect: 100-continue`` is answered at once when no other answer is due on the connection; ``HEAD`` gets the
   head alone; a protocol upgrade (WebSocket) is refused like a malformed request: a coded 400, after the answers
   of the requests before it, then a close.
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 #: A head and a body smaller than this are joined into one buffer (cheaper than a gathered write of two).
 _JOIN_BELOW_BYTES = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: What an idle kept-alive connection awaits (its deadline is the keep-alive timeout; the connection's one timer
+#: covers it, as it covers a request's head and body).
+_IDLE = "the next request"
 
 
 def _status_line(status: int) -> bytes:
@@ -101,7 +105,6 @@ class DirectHttpProtocol(LimitedHttpToolsProtocol):
     # --- parser callbacks (httptools calls them from feed_data) -------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -248,7 +251,14 @@ class DirectHttpProtocol(LimitedHttpToolsProtocol):
             self.send_400_response(self._refusal_due)
             return
         self.flow.resume_reading()
-        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        self._arm(self.timeout_keep_alive, _IDLE)
+
+    def _expired(self, what: str, seconds: float) -> None:
+        if what is _IDLE:  # uvicorn's keep-alive close, without a log line
+            if not self.transport.is_closing():
+                self.transport.close()
+            return
+        super()._expired(what, seconds)
 
     # --- connection -----------------------------------------------------------------------------------------
 

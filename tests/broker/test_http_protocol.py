@@ -72,7 +72,8 @@ async def _pieced(request: Request) -> Response:
 class _Server:
     """A protocol per connection over fake transports, all serving one router."""
 
-    def __init__(self, *, max_body: int = 1024, max_inflight: int | None = None) -> None:
+    def __init__(self, *, max_body: int = 1024, max_inflight: int | None = None,
+                 limits: HttpLimits | None = None, keep_alive_s: int = 5) -> None:
         self.gate = asyncio.Event()
         """``/held`` (GET or POST) answers ``held`` once this is set."""
 
@@ -83,9 +84,9 @@ class _Server:
         self.router = Router({("GET", "/echo"): _echo, ("GET", "/pieced"): _pieced, ("POST", "/post"): _post,
                               ("GET", "/fail"): _fail, ("GET", "/held"): held, ("POST", "/held"): held},
                              max_body_bytes=max_body, max_inflight_body_bytes=max_inflight)
-        self.cls = serving(self.router, HttpLimits())
+        self.cls = serving(self.router, limits or HttpLimits())
         self.config = uvicorn.Config(self.router, http=self.cls, lifespan="off", proxy_headers=False,
-                                     log_config=None)
+                                     log_config=None, timeout_keep_alive=keep_alive_s)
         self.config.load()
         self.state = ServerState()
 
@@ -159,7 +160,6 @@ def test_requests_on_a_kept_connection_are_each_answered() -> None:
             await _writes(transport, int(q))
         assert [_body(w) for w in transport.writes] == [b"q=1", b"q=2"]
         assert not transport.closed
-        assert proto.timeout_keep_alive_task is not None  # idle now: the keep-alive timer runs
         proto.connection_lost(None)
 
     asyncio.run(main())
@@ -385,3 +385,72 @@ def test_a_failure_past_the_router_closes_the_connection_rather_than_leave_the_c
 
     asyncio.run(main())
     assert "GET /echo failed without an answer; closing the connection" in caplog.text
+
+
+class _FakeTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only when the test moves it (timers fire by it)."""
+
+    now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+async def _turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)  # loop turns at a frozen clock: due timers and ready callbacks run
+
+
+def test_deadlines_move_with_the_connection_and_close_it_when_they_pass(caplog: pytest.LogCaptureFixture) -> None:
+    """Head, body and idle (keep-alive) deadlines: each request moves its connection's one deadline, a timer
+    that fires before the deadline it finds waits for it, and a deadline that passes closes the connection."""
+    keep_alive, head_s, body_s = 5, 10.0, 30.0
+    loop = _FakeTimeLoop()
+
+    async def main() -> None:
+        server = _Server(limits=HttpLimits(header_timeout_s=head_s, body_timeout_s=body_s),
+                         keep_alive_s=keep_alive)
+        proto, transport = server.connect()
+        start = loop.now
+        proto.data_received(b"GET /echo?q=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _turns()
+        assert len(transport.writes) == 1
+        # Idle: the keep-alive deadline; a request that begins before it moves the deadline to its head's.
+        loop.now = start + keep_alive - 0.1
+        await _turns()
+        assert not transport.closed
+        proto.data_received(b"POST /post HTTP/1.1\r\nHost: x\r\n")  # a head, not complete
+        loop.now = start + keep_alive + 1  # past the idle deadline: the timer fires and waits for the head's
+        await _turns()
+        assert not transport.closed
+        proto.data_received(b"Content-Length: 10\r\n\r\n12345")  # the head complete, half the body
+        loop.now = start + keep_alive - 0.1 + head_s + 1  # past the head's deadline, within the body's
+        await _turns()
+        assert not transport.closed
+        loop.now = start + keep_alive + 1 + body_s - 0.1  # the body's deadline counts from its head's end
+        await _turns()
+        assert not transport.closed
+        loop.now = start + keep_alive + 1 + body_s + 0.1
+        await _turns()
+        assert transport.closed and transport.writes[1:] == []
+        assert "request body not complete within 30.0 s" in caplog.text
+        proto.connection_lost(None)
+
+        # An idle connection closes at its keep-alive deadline, quietly (as uvicorn's does).
+        caplog.clear()
+        proto, transport = server.connect()
+        proto.data_received(b"GET /echo?q=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _turns()
+        answered = loop.now
+        loop.now = answered + keep_alive - 0.1
+        await _turns()
+        assert not transport.closed
+        loop.now = answered + keep_alive + 0.1
+        await _turns()
+        assert transport.closed and len(transport.writes) == 1
+        assert "not complete within" not in caplog.text
+        proto.connection_lost(None)
+
+    with caplog.at_level("INFO", logger="client.protocol.http_guard"):
+        loop.run_until_complete(main())
+    loop.close()
