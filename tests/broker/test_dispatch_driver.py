@@ -81,6 +81,26 @@ def test_the_task_catches_up_at_start_and_on_each_append_event_yielding_between_
     asyncio.run(main())
 
 
+def test_wakes_while_a_step_is_scheduled_add_no_second_chain() -> None:
+    async def main() -> None:
+        store = ScriptedStore()
+        driver = DispatchDriver(store, chunk_bytes=100)
+        task = asyncio.get_running_loop().create_task(driver.run())
+        try:
+            await waiting.wait_until(lambda: store.calls == [0], 5.0, "the first pass")
+            store.behind = 50
+            for _ in range(10):  # ten appends in one loop turn
+                driver.wake()
+            await waiting.wait_until(lambda: store.behind == 0, 5.0, "dispatch after the append events")
+            for _ in range(5):
+                await asyncio.sleep(0)  # turns in which a second chain would still ask the store
+            assert store.calls == [0, 50, 0]
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+
+
 def test_a_wake_from_another_thread_is_handed_to_the_loop() -> None:
     async def main() -> None:
         store = ScriptedStore()
