@@ -156,10 +156,15 @@ class _TopicHasher:
         heads = self._uniq_heads
         parts = list(map(heads.get, map(_HEAD, uniqs)))
         if None in parts:
+            # A batch's ids mostly share one new head (the SDK's ids of one instant): hash it once, then look it up.
             for i, part in enumerate(parts):
                 if part is None:
-                    self.uniq(uniqs[i])  # fills the cache
-                    parts[i] = heads[_HEAD(uniqs[i])]
+                    head = _HEAD(uniqs[i])
+                    part = heads.get(head)
+                    if part is None:
+                        self.uniq(uniqs[i])  # fills the cache
+                        part = heads[head]
+                    parts[i] = part
         # abs(int32) of h mod 2^32, 0 for Integer.MIN_VALUE, as in _abs_hash
         return [h if h <= INT_MAX else (_TWO32 - h) & INT_MAX
                 for h in map(and_, map(add, parts, _tail_shares(joined)), repeat(_MASK))]
