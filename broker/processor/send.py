@@ -2,12 +2,13 @@
 
 Arguments are read by :meth:`client.protocol.requests.SendRequestHeader.from_query`. Checks, in order: the broker
 is not a SLAVE (SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION), the topic name is legal and not a
-system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL), every message fits ``maxMessageSize``,
-the topic exists (auto-created from ``TBW102`` when enabled, else TOPIC_NOT_EXIST), it is writeable
-(NO_PERMISSION), and ``queueId`` is in ``[0, writeQueueNums)`` (INVALID_PARAMETER). A message with a timer
-property due later is parked in ``rmq_sys_wheel_timer`` (:mod:`broker.timer.rules`). After a successful append,
-unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability` describes (SEMANTICS.md 2.9,
-decision 5): SYNC_FLUSH for the flush (``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of ``inSyncReplicas - 1``
+system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL), the topic exists (auto-created from
+``TBW102`` when enabled, else TOPIC_NOT_EXIST), it is writeable (NO_PERMISSION), and ``queueId`` is in
+``[0, writeQueueNums)`` (INVALID_PARAMETER); then, as in RocketMQ, the store refuses a batch with a message past
+``maxMessageSize`` (MESSAGE_ILLEGAL, naming the message; checked once, when the store plans the put). A message
+with a timer property due later is parked in ``rmq_sys_wheel_timer`` (:mod:`broker.timer.rules`). After a
+successful append, unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability`
+describes (SEMANTICS.md 2.9, decision 5): SYNC_FLUSH for the flush (``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of ``inSyncReplicas - 1``
 connected slaves, one by default (``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``; ``SLAVE_NOT_AVAILABLE`` at
 once when fewer connected slaves are in sync, i.e. have their own last ack within ``haMaxGapNotInSync`` of the
 put); the replica status wins when both fail.
@@ -43,7 +44,7 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.protocol.asgi import Request, Response
-from client.protocol.codec import BatchItem, decode_batch, pack_host, record_size
+from client.protocol.codec import BatchItem, decode_batch, pack_host
 from client.protocol.codes import Perm, ResponseCode, SysFlag
 from client.protocol.properties import validate_topic
 from client.protocol.requests import SendRequestHeader
@@ -145,7 +146,6 @@ class SendProcessor:
         if topic in NOT_ALLOWED_SEND_TOPICS:
             raise NoPermissionError(f"sending message to topic[{topic}] is forbidden")
         items = decode_batch(request.body)
-        self._check_sizes(topic, items)
         tc = self._topic_for_send(topic, client_queue_nums)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             topic, tc, queue_id, items = self._maybe_dead_letter(topic, tc, queue_id, items, reconsume_times)
@@ -177,16 +177,6 @@ class SendProcessor:
         self._metrics.count_request(code, pull=False)
         return Response(encode_send_reply(int(code), reply_queue_id, result.queue_offset, self._store_host,
                                           result.physical_offsets))
-
-    def _check_sizes(self, topic: str, items: Sequence[BatchItem]) -> None:
-        limit = self._config.max_message_size
-        topic_len = len(topic.encode())
-        for i, item in enumerate(items):
-            size = record_size(len(item.body), topic_len, len(item.properties))
-            if size > limit:
-                raise MessageIllegalError(
-                    f"message {i} to topic {topic} is {size} bytes stored, more than maxMessageSize {limit}"
-                )
 
     def _maybe_dead_letter(self, topic: str, tc: TopicConfig, queue_id: int, items: list[BatchItem],
                            reconsume_times: int) -> tuple[str, TopicConfig, int, list[BatchItem]]:

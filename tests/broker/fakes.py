@@ -71,6 +71,8 @@ class FakeStore:
         self.shut = False
         self.fail_next: PutMessageStatus | None = None
         self.cleaner = FakeCleaner()
+        self.max_message_size = 4 << 20
+        """The broker's ``maxMessageSize`` (set by :func:`make_controller`): a store refuses a larger record."""
 
     # lifecycle
     def load(self) -> None: ...
@@ -91,7 +93,13 @@ class FakeStore:
         key = (topic, queue_id)
         first = self.next_queue_offset.get(key, 0)
         raw_topic = topic.encode()
-        size = sum(record_size(len(i.body), len(raw_topic), len(i.properties)) for i in items)
+        sizes = [record_size(len(i.body), len(raw_topic), len(i.properties)) for i in items]
+        for n, one in enumerate(sizes):
+            if one > self.max_message_size:
+                return AppendResult(PutMessageStatus.MESSAGE_ILLEGAL,
+                                    remark=f"message {n} to topic {topic} is {one} bytes stored, more than "
+                                           f"maxMessageSize {self.max_message_size}")
+        size = sum(sizes)
         pos = len(self.log)
         self.log.extend(bytes(size))
         if len(born_host) != 8:
@@ -298,6 +306,7 @@ def make_controller(tmp_path: Any, *, role: BrokerRole = BrokerRole.ASYNC_MASTER
     cfg = BrokerConfig(store_path_root_dir=str(tmp_path), broker_role=role, broker_name="broker-a",
                        listen_port=0, ha_listen_port=0, **config)
     fake_store: Any = store or FakeStore(role)
+    fake_store.max_message_size = cfg.max_message_size
     return BrokerController(cfg, fake_store, addr="127.0.0.1:10911", store_host=STORE_HOST,
                             ha_service=ha_service or FakeHAService(), ha_client=ha_client, http_client=http_client)
 
