@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 import zlib
 
+import attrs
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client._requests import send_results
+from client._requests import SendResult, send_results
 from client.protocol.codec import (
     UniqKeyGenerator,
     body_crc,
@@ -22,6 +26,7 @@ from client.protocol.codec import (
     pack_host,
     write_batch_records,
 )
+from client.protocol.codes import SendStatus
 from client.protocol.message import Message, MessageQueue
 from client.protocol.wire import SendReply
 
@@ -126,3 +131,21 @@ def test_send_results_carry_the_offset_msg_id_of_each_message(phys: list[int], p
     out = send_results(reply, MessageQueue("T", "b", 2), [f"u{i}" for i in range(len(phys))])
     assert [r.offset_msg_id for r in out] == [create_offset_msg_id(host, p) for p in phys]
     assert [r.queue_offset for r in out] == list(range(100, 100 + len(phys)))
+
+
+def test_send_results_read_from_the_reply_behave_as_plain_ones() -> None:
+    host = pack_host("10.9.8.7", 10911)
+    reply = SendReply(11, 3, 40, host, (1000, 2100))
+    out = send_results(reply, MessageQueue("T", "b", 2), ["u0", "u1"])
+    plain = [SendResult(SendStatus.from_code(11), f"u{i}", MessageQueue("T", "b", 3), 40 + i,
+                        create_offset_msg_id(host, p)) for i, p in enumerate((1000, 2100))]
+    assert [attrs.astuple(r, recurse=False) for r in out] == [attrs.astuple(r, recurse=False) for r in plain]
+    assert out == plain and plain == out and [hash(r) for r in out] == [hash(r) for r in plain]
+    assert [repr(r) for r in out] == [repr(r) for r in plain]
+    assert out[0] != plain[1]
+    for copied in (pickle.loads(pickle.dumps(out[1])), copy.copy(out[1]), copy.deepcopy(out[1])):
+        assert type(copied) is SendResult and copied == plain[1]
+    evolved = attrs.evolve(out[0], queue_offset=7)
+    assert type(evolved) is SendResult and evolved == attrs.evolve(plain[0], queue_offset=7)
+    with pytest.raises(AttributeError):
+        out[0].queue_offset = 1  # type: ignore[misc]  # frozen, as a plain one
