@@ -77,8 +77,14 @@ class _Server:
         self.gate = asyncio.Event()
         """``/held`` (GET or POST) answers ``held`` once this is set."""
 
+        self.cancelled = 0
+
         async def held(request: Request) -> Response:
-            await self.gate.wait()
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
             return Response(b"held")
 
         self.router = Router({("GET", "/echo"): _echo, ("GET", "/pieced"): _pieced, ("POST", "/post"): _post,
@@ -371,7 +377,10 @@ def test_a_failure_past_the_router_closes_the_connection_rather_than_leave_the_c
     async def main() -> None:
         server = _Server()
 
+        calls = []
+
         async def broken(*args: Any) -> Response:
+            calls.append(args[2])
             raise RuntimeError("a bug below the router's catch-all")
 
         server.router.serve = broken  # type: ignore[method-assign,assignment]
@@ -381,10 +390,71 @@ def test_a_failure_past_the_router_closes_the_connection_rather_than_leave_the_c
             while not transport.closed:
                 await asyncio.sleep(0.001)  # polling the fake transport, bounded by the timeout above
         assert transport.writes == []  # no answer, and the second request's is not taken for the first's
+        assert calls == [b"q=1"]  # nor is the second one handled on the connection closed meanwhile
         proto.connection_lost(None)
 
     asyncio.run(main())
     assert "GET /echo failed without an answer; closing the connection" in caplog.text
+
+
+def test_an_answer_that_does_not_wait_is_written_at_once_without_a_task() -> None:
+    async def main() -> None:
+        server = _Server()
+        proto, transport = server.connect()
+        proto.data_received(b"GET /echo?q=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?q=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        # No loop turn yet: both were answered inside data_received, in order, and no task was made.
+        assert [_body(w) for w in transport.writes] == [b"q=1", b"q=2"] and not server.state.tasks
+        proto.connection_lost(None)
+
+    asyncio.run(main())
+
+
+def test_an_answer_that_waits_goes_on_in_a_task_that_a_cancel_reaches() -> None:
+    async def main() -> None:
+        server = _Server()
+        proto, transport = server.connect()
+        proto.data_received(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert transport.writes == [] and len(server.state.tasks) == 1
+        server.gate.set()
+        assert _body((await _writes(transport, 1))[0]) == b"held"
+        async with asyncio.timeout(5):
+            while server.state.tasks:
+                await asyncio.sleep(0.001)  # polling for the task's end, bounded by the timeout above
+
+        # uvicorn cancels what is left at a forced stop: the handler gets the cancellation where it waits.
+        server.gate.clear()
+        proto.data_received(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+        (task,) = server.state.tasks
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert server.cancelled == 1 and len(transport.writes) == 1
+        proto.connection_lost(None)
+
+    asyncio.run(main())
+
+
+def test_nothing_after_a_request_that_closes_the_connection_is_served() -> None:
+    async def main() -> None:
+        server = _Server()
+        serve, served = server.router.serve, []
+
+        async def counted(*args: Any) -> Response:
+            served.append(args[1])
+            return await serve(*args)
+
+        server.router.serve = counted  # type: ignore[method-assign]
+        proto, transport = server.connect()
+        proto.data_received(b"POST /post HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nab"
+                            b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+        await asyncio.sleep(0)
+        assert [_body(w) for w in transport.writes] == [b"2 bytes"] and transport.closed
+        assert served == ["/post"]  # the second request was not handled (a send would have been stored)
+        assert server.router.body_bytes_in_flight == 0  # the second request's body was given back
+        proto.connection_lost(None)
+
+    asyncio.run(main())
 
 
 class _FakeTimeLoop(asyncio.SelectorEventLoop):
