@@ -29,6 +29,7 @@ from client.errors import (
     TlsError,
 )
 from client.protocol import codec, wire
+from client.protocol._lazy import LazyFields, read_fields_with
 from client.protocol.codes import PullStatus, ResponseCode, SendStatus
 from client.protocol.message import MessageExt, MessageQueue
 from client.protocol.requests import SendRequestHeader, quote_arg
@@ -321,36 +322,16 @@ def send_results(reply: wire.SendReply, mq: MessageQueue, uniq_keys: Sequence[st
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 
-class _BatchSendResult(SendResult):
+class _BatchSendResult(LazyFields, SendResult):
     """A :class:`SendResult` of a stored batch that reads its fields from the batch's reply when they are used.
 
     Five fields set through the frozen class's ``__init__`` cost a batch of 64 more than encoding it, and a sender
-    often reads none of them. Everything else behaves as a SendResult: ``attrs.evolve``, ``copy`` and pickling
-    give a plain :class:`SendResult` with the same fields, equality and hash are a SendResult's.
+    often reads none of them. To every caller it is a SendResult (:class:`~client.protocol._lazy.LazyFields`).
     """
 
     __slots__ = ("_state",)
     _state: tuple[tuple[SendStatus, MessageQueue, Sequence[str], int, str, tuple[int, ...]], int]
     """``((status, queue, unique ids, first queue offset, store host as hex, commit-log offsets), index)``."""
-
-    def __new__(cls, *args: object, **kwargs: object) -> SendResult:  # type: ignore[misc]
-        # Only attrs.evolve (and any other caller of the class with fields) gets here: send_results builds its
-        # instances with object.__new__. The fields are all given, so a plain SendResult holds them.
-        return SendResult(*args, **kwargs)  # type: ignore[arg-type]
-
-    def __reduce__(self) -> tuple[type[SendResult], tuple[object, ...]]:
-        return SendResult, attrs.astuple(self, recurse=False)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SendResult):
-            return NotImplemented
-        return attrs.astuple(self, recurse=False) == attrs.astuple(other, recurse=False)
-
-    __hash__ = SendResult.__hash__
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{a.name}={getattr(self, a.name)!r}" for a in attrs.fields(SendResult))
-        return f"SendResult({fields})"
 
 
 _set_batch_state = _BatchSendResult._state.__set__  # type: ignore[attr-defined]  # the slot, past the frozen setattr
@@ -361,19 +342,15 @@ def _batch_offset_msg_id(r: _BatchSendResult) -> str:
     return f"{batch[4]}{batch[5][at] & _U64:016X}"
 
 
-# Each field of SendResult, read from the batch (set as properties here, where mypy does not see them override the
+# Each field of SendResult, read from the batch (properties set here, where mypy does not see them override the
 # fields).
-for _name, _read in {
+read_fields_with(_BatchSendResult, SendResult, {
     "send_status": lambda r: r._state[0][0],
     "message_queue": lambda r: r._state[0][1],
     "msg_id": lambda r: r._state[0][2][r._state[1]],
     "queue_offset": lambda r: r._state[0][3] + r._state[1],
     "offset_msg_id": _batch_offset_msg_id,
-}.items():
-    setattr(_BatchSendResult, _name, property(_read, doc=f"``{_name}``, read from the batch's reply."))
-if {a.name for a in attrs.fields(SendResult)} != {n for n in dir(_BatchSendResult)
-                                                  if isinstance(getattr(_BatchSendResult, n), property)}:
-    raise AssertionError("_BatchSendResult must read every field of SendResult")  # pragma: no cover
+}, "the batch's reply")
 
 
 # --- pull -------------------------------------------------------------------------------------------------

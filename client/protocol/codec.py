@@ -56,9 +56,8 @@ from collections.abc import Callable, Iterator, Sequence
 from operator import mul
 from typing import NamedTuple, TypeVar
 
-import attrs
-
 from client.errors import MessageIllegalError, ProtocolViolationError
+from client.protocol._lazy import LazyFields, read_fields_with
 from client.protocol.codes import SysFlag
 from client.protocol.message import Message, MessageExt
 from client.protocol.properties import (
@@ -771,15 +770,14 @@ _RECORD_CHECK = struct.Struct(">iii24xi44xi")
 _BODY_AT = 88  # an IPv4 record's body starts here (BODYLENGTH is at 84)
 
 
-class _StoredMessage(MessageExt):
+class _StoredMessage(LazyFields, MessageExt):
     """A :class:`MessageExt` that reads its fields from its stored (IPv4) record when they are first used.
 
     Building all twenty fields of every message (a properties dict, hosts, two ids) cost more than the rest of a
     large pull, and a consumer often reads a few of them. :func:`decode_records` checked the record's lengths, so no
     field read can fail. The body is copied out at once (as before); the record's fixed head and its topic and
     properties are kept beside it, so no byte is held twice, and the properties dict is built once, on first use.
-    Everything else behaves as a MessageExt: ``attrs.evolve``, ``copy`` and pickling give a plain
-    :class:`MessageExt` with the same fields, and equality compares fields with any MessageExt.
+    To every caller it is a MessageExt (:class:`~client.protocol._lazy.LazyFields`).
     """
 
     __slots__ = ("_props", "_state")
@@ -789,25 +787,6 @@ class _StoredMessage(MessageExt):
     tracked: about a tenth of a large pull's decoding)."""
     _props: dict[str, str]
     """The properties, once built (unset before)."""
-
-    def __new__(cls, *args: object, **kwargs: object) -> MessageExt:  # type: ignore[misc]
-        # Only attrs.evolve (and any other caller of the class with fields) gets here: decode_records builds its
-        # instances with object.__new__. The fields are all given, so a plain MessageExt holds them.
-        return MessageExt(*args, **kwargs)  # type: ignore[arg-type]
-
-    def __reduce__(self) -> tuple[type[MessageExt], tuple[object, ...]]:
-        return MessageExt, attrs.astuple(self, recurse=False)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MessageExt):
-            return NotImplemented
-        return attrs.astuple(self, recurse=False) == attrs.astuple(other, recurse=False)
-
-    __hash__ = MessageExt.__hash__
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{a.name}={getattr(self, a.name)!r}" for a in attrs.fields(MessageExt))
-        return f"MessageExt({fields})"
 
 
 _set_stored_state = _StoredMessage._state.__set__  # type: ignore[attr-defined]  # the slot, past the frozen setattr
@@ -863,9 +842,9 @@ def _host_at(at: int) -> Callable[[_StoredMessage], str]:
 _host_str = _bounded_memo(unpack_host, 10_000)
 
 
-# Each field of MessageExt, read from the record: the attrs slots of the base class stay empty (set as properties
+# Each field of MessageExt, read from the record: the attrs slots of the base class stay empty (properties set
 # here, where mypy does not see them override the fields).
-for _name, _read in {
+read_fields_with(_StoredMessage, MessageExt, {
     "topic": _stored_topic,
     "body": lambda m: m._state[1],
     "tags": lambda m: _stored_properties(m).get(TAGS),
@@ -886,11 +865,7 @@ for _name, _read in {
     "flag": _int_at(_I32, 16),
     "sys_flag": _int_at(_I32, 36),
     "body_crc": _int_at(_I32, 8),
-}.items():
-    setattr(_StoredMessage, _name, property(_read, doc=f"``{_name}``, read from the stored record."))
-if {a.name for a in attrs.fields(MessageExt)} != {n for n in dir(_StoredMessage)
-                                                   if isinstance(getattr(_StoredMessage, n), property)}:
-    raise AssertionError("_StoredMessage must read every field of MessageExt")  # pragma: no cover
+}, "the stored record")
 
 
 _HOST_V6_BITS = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)

@@ -4,8 +4,10 @@ retry after a failure."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -81,13 +83,22 @@ def test_the_task_catches_up_at_start_and_on_each_append_event_yielding_between_
     asyncio.run(main())
 
 
+@contextlib.asynccontextmanager
+async def _idle_driver(store: ScriptedStore) -> AsyncIterator[DispatchDriver]:
+    """A running driver over ``store`` (nothing pending), once its first pass found nothing to do."""
+    driver = DispatchDriver(store, chunk_bytes=100)
+    task = asyncio.get_running_loop().create_task(driver.run())
+    try:
+        await waiting.wait_until(lambda: store.calls == [0], 5.0, "the first pass")
+        yield driver
+    finally:
+        task.cancel()
+
+
 def test_wakes_while_a_step_is_scheduled_add_no_second_chain() -> None:
     async def main() -> None:
         store = ScriptedStore()
-        driver = DispatchDriver(store, chunk_bytes=100)
-        task = asyncio.get_running_loop().create_task(driver.run())
-        try:
-            await waiting.wait_until(lambda: store.calls == [0], 5.0, "the first pass")
+        async with _idle_driver(store) as driver:
             store.behind = 50
             for _ in range(10):  # ten appends in one loop turn
                 driver.wake()
@@ -95,8 +106,6 @@ def test_wakes_while_a_step_is_scheduled_add_no_second_chain() -> None:
             for _ in range(5):
                 await asyncio.sleep(0)  # turns in which a second chain would still ask the store
             assert store.calls == [0, 50, 0]
-        finally:
-            task.cancel()
 
     asyncio.run(main())
 
@@ -104,17 +113,12 @@ def test_wakes_while_a_step_is_scheduled_add_no_second_chain() -> None:
 def test_a_wake_from_another_thread_is_handed_to_the_loop() -> None:
     async def main() -> None:
         store = ScriptedStore()
-        driver = DispatchDriver(store, chunk_bytes=100)
-        task = asyncio.get_running_loop().create_task(driver.run())
-        try:
-            await waiting.wait_until(lambda: store.calls == [0], 5.0, "the first pass")
+        async with _idle_driver(store) as driver:
             store.behind = 30
             thread = threading.Thread(target=driver.wake)
             thread.start()
             thread.join()
             await waiting.wait_until(lambda: store.behind == 0, 5.0, "dispatch after a foreign-thread wake")
-        finally:
-            task.cancel()
 
     asyncio.run(main())
 
