@@ -13,7 +13,9 @@ shows what the data path costs even when wall-clock rates are noisy. Figures:
   thread per queue over 4 queues (pulls overlap, as in a real consumer); the one-thread figure is reported too.
 
 Baselines, measured in the same run, are the floor the broker allows: prebuilt requests over a raw keep-alive
-socket (no SDK, nothing decoded). ``python -m benchmarks client`` runs them all; ``python -m
+socket (no SDK, nothing decoded). Below that, the same 1-message POST to a null HTTP server on the broker's stack
+(:mod:`benchmarks._null_server`) is the loopback floor: what a request costs on this machine before any SplitMQ
+code runs. ``python -m benchmarks client`` runs them all; ``python -m
 benchmarks.client_bench [name ...]`` prints the raw dicts.
 """
 
@@ -35,12 +37,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from benchmarks import Row
+from benchmarks._null_server import null_http_server
 from client import Admin, AsyncProducer, Message, Producer, PullConsumer, PullStatus
 from client.protocol.message import MessageQueue
 
 __all__ = [
     "bench_async_concurrent", "bench_default_transport_batch", "bench_pull", "bench_raw_pull", "bench_raw_send",
-    "bench_send_batch", "bench_send_latency", "httpx_share", "run", "run_all",
+    "bench_send_batch", "bench_send_latency", "httpx_share", "raw_connection", "raw_exchange", "raw_send_request",
+    "run", "run_all",
 ]
 
 BODY = b"x" * 1024
@@ -237,29 +241,36 @@ def bench_pull(namesrv_addr: str, topic: str, *, threads: int = PULL_QUEUES, max
 # --- baselines: raw keep-alive sockets, prebuilt requests ------------------------------------------------
 
 
+def raw_connection(addr: str) -> socket.socket:
+    """A keep-alive connection to ``host:port`` for :func:`raw_exchange` (Nagle off, as the SDK's)."""
+    host, _, port = addr.rpartition(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def raw_exchange(s: socket.socket, request: bytes) -> None:
+    """Send a prebuilt request and read its whole answer (a 200 with a Content-Length), decoding nothing."""
+    s.sendall(request)
+    buf = b""
+    while (end := buf.find(b"\r\n\r\n")) < 0:
+        buf += s.recv(262144)
+    head = buf[:end].lower()
+    at = head.find(b"content-length:")
+    length = int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None])
+    if not head.startswith(b"http/1.1 200"):
+        raise RuntimeError(f"baseline request failed: {head[:80]!r}")
+    while len(buf) - end - 4 < length:
+        buf += s.recv(262144)
+
+
 def _raw_loop(addr: str, request: bytes, count: int) -> float:
     """Send ``request`` ``count`` times on one keep-alive connection, reading each whole answer; seconds."""
-    host, _, port = addr.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        def once() -> None:
-            s.sendall(request)
-            buf = b""
-            while (end := buf.find(b"\r\n\r\n")) < 0:
-                buf += s.recv(262144)
-            head = buf[:end].lower()
-            at = head.find(b"content-length:")
-            length = int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None])
-            if not head.startswith(b"http/1.1 200"):
-                raise RuntimeError(f"baseline request failed: {head[:80]!r}")
-            while len(buf) - end - 4 < length:
-                buf += s.recv(262144)
-
-        once()
+    with raw_connection(addr) as s:
+        raw_exchange(s, request)
         t0 = time.perf_counter()
         for _ in range(count):
-            once()
+            raw_exchange(s, request)
         return time.perf_counter() - t0
 
 
@@ -268,17 +279,23 @@ def _master(namesrv_addr: str, topic: str) -> str:
         return admin.topic_route(topic).broker_datas[0].broker_addrs[0]
 
 
-def bench_raw_send(namesrv_addr: str, *, batch: int = 64, requests: int = 300) -> float:
-    """Baseline: prebuilt ``batch``-message send bodies POSTed over a raw socket to the master; msgs/s."""
+def raw_send_request(topic: str, addr: str, *, batch: int = 64) -> bytes:
+    """A prebuilt ``POST /send`` of ``batch`` 1 KiB messages to queue 0 of ``topic`` at ``addr``."""
     from client.protocol.codec import encode_batch
 
-    topic = _topic(namesrv_addr, "BenchRaw")
-    addr = _master(namesrv_addr, topic)
     body = encode_batch([Message(topic, BODY) for _ in range(batch)], born_timestamp_ms=int(time.time() * 1000),
                         uniq_keys=[uuid.uuid4().hex.upper() for _ in range(batch)])
     head = (f"POST /send?topic={topic}&queueId=0&group=bench_raw HTTP/1.1\r\nHost: {addr}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
-    return batch * requests / _raw_loop(addr, head + body, requests)
+    return head + body
+
+
+def bench_raw_send(namesrv_addr: str, *, batch: int = 64, requests: int = 300, to: str | None = None) -> float:
+    """Baseline: prebuilt ``batch``-message send bodies POSTed over a raw socket to the master (or to the server
+    at ``to``, such as the null HTTP server of :mod:`benchmarks._null_server`); msgs/s."""
+    topic = _topic(namesrv_addr, "BenchRaw")
+    addr = to or _master(namesrv_addr, topic)
+    return batch * requests / _raw_loop(addr, raw_send_request(topic, addr, batch=batch), requests)
 
 
 def bench_raw_pull(namesrv_addr: str, topic: str, *, max_nums: int = 32, requests: int = 500) -> float:
@@ -341,6 +358,8 @@ def run(quick: bool) -> list[Row]:
         runs = 1 if quick else 3
         raw_send = statistics.median(bench_raw_send(ns, requests=300 // scale) for _ in range(runs))
         raw_one = bench_raw_send(ns, batch=1, requests=3000 // scale)
+        with null_http_server() as null_addr:
+            raw_null = bench_raw_send(ns, batch=1, requests=3000 // scale, to=null_addr)
         lat = bench_send_latency(ns, messages=3000 // scale, meter=meter)
         share = httpx_share(lambda: bench_send_latency(ns, messages=300 // scale))
         batch = _median_of(runs, lambda: bench_send_batch(ns, batches=600 // scale, meter=meter))
@@ -358,6 +377,8 @@ def run(quick: bool) -> list[Row]:
         Row("send, 1 thread: p50 latency", lat["p50_us"], "us"),
         Row("send, 1 thread: p99 latency", lat["p99_us"], "us"),
         Row("send, 1 thread", lat["msgs_per_s"], "msgs/s", "raw socket, prebuilt 1-msg POST", raw_one),
+        Row("raw socket, prebuilt 1-msg POST", raw_one, "msgs/s", "the same to a null HTTP server (loopback floor)",
+            raw_null),
         *_cpu_rows("send, 1 thread", lat),
         Row("send, 1 thread: httpx share of client CPU", share * 100, "%"),
         Row("send_batch of 64 (median of runs)", batch["msgs_per_s"], "msgs/s", raw, raw_send, ">= 60000"),

@@ -23,6 +23,11 @@ each run, outside the timed span, the side settles: SplitMQ until the slave has 
 brokers have dispatched it, Redis until the replica has it (``WAIT``), and a Redis stream / NATS stream is
 emptied so memory stays bounded. A row gives the medians of the rounds and their ratio (SplitMQ / peer), the
 next row each round's ratio. A peer that is not installed is skipped, with the command that installs it.
+
+The ASYNC_MASTER single send also races the loopback floor, which needs no peer: a raw socket POSTing the same
+1 KiB message to a null HTTP server on the broker's stack (:mod:`benchmarks._null_server`). Every round-trip
+here, a peer's included, pays at least that; the room a peer leaves above it is what SplitMQ's SDK and broker have
+for their own work.
 """
 
 from __future__ import annotations
@@ -41,8 +46,9 @@ from typing import Any
 import attrs
 
 from benchmarks import Row
+from benchmarks._null_server import null_http_server
 from benchmarks._peer_servers import NatsServers, RedisPair, nats_missing, redis_missing
-from benchmarks.client_bench import CpuMeter
+from benchmarks.client_bench import CpuMeter, raw_connection, raw_exchange, raw_send_request
 from client import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 
@@ -405,6 +411,31 @@ class _Nats:
             self.loop.close()
 
 
+# --- the loopback floor ------------------------------------------------------------------------------------------
+
+
+class _Floor:
+    """A raw keep-alive socket POSTing a prebuilt 1-message send to the null HTTP server: no side's single send
+    can go faster on this machine (see :mod:`benchmarks._null_server`)."""
+
+    def __init__(self, addr: str) -> None:
+        self.sock = raw_connection(addr)
+        self.request = raw_send_request("PeersFloor", addr, batch=1)
+        raw_exchange(self.sock, self.request)
+
+    def send(self, seconds: float) -> tuple[int, float]:
+        sock, request = self.sock, self.request
+
+        def one() -> int:
+            raw_exchange(sock, request)
+            return 1
+
+        return _timed(seconds, one)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 # --- the contest -------------------------------------------------------------------------------------------------
 
 
@@ -516,8 +547,10 @@ def measure(profile: Profile) -> list[Row]:
             stack.callback(peers.nats1.close)
             peers.nats3 = _Nats(stack.enter_context(NatsServers(root / "nats3", 3)).urls, 3)
             stack.callback(peers.nats3.close)
+        floor = _Floor(stack.enter_context(null_http_server()))
+        stack.callback(floor.close)
         with _splitmq(root, "async") as mq:
-            rows = _send_rows(mq, "ASYNC_MASTER", peers.redis, peers.nats1, profile)
+            rows = _send_rows(mq, "ASYNC_MASTER", peers.redis, peers.nats1, profile, floor)
             default_read = _read_rows(mq, "broker defaults", peers.redis, [], profile)
         with _splitmq(root, "sync", mode="sync") as mq:
             rows += _send_rows(mq, "SYNC_MASTER", peers.redis, peers.nats3, profile)
@@ -541,9 +574,11 @@ _AHEAD = "> 1.0x"
 """Against NATS the issue asks to be ahead; against Redis it names a ratio per row."""
 
 
-def _send_rows(mq: _SplitMQ, role: str, redis: _Redis | None, nats: _Nats | None, profile: Profile) -> list[Row]:
+def _send_rows(mq: _SplitMQ, role: str, redis: _Redis | None, nats: _Nats | None, profile: Profile,
+               floor: _Floor | None = None) -> list[Row]:
     """Single sends, then batches of 64; replicated before the answer when ``role`` is SYNC_MASTER (Redis adds
-    ``WAIT 1``, and ``nats`` is then the R3 stream)."""
+    ``WAIT 1``, and ``nats`` is then the R3 stream). With ``floor``, the single sends race the loopback floor
+    too."""
     s, sync = profile.send_s, role == "SYNC_MASTER"
     single = [_Side(f"SplitMQ send, {role}", lambda: mq.send(s))]
     batch = [_Side(f"SplitMQ send_batch 64, {role}", lambda: mq.send_batch(s))]
@@ -557,6 +592,8 @@ def _send_rows(mq: _SplitMQ, role: str, redis: _Redis | None, nats: _Nats | None
         single.append(_Side(f"NATS publish, R{nats.replicas}", functools.partial(nats.publish, s), _AHEAD))
         batch.append(_Side(f"NATS 64 publishes gathered, R{nats.replicas}",
                            functools.partial(nats.publish_batch, s), _AHEAD))
+    if floor is not None:
+        single.append(_Side("raw 1-msg POST, null HTTP server (loopback floor)", functools.partial(floor.send, s)))
     replicated = ", replicated" if sync else ""
     return [*_rows(_contest(f"single send{replicated}", single, profile.rounds)),
             *_rows(_contest(f"batch of 64{replicated}", batch, profile.rounds))]

@@ -67,9 +67,10 @@ def test_peers_not_installed_prints_the_hint_and_splitmq_rows_only(monkeypatch: 
     assert "with broker defaults, SplitMQ's slave answered up to 32 messages per pull" in out  # RocketMQ's cap
     table = out[out.index("== peers =="):].splitlines()[3:]
     assert [line.split(":")[0] for line in table] == [
-        "single send", "batch of 64", "single send, replicated", "batch of 64, replicated",
+        "single send", "  ratio per round", "batch of 64", "single send, replicated", "batch of 64, replicated",
         "read the slave, 1000 per pull, slave read settings", "read the slave, 1000 per pull, broker defaults"]
-    assert not any("Redis" in line or "NATS" in line or "ratio per round" in line for line in table)
+    assert "raw 1-msg POST, null HTTP server (loopback floor)" in table[0]  # the floor needs no peer
+    assert not any("Redis" in line or "NATS" in line for line in table)
 
 
 @pytest.mark.integration
@@ -80,7 +81,7 @@ def test_every_peer_side_by_side_when_installed() -> None:
     rows = peers_bench.measure(TINY)
     baselines = [r.baseline_name for r in rows if r.baseline]
     assert baselines == [
-        "Redis XADD", "NATS publish, R1",
+        "Redis XADD", "NATS publish, R1", "raw 1-msg POST, null HTTP server (loopback floor)",
         "Redis pipeline 64 XADD", "NATS 64 publishes gathered, R1",
         "Redis XADD + WAIT 1", "NATS publish, R3",
         "Redis pipeline 64 XADD + WAIT 1", "NATS 64 publishes gathered, R3",
