@@ -102,12 +102,14 @@ def lag_of(max_offset: int, next_begin_offset: int) -> int:
 
 
 class _SendCell:
-    __slots__ = ("attrs", "messages", "requests")
+    __slots__ = ("attrs", "cost", "messages", "requests")
 
     def __init__(self, attrs: dict[str, str]) -> None:
         self.requests = 0
         self.messages = 0
         self.attrs = attrs
+        self.cost: _CostCell | None = None
+        """The send-cost cell this cell's requests are timed in (found on first use, then kept)."""
 
 
 class _CostCell:
@@ -189,7 +191,10 @@ class ClientMetrics:
             cell = self.sends.setdefault(key, _SendCell(self._attrs(topic, send_status=status)))
         cell.requests += 1
         cell.messages += count
-        self._cost(topic, SUCCESS, ms)
+        cost = cell.cost
+        if cost is None:
+            cost = cell.cost = self._cost_cell(topic, SUCCESS)
+        self._observe_cost(cost, ms)
 
     def send_failed(self, topic: str, err: BaseException, count: int, began: float) -> None:
         """A send request of ``count`` messages failed with ``err`` (after its retries)."""
@@ -202,13 +207,19 @@ class ClientMetrics:
         cell.messages += count
         self._cost(topic, FAILURE, ms)
 
-    def _cost(self, topic: str, status: str, ms: float) -> None:
+    def _cost_cell(self, topic: str, status: str) -> _CostCell:
         key = (topic, status)
         cell = self.send_cost.get(key)
         if cell is None:
             # RocketMQ's attributes exactly (no group), so dashboards built for its clients work.
             attrs = {"topic": topic, "client_id": self.client_id, "invocation_status": status}
             cell = self.send_cost.setdefault(key, _CostCell(SEND_COST_BOUNDS_MS, attrs))
+        return cell
+
+    def _cost(self, topic: str, status: str, ms: float) -> None:
+        self._observe_cost(self._cost_cell(topic, status), ms)
+
+    def _observe_cost(self, cell: _CostCell, ms: float) -> None:
         cell.hist.observe(ms)
         otel = self._otel
         if otel is not None:

@@ -332,6 +332,8 @@ class Producer(SyncLifecycle, _ProducerBase):
                          latency_fault_enable=latency_fault_enable, **kwargs)
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
+        self._room_waits = 0
+        """Threads in ``self._room.wait`` (under the lock): a send's end notifies only when one waits."""
         self._client: ClientInstance | None = None
 
     def _attach(self, client: ClientInstance) -> None:
@@ -351,7 +353,7 @@ class Producer(SyncLifecycle, _ProducerBase):
             self._room.notify_all()
             deadline = time.monotonic() + self.config.close_timeout_s
             while self._acc.in_flight() and time.monotonic() < deadline:
-                self._room.wait(deadline - time.monotonic())
+                self._wait_for_room(deadline - time.monotonic())
         client = self._client
         if client is not None:
             client.unregister_producer(self.group)
@@ -413,11 +415,19 @@ class Producer(SyncLifecycle, _ProducerBase):
             if self._state is not ClientState.OPENED:
                 raise ClientClosedError(f"producer {self.group} is closed")
             left = deadline - time.monotonic()
-            if left <= 0 or not self._room.wait(left):
+            if left <= 0 or not self._wait_for_room(left):
                 raise RequestTimeoutError(
                     f"send waited send_timeout_s={self.config.send_timeout_s} for room in the accumulator "
                     f"(buffer_max_bytes={self.config.buffer_max_bytes})"
                 )
+
+    def _wait_for_room(self, timeout: float) -> bool:
+        """``self._room.wait(timeout)``, counted (the caller holds the lock)."""
+        self._room_waits += 1
+        try:
+            return self._room.wait(timeout)
+        finally:
+            self._room_waits -= 1
 
     def _lead(self, client: ClientInstance, key: Hashable, topic: str, fixed: MessageQueue | None,
               batch: list[Pending]) -> None:
@@ -438,7 +448,8 @@ class Producer(SyncLifecycle, _ProducerBase):
         _abandon(batch)
         with self._lock:
             nexts = self._acc.complete(key)
-            self._room.notify_all()
+            if self._room_waits:  # (notify_all builds a deque of the waiters even when there is none)
+                self._room.notify_all()
         for p in batch[1:]:  # batch[0] is this thread, the leader
             p.waker.set()
         for nb in nexts:

@@ -23,6 +23,7 @@ at most until its send timeout.
 from __future__ import annotations
 
 import enum
+import functools
 import random
 import time
 import zlib
@@ -149,7 +150,7 @@ def validate_message(msg: object, max_message_size: int) -> Message:
 
 def encode_one(msg: Message, uniq_key: str, born_ms: int, max_message_size: int) -> bytes:
     """One send-batch item (items concatenate into a batch body)."""
-    return codec.encode_batch([msg], born_timestamp_ms=born_ms, uniq_keys=[uniq_key], max_message_size=max_message_size)
+    return codec.encode_item(msg, born_timestamp_ms=born_ms, uniq_key=uniq_key, max_message_size=max_message_size)
 
 
 class Pending:
@@ -439,6 +440,13 @@ class MasterVerdict(enum.Enum):
     """The deadline passed: raise :meth:`SendAttempts.exhausted`."""
 
 
+@functools.lru_cache(maxsize=4096)
+def send_target(topic: str, queue_id: int, group: str, default_topic_queue_nums: int | None) -> str:
+    """Path and query of a ``POST /send`` (:meth:`SendRequestHeader.target`), built once per queue: a producer
+    sends to the same few queues again and again, and building it cost a few µs of every send."""
+    return SendRequestHeader(topic, queue_id, group, default_topic_queue_nums=default_topic_queue_nums).target()
+
+
 class SendAttempts:
     """The retry loop of one send (SEMANTICS.md 4.6) without its I/O: which queue next, when to stop, what to
     record. A driver asks :meth:`next` for the queue and time budget of each attempt, sends, and reports
@@ -551,7 +559,7 @@ class SendAttempts:
         info = self.info
         default_nums = sum(1 for q in info.message_queues if q.broker_name == mq.broker_name) \
             if info.from_default_topic else None
-        return SendRequestHeader(mq.topic, mq.queue_id, self._group, default_topic_queue_nums=default_nums).target()
+        return send_target(mq.topic, mq.queue_id, self._group, default_nums)
 
     def succeeded(self, mq: MessageQueue) -> None:
         """The attempt to ``mq`` stored the batch."""

@@ -92,6 +92,7 @@ __all__ = [
     "decode_offset_msg_id",
     "decode_records",
     "encode_batch",
+    "encode_item",
     "java_hash",
     "pack_host",
     "packed_born_host",
@@ -357,6 +358,28 @@ def encode_batch(
         parts.append(_U16.pack(len(props)))
         parts.append(props)
     return b"".join(parts)
+
+
+def encode_item(msg: Message, *, born_timestamp_ms: int, uniq_key: str | None,
+                max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
+    """One message as a send-batch item: ``encode_batch([msg], ...)`` without the batch's lists (a producer's
+    single send encodes one; items concatenate into a batch body).
+
+    Raises:
+        MessageIllegalError: as :func:`encode_batch`.
+    """
+    body = msg.body if type(msg.body) is bytes else bytes(msg.body)
+    props = _message_properties(msg, uniq_key, born_timestamp_ms)
+    size = record_size(len(body), len(msg.topic), len(props))
+    if size > max_message_size:
+        raise MessageIllegalError(
+            f"message 0 to topic {msg.topic} is {size} bytes stored, more than maxMessageSize {max_message_size}"
+        )
+    return b"".join((
+        BATCH_ITEM_HEAD.pack(BATCH_FIXED_SIZE + len(body) + len(props), BATCH_MAGIC, body_crc(body), msg.flag, 0,
+                             born_timestamp_ms, len(body)),
+        body, _U16.pack(len(props)), props,
+    ))
 
 
 class BatchItem(NamedTuple):

@@ -27,6 +27,7 @@ Every other answer, and every error on any endpoint, is JSON: ``{"code": int, "r
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Sequence
@@ -77,13 +78,19 @@ def encode_send_reply(
     ))
 
 
+@functools.lru_cache(maxsize=64)
+def _offsets_of(n: int) -> struct.Struct:
+    """The struct of ``n`` commit-log offsets (a producer's batches come in a few sizes)."""
+    return struct.Struct(f">{n}q")
+
+
 def decode_send_reply(data: bytes) -> SendReply:
     """Raises ProtocolViolationError when ``data`` is not a send response."""
     try:
         code, queue_id, queue_offset, n, host_len = SEND_HEAD.unpack_from(data, 0)
         p = SEND_HEAD.size
         host = bytes(data[p : p + host_len])
-        offsets = struct.unpack_from(f">{n}q", data, p + host_len)
+        offsets = _offsets_of(n).unpack_from(data, p + host_len)
     except struct.error as e:
         raise ProtocolViolationError(f"malformed send response ({len(data)} bytes): {e}") from None
     if len(host) != host_len or p + host_len + 8 * n != len(data):

@@ -194,6 +194,47 @@ def test_concurrent_sends_are_batched_each_with_its_own_result(fake) -> None:
         assert keys.index(r.msg_id) == r.queue_offset - 1
 
 
+def test_senders_waiting_for_room_in_the_accumulator_go_on_when_a_request_ends(fake) -> None:
+    """With the accumulator full, senders wait for room; the end of the request in flight wakes them (they do
+    not sit out their send timeout)."""
+    fake.add_topic("T", {"broker-a": {0: A}}, queues=1)
+    fake.instance()
+    first_in = threading.Event()
+    release = threading.Event()
+
+    def gate(request: httpx.Request) -> None:
+        if not first_in.is_set():
+            first_in.set()
+            assert release.wait(10)
+
+    fake.send_gate = gate
+    n = 8
+    results: list = [None] * n
+    errors: list[BaseException] = []
+    # Room for about two waiting messages; the send timeout is far longer than the test may take.
+    with Producer("pg", fake.namesrv, max_in_flight_per_queue=1, buffer_max_bytes=100,
+                  send_timeout_s=30) as p:
+        def send(i: int) -> None:
+            try:
+                results[i] = p.send(Message("T", b"%d" % i))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+        threads[0].start()
+        assert first_in.wait(10)
+        for t in threads[1:]:
+            t.start()
+        poll_until(lambda: p._room_waits > 0, 10, "a sender waiting for room", interval_s=0.005)
+        started = time.monotonic()
+        release.set()
+        for t in threads:
+            t.join(20)
+        assert time.monotonic() - started < 10, "the waiting senders sat out a timeout"
+    assert not errors
+    assert sorted(r.queue_offset for r in results) == list(range(n))
+
+
 def test_lone_sender_does_not_linger(fake, producer) -> None:
     t = time.monotonic()
     for i in range(20):

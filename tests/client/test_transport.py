@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from client import _http11
+from client._http11 import ResponseParser
 from client._transport import AsyncTransport, SyncTransport, _SyncConnection
 
 
@@ -486,3 +488,34 @@ def test_the_time_left_of_successive_deadlines_sets_the_socket_timeout_once() ->
         conn._set_timeout(0.0004)
         conn._set_timeout(None)
         assert sock.settimeouts == 3 and sock.gettimeout() is None
+
+
+def _parsed(head: bytes) -> ResponseParser:
+    parser = ResponseParser()
+    assert parser.feed(head) is True
+    return parser
+
+
+def test_a_response_head_read_again_comes_from_the_cache_each_answer_with_its_own_headers() -> None:
+    _http11._HEADS.clear()
+    head = b"HTTP/1.1 200 OK\r\nserver: x\r\ncontent-length: 0\r\n\r\n"
+    first, second = _parsed(head), _parsed(head)
+    assert list(_http11._HEADS) == [head[:-4]]
+    assert (first.status, first.headers, first.body_len) == (second.status, second.headers, 0) == (
+        200, [(b"server", b"x"), (b"content-length", b"0")], 0)
+    assert first.headers is not second.headers
+    first.headers.append((b"x", b"y"))  # an answer's headers are its own
+    assert _parsed(head).headers == [(b"server", b"x"), (b"content-length", b"0")]
+    closing = _parsed(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+    assert not closing.keep_alive and _parsed(head).keep_alive
+
+
+def test_a_malformed_head_is_refused_every_time_and_the_cache_stays_bounded() -> None:
+    _http11._HEADS.clear()
+    for _ in range(2):
+        with pytest.raises(httpx.RemoteProtocolError, match="bad Content-Length"):
+            _parsed(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n")
+    assert not _http11._HEADS
+    for n in range(3 * _http11._HEADS_MAX):
+        assert _parsed(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % n + b"z" * n).body_len == n
+        assert len(_http11._HEADS) <= _http11._HEADS_MAX

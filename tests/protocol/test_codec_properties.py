@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client._requests import SendResult, send_results
+from client.errors import MessageIllegalError
 from client.protocol.codec import (
     UniqKeyGenerator,
     body_crc,
@@ -22,6 +23,7 @@ from client.protocol.codec import (
     decode_offset_msg_id,
     decode_records,
     encode_batch,
+    encode_item,
     java_hash,
     pack_host,
     write_batch_records,
@@ -90,6 +92,24 @@ def test_batch_to_records_round_trip(
         assert (got.born_host, got.store_host) == ("10.1.2.3:40000", "127.0.0.1:10911")
         assert got.offset_msg_id == create_offset_msg_id(store_host, offsets[k])
         assert decode_offset_msg_id(got.offset_msg_id) == ("127.0.0.1:10911", offsets[k])
+
+
+@settings(max_examples=150, deadline=None)
+@given(msg=MESSAGE, born_ts=st.integers(0, 2**45), uniq=st.none() | st.just("0A0000010F2A0000000000000000ABCD"))
+def test_one_item_is_the_batch_of_that_one_message(msg: Message, born_ts: int, uniq: str | None) -> None:
+    """A single send's item (encode_item) is byte for byte the batch encoding of that message alone."""
+    assert encode_item(msg, born_timestamp_ms=born_ts, uniq_key=uniq) == encode_batch(
+        [msg], born_timestamp_ms=born_ts, uniq_keys=[uniq])
+
+
+def test_one_item_too_large_for_the_broker_is_refused_as_the_batch_is() -> None:
+    msg = Message("Topic", bytearray(200))  # a body that is not bytes is encoded as bytes
+    assert encode_item(msg, born_timestamp_ms=1, uniq_key=None) == encode_batch([msg], born_timestamp_ms=1)
+    with pytest.raises(MessageIllegalError, match=r"message 0 to topic Topic is 2\d\d bytes stored, more than "
+                                                  r"maxMessageSize 200"):
+        encode_item(msg, born_timestamp_ms=1, uniq_key=None, max_message_size=200)
+    with pytest.raises(MessageIllegalError, match="message 0 to topic Topic"):
+        encode_batch([msg], born_timestamp_ms=1, max_message_size=200)
 
 
 def test_java_hash_known_values() -> None:
