@@ -70,6 +70,10 @@ _FAILURES: dict[PutMessageStatus, type[BrokerError]] = {
 }
 
 
+#: Send headers kept checked (:attr:`SendProcessor._checked`) at most.
+_CHECKED_MAX = 4096
+
+
 def _born_host(client: tuple[str, int] | None) -> bytes:
     if not client:
         return _LOOPBACK_HOST
@@ -128,10 +132,17 @@ class SendProcessor:
         self._durability = durability
         self._request_registration = request_registration
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self._checked: dict[bytes, SendRequestHeader] = {}
+        """Headers whose arguments and topic name passed the checks, by their query (:attr:`Request.query_key`):
+        a producer sends the same few queries again and again. Emptied at :data:`_CHECKED_MAX` entries."""
 
     async def handle(self, request: Request) -> Response:
         cfg = self._config
-        req = SendRequestHeader.from_query(request.query)
+        key = request.query_key
+        req = self._checked.get(key) if key else None
+        checked = req is not None
+        if req is None:
+            req = SendRequestHeader.from_query(request.query)
         topic, queue_id, reconsume_times = req.topic, req.queue_id, req.reconsume_times
         client_queue_nums = req.create_queue_nums
         if self._role.is_slave:
@@ -142,7 +153,12 @@ class SendProcessor:
         if not Perm.writeable(cfg.broker_permission):
             raise NoPermissionError(f"the broker[{cfg.broker_name} {self._addr}] sending message is forbidden "
                                     f"(brokerPermission={cfg.broker_permission})")
-        validate_topic(topic)
+        if not checked:
+            validate_topic(topic)
+            if key:
+                if len(self._checked) >= _CHECKED_MAX:
+                    self._checked.clear()
+                self._checked[key] = req
         if topic in NOT_ALLOWED_SEND_TOPICS:
             raise NoPermissionError(f"sending message to topic[{topic}] is forbidden")
         items = decode_batch(request.body)

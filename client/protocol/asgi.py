@@ -30,21 +30,33 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 class Request:
     """One HTTP request: method, path, query and a body read up to a bound."""
 
-    __slots__ = ("_json", "body", "client", "method", "path", "principal", "query", "raw_query")
+    __slots__ = ("_json", "_query", "body", "client", "method", "path", "principal", "query_key", "raw_query")
 
-    def __init__(self, method: str, path: str, query: dict[str, str], body: bytes, client: tuple[str, int],
+    def __init__(self, method: str, path: str, query: dict[str, str] | None, body: bytes, client: tuple[str, int],
                  raw_query: bytes = b"") -> None:
         self.method = method
         self.path = path
-        self.query = query
+        self._query = query
         self.raw_query = raw_query
         """The query string as received (the ACL gate tries it as the signed canonical query first)."""
+        self.query_key: bytes | None = raw_query if query is None else None
+        """``raw_query`` when :attr:`query` is read from it (``query`` None), else None: equal keys mean equal
+        arguments, so a handler may cache what it derives from the arguments alone under this key."""
         self.body = body
         self.client = client
         self.principal: str | None = None
         """The access key of the account that signed the request (set by the ACL hook; None without ACL or for a
         white-listed unsigned peer)."""
         self._json: dict[str, Any] | None = None
+
+    @property
+    def query(self) -> dict[str, str]:
+        """The query arguments (:func:`parse_query` of :attr:`raw_query`, read on first use, unless the request
+        was built with them)."""
+        query = self._query
+        if query is None:
+            query = self._query = parse_query(self.raw_query)
+        return query
 
     def arg(self, name: str, default: str | None = None) -> str:
         """A required (or defaulted) query argument; raises ArgumentError naming it."""
@@ -200,7 +212,7 @@ class Router:
         if handler is None:
             response = self._no_route(method, path)
         else:
-            request = Request(method, path, parse_query(query_string), body, client, query_string)
+            request = Request(method, path, None, body, client, query_string)
             response = await self._handle(handler, request, authorization)
         if observe is not None:
             observe(path if path in self._paths else "other", response.status, time.perf_counter() - started)
@@ -273,7 +285,7 @@ class Router:
             if isinstance(body, Response):
                 return body  # refused
             qs = scope.get("query_string", b"")
-            request = Request(method, path, parse_query(qs), body, scope.get("client") or ("", 0), qs)
+            request = Request(method, path, None, body, scope.get("client") or ("", 0), qs)
             return await self._handle(handler, request, _header(scope, b"authorization"))
         finally:
             self.release_body_bytes(held[0])

@@ -168,6 +168,31 @@ def test_permissions(tmp_path: Path) -> None:
     run_with_broker(tmp_path / "2", topic_perm)
 
 
+def test_a_query_sent_again_is_checked_against_the_brokers_state_each_time(tmp_path: Path) -> None:
+    """The send processor keeps the headers whose arguments and topic name passed, by their query; what depends on
+    the broker's state (the topic's permission, its queues) is checked on every send, and a query that failed its
+    checks is checked again."""
+    async def scenario(ctrl: Any, client: Any) -> None:
+        r = await client.post("/topic", json={"topicName": "P", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6})
+        assert r.status_code == 200
+        for _ in range(2):
+            assert (await send(client, batch("P"), "P", queue_id=1)).status_code == 200
+        r = await client.post("/topic", json={"topicName": "P", "readQueueNums": 1, "writeQueueNums": 1, "perm": 6})
+        assert r.status_code == 200
+        status, code, remark = error(await send(client, batch("P"), "P", queue_id=1))
+        assert (status, code) == (400, ResponseCode.INVALID_PARAMETER) and "queueId 1" in remark
+        r = await client.post("/topic", json={"topicName": "P", "readQueueNums": 2, "writeQueueNums": 2, "perm": 4})
+        assert r.status_code == 200
+        status, code, remark = error(await send(client, batch("P"), "P", queue_id=1))
+        assert (status, code) == (403, 16) and "P" in remark
+        for _ in range(2):  # refused, then refused again (never kept as checked)
+            status, code, remark = error(await send(client, batch(), "bad/topic"))
+            assert (status, code) == (400, 13) and "bad/topic" in remark
+        assert ctrl.topics.get("bad/topic") is None
+
+    run_with_broker(tmp_path, scenario)
+
+
 def test_wrong_method_and_unknown_path(tmp_path: Path) -> None:
     async def scenario(ctrl: Any, client: Any) -> None:
         r = await client.get("/send")

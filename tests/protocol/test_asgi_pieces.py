@@ -47,3 +47,14 @@ def test_pieces_are_sent_as_they_are_only_when_large_and_few(sizes: list[int], m
     assert len(bodies) == messages
     assert [m["more_body"] for m in bodies] == [True] * (messages - 1) + [False]
     assert b"".join(m["body"] for m in bodies) == b"".join(pieces)
+
+
+def test_a_request_reads_its_query_from_the_raw_string_once_and_keys_it_only_then() -> None:
+    raw = b"topic=T&queueId=0&tag=a%20b"
+    lazy = Request("POST", "/send", None, b"", ("127.0.0.1", 1), raw)
+    assert lazy.query_key == raw
+    assert lazy.query == {"topic": "T", "queueId": "0", "tag": "a b"}
+    assert lazy.query is lazy.query  # parsed once
+    given = Request("POST", "/send", {"topic": "U"}, b"", ("127.0.0.1", 1), raw)
+    assert given.query == {"topic": "U"} and given.query_key is None  # the arguments are not the raw string's
+    assert Request("GET", "/x", None, b"", ("", 0)).query == {}
