@@ -153,7 +153,8 @@ def test_no_route_at_all(fake) -> None:
     assert "No route info of this topic: NOPE" in str(ei.value)
 
 
-def test_concurrent_sends_are_batched_each_with_its_own_result(fake) -> None:
+def _hold_the_first_send(fake) -> tuple[threading.Event, threading.Event]:
+    """Topic ``T`` with one queue on broker-a, whose first send request is held: ``(it arrived, let it go)``."""
     fake.add_topic("T", {"broker-a": {0: A}}, queues=1)
     fake.instance()
     first_in = threading.Event()
@@ -165,6 +166,11 @@ def test_concurrent_sends_are_batched_each_with_its_own_result(fake) -> None:
             assert release.wait(10)
 
     fake.send_gate = gate
+    return first_in, release
+
+
+def test_concurrent_sends_are_batched_each_with_its_own_result(fake) -> None:
+    first_in, release = _hold_the_first_send(fake)
     n = 24
     results: list = [None] * n
     with Producer("pg", fake.namesrv, max_in_flight_per_queue=1) as p:
@@ -197,17 +203,7 @@ def test_concurrent_sends_are_batched_each_with_its_own_result(fake) -> None:
 def test_senders_waiting_for_room_in_the_accumulator_go_on_when_a_request_ends(fake) -> None:
     """With the accumulator full, senders wait for room; the end of the request in flight wakes them (they do
     not sit out their send timeout)."""
-    fake.add_topic("T", {"broker-a": {0: A}}, queues=1)
-    fake.instance()
-    first_in = threading.Event()
-    release = threading.Event()
-
-    def gate(request: httpx.Request) -> None:
-        if not first_in.is_set():
-            first_in.set()
-            assert release.wait(10)
-
-    fake.send_gate = gate
+    first_in, release = _hold_the_first_send(fake)
     n = 8
     results: list = [None] * n
     errors: list[BaseException] = []
