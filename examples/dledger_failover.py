@@ -54,7 +54,11 @@ def show(admin: Admin, label: str) -> dict[int, dict[str, Any]]:
 
 
 class SteadyProducer(threading.Thread):
-    """Sends ``seq 0``, ``seq 1``, ... one at a time; records which were acknowledged and where they were stored."""
+    """Sends ``seq 0``, ``seq 1``, ... one at a time; records which were acknowledged and where they were stored.
+
+    It sends ``count`` messages at least, and goes on after them until a broker other than the killed leader has
+    acknowledged one sent after the kill (:meth:`killed`): the kill comes while it sends, however fast it sends.
+    """
 
     def __init__(self, namesrv: str, count: int) -> None:
         super().__init__(name="steady-producer", daemon=True)
@@ -63,9 +67,26 @@ class SteadyProducer(threading.Thread):
         self.acked: dict[int, str] = {}
         """seq -> the address of the broker that stored it (from its offset msgId)."""
         self.acked_at: dict[int, float] = {}
+        self.sent = 0
+        """Messages sent (``seq`` 0 to ``sent - 1``)."""
         self.retries = 0
         self.error: BaseException | None = None
         self.progress = threading.Condition()
+        self._killed: tuple[str, float] | None = None
+
+    def killed(self, addr: str, at: float) -> None:
+        """The leader at ``addr`` was killed at ``at`` (``time.monotonic``)."""
+        with self.progress:
+            self._killed = (addr, at)
+
+    def moved(self) -> list[tuple[float, int]]:
+        """``(acknowledged at, seq)`` of the sends a broker other than the killed leader acknowledged after the kill,
+        in order."""
+        with self.progress:
+            if self._killed is None:
+                return []
+            addr, at = self._killed
+            return sorted((t, seq) for seq, t in self.acked_at.items() if t > at and self.acked[seq] != addr)
 
     def run(self) -> None:
         try:
@@ -73,6 +94,11 @@ class SteadyProducer(threading.Thread):
             with Producer("raft-failover-producer", self.namesrv, send_timeout_s=10.0) as producer:
                 for seq in range(self.count):
                     self._send(producer, seq)
+                    self.sent += 1
+                deadline = time.monotonic() + WAIT_S
+                while not self.moved() and time.monotonic() < deadline:  # the kill came after the last of them
+                    self._send(producer, self.sent)
+                    self.sent += 1
         except BaseException as e:  # reported by main()
             self.error = e
         finally:
@@ -140,7 +166,9 @@ def read_all(namesrv: str) -> list[int]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--messages", type=int, default=200, metavar="N", help="how many messages to send (default 200)")
+    p.add_argument("--messages", type=int, default=200, metavar="N",
+                   help="how many messages to send at least (default 200; the leader is killed after half of them, "
+                        "and the producer goes on until the new leader has taken one)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="splitmq-raft-") as root, \
             LocalCluster(root, mode="dledger", peers_per_group=3, broker_config=BROKER_CONFIG) as cluster, \
@@ -155,14 +183,14 @@ def main() -> int:
         producer.wait_acked(args.messages // 2)
         killed = cluster.kill_master(GROUP)  # SIGKILL while the producer keeps sending
         killed_at = time.monotonic()
+        producer.killed(killed.addr, killed_at)
         old_peer = f"n{killed.broker_id}"
         print(f"killed the leader {old_peer} ({old.addr}) after {len(producer.acked)} acknowledged sends")
 
         producer.join(WAIT_S * 2)
         if producer.error is not None or producer.is_alive():
             raise SystemExit(f"the producer did not finish: {producer.error!r}")
-        moved = sorted((at, seq) for seq, at in producer.acked_at.items()
-                       if at > killed_at and producer.acked[seq] != killed.addr)
+        moved = producer.moved()
         if not moved:
             raise SystemExit("no send was acknowledged by a new leader")
         took = moved[0][0] - killed_at
@@ -181,7 +209,7 @@ def main() -> int:
               f"missing {missing[:10]}, {duplicates} duplicate(s) (a send stored by the dying leader whose answer "
               f"was lost, sent again: at-least-once)")
     print(f"dledger_failover: the new leader took writes {took:.2f} s after the kill; {len(producer.acked)} of "
-          f"{args.messages} messages acknowledged and read back, {len(missing)} missing; {old_peer} rejoined as a "
+          f"{producer.sent} messages acknowledged and read back, {len(missing)} missing; {old_peer} rejoined as a "
           f"follower")
     return 0 if not missing else 1
 

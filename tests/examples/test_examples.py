@@ -41,7 +41,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "ordered": (["--messages", "100"], r"ordered: 100 of 100 messages consumed, 10 of 10 keys in send order"),
     "sql_filter": (["--messages", "30"], r"sql_filter: 6 of 6 matching messages consumed, 0 others"),
     "dledger_failover": (["--messages", "100"], r"dledger_failover: the new leader took writes \d+\.\d+ s after the "
-                                                r"kill; 100 of 100 messages acknowledged and read back, 0 missing; "
+                                                r"kill; (\d+) of \1 messages acknowledged and read back, 0 missing; "
                                                 r"n\d rejoined as a follower"),
 }
 SPARK_CASES: dict[str, tuple[list[str], str]] = {
