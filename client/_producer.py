@@ -30,6 +30,7 @@ from collections.abc import Generator, Hashable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from client import _requests as rq
+from client._conditions import CountedCondition
 from client._instance import (
     AsyncClientInstance,
     ClientConfig,
@@ -331,9 +332,7 @@ class Producer(SyncLifecycle, _ProducerBase):
                          send_timeout_s=send_timeout_s, retry_times_when_send_failed=retry_times_when_send_failed,
                          latency_fault_enable=latency_fault_enable, **kwargs)
         self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)
-        self._room_waits = 0
-        """Threads in ``self._room.wait`` (under the lock): a send's end notifies only when one waits."""
+        self._room = CountedCondition(self._lock)
         self._client: ClientInstance | None = None
 
     def _attach(self, client: ClientInstance) -> None:
@@ -353,7 +352,7 @@ class Producer(SyncLifecycle, _ProducerBase):
             self._room.notify_all()
             deadline = time.monotonic() + self.config.close_timeout_s
             while self._acc.in_flight() and time.monotonic() < deadline:
-                self._wait_for_room(deadline - time.monotonic())
+                self._room.wait(deadline - time.monotonic())
         client = self._client
         if client is not None:
             client.unregister_producer(self.group)
@@ -415,19 +414,11 @@ class Producer(SyncLifecycle, _ProducerBase):
             if self._state is not ClientState.OPENED:
                 raise ClientClosedError(f"producer {self.group} is closed")
             left = deadline - time.monotonic()
-            if left <= 0 or not self._wait_for_room(left):
+            if left <= 0 or not self._room.wait(left):
                 raise RequestTimeoutError(
                     f"send waited send_timeout_s={self.config.send_timeout_s} for room in the accumulator "
                     f"(buffer_max_bytes={self.config.buffer_max_bytes})"
                 )
-
-    def _wait_for_room(self, timeout: float) -> bool:
-        """``self._room.wait(timeout)``, counted (the caller holds the lock)."""
-        self._room_waits += 1
-        try:
-            return self._room.wait(timeout)
-        finally:
-            self._room_waits -= 1
 
     def _lead(self, client: ClientInstance, key: Hashable, topic: str, fixed: MessageQueue | None,
               batch: list[Pending]) -> None:
@@ -448,8 +439,7 @@ class Producer(SyncLifecycle, _ProducerBase):
         _abandon(batch)
         with self._lock:
             nexts = self._acc.complete(key)
-            if self._room_waits:  # (notify_all builds a deque of the waiters even when there is none)
-                self._room.notify_all()
+            self._room.notify_all()
         for p in batch[1:]:  # batch[0] is this thread, the leader
             p.waker.set()
         for nb in nexts:

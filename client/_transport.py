@@ -40,6 +40,7 @@ from typing import cast
 
 import httpx
 
+from client._conditions import CountedCondition
 from client._http11 import (
     HostPool,
     Incomplete,
@@ -200,22 +201,7 @@ class _SyncConnection:
 class _SyncHostPool(HostPool[_SyncConnection]):
     def __init__(self, max_connections: int, max_idle: int) -> None:
         super().__init__(max_connections, max_idle)
-        self.cond = threading.Condition()
-        self.waiting = 0
-        """Threads waiting on ``cond`` for a connection slot: a request's end notifies only when one waits."""
-
-    def wait_for_slot(self, timeout: float | None) -> bool:
-        """``cond.wait(timeout)``, counted (the caller holds ``cond``)."""
-        self.waiting += 1
-        try:
-            return self.cond.wait(timeout)
-        finally:
-            self.waiting -= 1
-
-    def notify_slot(self) -> None:
-        """Wake a thread waiting for a slot, if any (the caller holds ``cond``)."""
-        if self.waiting:
-            self.cond.notify()
+        self.cond = CountedCondition()
 
 
 class SyncTransport(httpx.BaseTransport):
@@ -254,7 +240,7 @@ class SyncTransport(httpx.BaseTransport):
                     return conn, True
                 if pool.reserve():
                     break
-                if not pool.wait_for_slot(pool_t):
+                if not pool.cond.wait(pool_t):
                     raise httpx.PoolTimeout(
                         f"no free connection to {origin[0]}:{origin[1]} within the pool timeout ({pool_t} s; "
                         f"max_connections_per_host={pool.max_connections})"
@@ -281,12 +267,12 @@ class SyncTransport(httpx.BaseTransport):
     def _release_slot(self, pool: _SyncHostPool) -> None:
         with pool.cond:
             pool.release()
-            pool.notify_slot()
+            pool.cond.notify()
 
     def _put_back(self, pool: _SyncHostPool, conn: _SyncConnection, reusable: bool) -> None:
         with pool.cond:
             pool.put_back(conn, reusable and not self._closed)
-            pool.notify_slot()
+            pool.cond.notify()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` and read the whole response (httpx's transport interface)."""

@@ -166,6 +166,7 @@ def test_requests_on_a_kept_connection_are_each_answered() -> None:
             await _writes(transport, int(q))
         assert [_body(w) for w in transport.writes] == [b"q=1", b"q=2"]
         assert not transport.closed
+        assert proto._due_at is not None and proto._due_what == "the next request"  # idle: the keep-alive deadline
         proto.connection_lost(None)
 
     asyncio.run(main())

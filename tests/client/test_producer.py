@@ -221,7 +221,7 @@ def test_senders_waiting_for_room_in_the_accumulator_go_on_when_a_request_ends(f
         assert first_in.wait(10)
         for t in threads[1:]:
             t.start()
-        poll_until(lambda: p._room_waits > 0, 10, "a sender waiting for room", interval_s=0.005)
+        poll_until(lambda: p._room.waiting > 0, 10, "a sender waiting for room", interval_s=0.005)
         started = time.monotonic()
         release.set()
         for t in threads:
