@@ -250,18 +250,30 @@ def raw_connection(addr: str) -> socket.socket:
 
 
 def raw_exchange(s: socket.socket, request: bytes) -> None:
-    """Send a prebuilt request and read its whole answer (a 200 with a Content-Length), decoding nothing."""
+    """Send a prebuilt request and read its whole answer (a 200 with a Content-Length), decoding nothing.
+
+    Raises:
+        ConnectionError: the server closed the connection before the whole answer (an idle keep-alive
+            connection it timed out, say).
+    """
     s.sendall(request)
     buf = b""
     while (end := buf.find(b"\r\n\r\n")) < 0:
-        buf += s.recv(262144)
+        buf += _received(s)
     head = buf[:end].lower()
     at = head.find(b"content-length:")
     length = int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None])
     if not head.startswith(b"http/1.1 200"):
         raise RuntimeError(f"baseline request failed: {head[:80]!r}")
     while len(buf) - end - 4 < length:
-        buf += s.recv(262144)
+        buf += _received(s)
+
+
+def _received(s: socket.socket) -> bytes:
+    data = s.recv(262144)
+    if not data:
+        raise ConnectionError("the server closed the connection before the whole answer")
+    return data
 
 
 def _raw_loop(addr: str, request: bytes, count: int) -> float:

@@ -24,10 +24,13 @@ brokers have dispatched it, Redis until the replica has it (``WAIT``), and a Red
 emptied so memory stays bounded. A row gives the medians of the rounds and their ratio (SplitMQ / peer), the
 next row each round's ratio. A peer that is not installed is skipped, with the command that installs it.
 
-The ASYNC_MASTER single send also races the loopback floor, which needs no peer: a raw socket POSTing the same
-1 KiB message to a null HTTP server on the broker's stack (:mod:`benchmarks._null_server`). Every round-trip
-here, a peer's included, pays at least that; the room a peer leaves above it is what SplitMQ's SDK and broker have
-for their own work.
+Every send workload also races the same master fed by a client that does no work: a raw socket POSTing a
+prebuilt send (1 or 64 messages) and decoding nothing of the answer. Set against the SDK's side it shows what the
+SDK costs; set against Redis (the row under the contest) it shows what the broker alone gets, which bounds what
+any SDK could. The ASYNC_MASTER single send races the loopback floor too, which needs no peer: the same raw socket
+POSTing to a null HTTP server on the broker's stack (:mod:`benchmarks._null_server`). Every round-trip here, a
+peer's included, pays at least that; the room a peer leaves above it is what SplitMQ's SDK and broker have for
+their own work.
 """
 
 from __future__ import annotations
@@ -132,6 +135,8 @@ class _SplitMQ:
         self.batch = [Message(self.topic, BODY) for _ in range(BATCH)]
         self.largest_answer = 0
         """Messages in the largest pull answer the slave reader got (shows the broker's cap in effect)."""
+        with Admin(self.ns) as admin:
+            self.master_addr = admin.topic_route(self.topic).broker_datas[0].broker_addrs[0]
         self.producer.send_batch(self.batch)  # route cached, connection open, commit-log file created
         self.settle()
         CpuMeter(cluster.broker("broker-a", 0).pid).settle()  # the next commit-log file is pre-faulted meanwhile
@@ -201,6 +206,11 @@ class _SplitMQ:
                 return got, time.perf_counter() - t0
 
             yield lap
+
+    def raw_poster(self, batch: int) -> _RawPoster:
+        """Prebuilt sends of ``batch`` messages POSTed to queue 0 of the master over a raw socket (no SDK work);
+        settles after each run as the SDK's sides do."""
+        return _RawPoster(self.master_addr, self.topic, batch, self.settle)
 
     def close(self) -> None:
         self.producer.close()
@@ -411,29 +421,38 @@ class _Nats:
             self.loop.close()
 
 
-# --- the loopback floor ------------------------------------------------------------------------------------------
+# --- raw POSTs: the loopback floor, and the broker with a client that does no work ----------------------------
 
 
-class _Floor:
-    """A raw keep-alive socket POSTing a prebuilt 1-message send to the null HTTP server: no side's single send
-    can go faster on this machine (see :mod:`benchmarks._null_server`)."""
+class _RawPoster:
+    """A raw keep-alive socket POSTing one prebuilt send of ``batch`` 1 KiB messages again and again, reading each
+    whole answer and decoding nothing: no SDK work at all (:func:`benchmarks.client_bench.raw_exchange`).
 
-    def __init__(self, addr: str) -> None:
-        self.sock = raw_connection(addr)
-        self.request = raw_send_request("PeersFloor", addr, batch=1)
-        raw_exchange(self.sock, self.request)
+    Against the null HTTP server it is the loopback floor: no side's single send can go faster on this machine
+    (see :mod:`benchmarks._null_server`). Against the SplitMQ master it is the broker's rate with a client that
+    costs nothing, the most any SDK could get out of that broker here. Each run opens its own connection before
+    its clock starts (a broker closes a connection idle for its keep-alive timeout while the other sides run)."""
+
+    def __init__(self, addr: str, topic: str, batch: int, settle: Callable[[], None] | None = None) -> None:
+        self.addr = addr
+        self.request = raw_send_request(topic, addr, batch=batch)
+        self.batch = batch
+        self._settle = settle
 
     def send(self, seconds: float) -> tuple[int, float]:
-        sock, request = self.sock, self.request
+        request, batch = self.request, self.batch
+        try:
+            with raw_connection(self.addr) as sock:
+                raw_exchange(sock, request)  # connected and answered before the clock starts
 
-        def one() -> int:
-            raw_exchange(sock, request)
-            return 1
+                def one() -> int:
+                    raw_exchange(sock, request)
+                    return batch
 
-        return _timed(seconds, one)
-
-    def close(self) -> None:
-        self.sock.close()
+                return _timed(seconds, one)
+        finally:
+            if self._settle is not None:
+                self._settle()
 
 
 # --- the contest -------------------------------------------------------------------------------------------------
@@ -547,8 +566,7 @@ def measure(profile: Profile) -> list[Row]:
             stack.callback(peers.nats1.close)
             peers.nats3 = _Nats(stack.enter_context(NatsServers(root / "nats3", 3)).urls, 3)
             stack.callback(peers.nats3.close)
-        floor = _Floor(stack.enter_context(null_http_server()))
-        stack.callback(floor.close)
+        floor = _RawPoster(stack.enter_context(null_http_server()), "PeersFloor", 1)
         with _splitmq(root, "async") as mq:
             rows = _send_rows(mq, "ASYNC_MASTER", peers.redis, peers.nats1, profile, floor)
             default_read = _read_rows(mq, "broker defaults", peers.redis, [], profile)
@@ -575,28 +593,50 @@ _AHEAD = "> 1.0x"
 
 
 def _send_rows(mq: _SplitMQ, role: str, redis: _Redis | None, nats: _Nats | None, profile: Profile,
-               floor: _Floor | None = None) -> list[Row]:
+               floor: _RawPoster | None = None) -> list[Row]:
     """Single sends, then batches of 64; replicated before the answer when ``role`` is SYNC_MASTER (Redis adds
-    ``WAIT 1``, and ``nats`` is then the R3 stream). With ``floor``, the single sends race the loopback floor
-    too."""
+    ``WAIT 1``, and ``nats`` is then the R3 stream). Each also races the same master fed prebuilt requests over a
+    raw socket (no SDK work), and, with ``floor``, the single sends race the loopback floor too."""
     s, sync = profile.send_s, role == "SYNC_MASTER"
     single = [_Side(f"SplitMQ send, {role}", lambda: mq.send(s))]
     batch = [_Side(f"SplitMQ send_batch 64, {role}", lambda: mq.send_batch(s))]
     wait = " + WAIT 1" if sync else ""
+    redis_single, redis_batch = f"Redis XADD{wait}", f"Redis pipeline 64 XADD{wait}"
     if redis is not None:
-        single.append(_Side(f"Redis XADD{wait}", functools.partial(redis.xadd, s, wait=sync),
-                            "" if sync else ">= 1.0x"))
-        batch.append(_Side(f"Redis pipeline 64 XADD{wait}", functools.partial(redis.pipeline, s, wait=sync),
-                           ">= 1.5x"))
+        single.append(_Side(redis_single, functools.partial(redis.xadd, s, wait=sync), "" if sync else ">= 1.0x"))
+        batch.append(_Side(redis_batch, functools.partial(redis.pipeline, s, wait=sync), ">= 1.5x"))
     if nats is not None:
         single.append(_Side(f"NATS publish, R{nats.replicas}", functools.partial(nats.publish, s), _AHEAD))
         batch.append(_Side(f"NATS 64 publishes gathered, R{nats.replicas}",
                            functools.partial(nats.publish_batch, s), _AHEAD))
+    raw_single, raw_batch = _RAW_BROKER.format(n=1, role=role), _RAW_BROKER.format(n=64, role=role)
+    single.append(_Side(raw_single, functools.partial(mq.raw_poster(1).send, s)))
+    batch.append(_Side(raw_batch, functools.partial(mq.raw_poster(BATCH).send, s)))
     if floor is not None:
         single.append(_Side("raw 1-msg POST, null HTTP server (loopback floor)", functools.partial(floor.send, s)))
     replicated = ", replicated" if sync else ""
-    return [*_rows(_contest(f"single send{replicated}", single, profile.rounds)),
-            *_rows(_contest(f"batch of 64{replicated}", batch, profile.rounds))]
+    singles = _contest(f"single send{replicated}", single, profile.rounds)
+    batches = _contest(f"batch of 64{replicated}", batch, profile.rounds)
+    return [*_rows(singles), *_pair_row(singles, raw_single, redis_single),
+            *_rows(batches), *_pair_row(batches, raw_batch, redis_batch)]
+
+
+_RAW_BROKER = "raw {n}-msg POST, SplitMQ {role} (no SDK work)"
+"""A side of every send contest: the master fed prebuilt requests by a client that does nothing else."""
+
+
+def _pair_row(result: _Result, side: str, peer: str) -> list[Row]:
+    """``side`` / ``peer`` per round and their median, when both ran (no row otherwise): for the raw-POST side
+    against Redis, what SplitMQ's broker gets against Redis when its client costs nothing."""
+    rates = result.rates
+    if side not in rates or peer not in rates:
+        return []
+    ratios = [a / b for a, b in zip(rates[side], rates[peer], strict=True) if a is not None and b is not None]
+    if not ratios:
+        return []
+    spelled = " ".join(f"{r:.2f}" for r in ratios)
+    return [Row(f"  {side} / {peer}, per round: {spelled} (median)", statistics.median(ratios), "x",
+                "the broker with a client that costs nothing")]
 
 
 def _read_rows(mq: _SplitMQ, settings: str, redis: _Redis | None, nats: list[_Nats], profile: Profile, *,

@@ -34,3 +34,15 @@ def test_every_request_is_answered_in_order_and_the_server_stops_with_its_block(
     host, _, port = addr.rpartition(":")
     with pytest.raises(OSError):
         socket.create_connection((host, int(port)), timeout=2).close()
+
+
+@pytest.mark.parametrize("sent", [b"", b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"], ids=["nothing", "half"])
+def test_a_raw_exchange_on_a_connection_the_server_closed_raises_instead_of_spinning(sent: bytes) -> None:
+    # A broker closes a keep-alive connection idle past its timeout; the raw loop read b"" from it for ever.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname(), timeout=10)
+        conn, _ = server.accept()
+        conn.sendall(sent)
+        conn.close()
+        with client, pytest.raises(ConnectionError, match="closed the connection before the whole answer"):
+            raw_exchange(client, b"POST /send HTTP/1.1\r\nContent-Length: 0\r\n\r\n")

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import __main__ as bench_main
 from benchmarks import _peer_servers, peers_bench
-from benchmarks.peers_bench import Profile, _contest, _rows, _Side
+from benchmarks.peers_bench import Profile, _contest, _pair_row, _rows, _Side
 
 #: Each side runs once, for a moment: the tests check the plumbing, not the figures.
 TINY = Profile(rounds=1, send_s=0.05, read_messages=256, read_s=0.01)
@@ -36,6 +36,17 @@ def test_sides_take_turns_in_a_rotating_order_and_rows_give_medians_and_ratios()
         ("redis", 100.0, 3.0, ">= 1.5x"), ("nats", 600.0, 0.5, "")]
     assert rows[1].name == "  ratio per round: 3.00 3.00 3.00 (median)" and rows[1].value == 3.0
     assert rows[3].baseline_name == "vs nats" and rows[3].value == 0.5
+
+
+def test_a_pair_row_sets_two_other_sides_against_each_other_round_by_round() -> None:
+    sides = [_fixed("ours", 300, []), _fixed("raw", 400, []), _fixed("redis", 200, [])]
+    result = _contest("single send", sides, rounds=2)
+    result.rates["raw"][1] = None  # a round a side did not run is left out
+    [row] = _pair_row(result, "raw", "redis")
+    assert row.name == "  raw / redis, per round: 2.00 (median)" and row.value == 2.0 and row.unit == "x"
+    assert _pair_row(result, "raw", "nats") == []  # a side that is not in the contest: no row
+    result.rates["raw"][0] = None
+    assert _pair_row(result, "raw", "redis") == []  # no round where both ran: no row
 
 
 def test_without_peers_a_workload_has_the_splitmq_row_alone() -> None:
@@ -67,9 +78,15 @@ def test_peers_not_installed_prints_the_hint_and_splitmq_rows_only(monkeypatch: 
     assert "with broker defaults, SplitMQ's slave answered up to 32 messages per pull" in out  # RocketMQ's cap
     table = out[out.index("== peers =="):].splitlines()[3:]
     assert [line.split(":")[0] for line in table] == [
-        "single send", "  ratio per round", "batch of 64", "single send, replicated", "batch of 64, replicated",
+        "single send", "  ratio per round", "single send", "  ratio per round", "batch of 64", "  ratio per round",
+        "single send, replicated", "  ratio per round", "batch of 64, replicated", "  ratio per round",
         "read the slave, 1000 per pull, slave read settings", "read the slave, 1000 per pull, broker defaults"]
-    assert "raw 1-msg POST, null HTTP server (loopback floor)" in table[0]  # the floor needs no peer
+    # Neither the raw POSTs to the master nor the floor needs a peer.
+    assert "raw 1-msg POST, SplitMQ ASYNC_MASTER (no SDK work)" in table[0]
+    assert "raw 1-msg POST, null HTTP server (loopback floor)" in table[2]
+    assert "raw 64-msg POST, SplitMQ ASYNC_MASTER (no SDK work)" in table[4]
+    assert "raw 1-msg POST, SplitMQ SYNC_MASTER (no SDK work)" in table[6]
+    assert "raw 64-msg POST, SplitMQ SYNC_MASTER (no SDK work)" in table[8]
     assert not any("Redis" in line or "NATS" in line for line in table)
 
 
@@ -81,14 +98,22 @@ def test_every_peer_side_by_side_when_installed() -> None:
     rows = peers_bench.measure(TINY)
     baselines = [r.baseline_name for r in rows if r.baseline]
     assert baselines == [
-        "Redis XADD", "NATS publish, R1", "raw 1-msg POST, null HTTP server (loopback floor)",
-        "Redis pipeline 64 XADD", "NATS 64 publishes gathered, R1",
-        "Redis XADD + WAIT 1", "NATS publish, R3",
+        "Redis XADD", "NATS publish, R1", "raw 1-msg POST, SplitMQ ASYNC_MASTER (no SDK work)",
+        "raw 1-msg POST, null HTTP server (loopback floor)",
+        "Redis pipeline 64 XADD", "NATS 64 publishes gathered, R1", "raw 64-msg POST, SplitMQ ASYNC_MASTER (no SDK work)",
+        "Redis XADD + WAIT 1", "NATS publish, R3", "raw 1-msg POST, SplitMQ SYNC_MASTER (no SDK work)",
         "Redis pipeline 64 XADD + WAIT 1", "NATS 64 publishes gathered, R3",
+        "raw 64-msg POST, SplitMQ SYNC_MASTER (no SDK work)",
         "Redis XREAD COUNT 1000, replica", "NATS fetch(1000), R1", "NATS fetch(1000), R3",
         "Redis XREAD COUNT 1000, replica",
     ]
     assert all(r.value > 0 for r in rows)
+    # Under each send contest, the broker fed raw POSTs against Redis.
+    pairs = [r.name.split(", per round")[0].strip() for r in rows if "/ Redis" in r.name]
+    assert pairs == ["raw 1-msg POST, SplitMQ ASYNC_MASTER (no SDK work) / Redis XADD",
+                     "raw 64-msg POST, SplitMQ ASYNC_MASTER (no SDK work) / Redis pipeline 64 XADD",
+                     "raw 1-msg POST, SplitMQ SYNC_MASTER (no SDK work) / Redis XADD + WAIT 1",
+                     "raw 64-msg POST, SplitMQ SYNC_MASTER (no SDK work) / Redis pipeline 64 XADD + WAIT 1"]
 
 
 def test_the_read_row_uses_the_slave_settings_the_docs_recommend() -> None:
