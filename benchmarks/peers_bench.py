@@ -135,8 +135,7 @@ class _SplitMQ:
         self.batch = [Message(self.topic, BODY) for _ in range(BATCH)]
         self.largest_answer = 0
         """Messages in the largest pull answer the slave reader got (shows the broker's cap in effect)."""
-        with Admin(self.ns) as admin:
-            self.master_addr = admin.topic_route(self.topic).broker_datas[0].broker_addrs[0]
+        self.master_addr = cluster.broker("broker-a", 0).addr
         self.producer.send_batch(self.batch)  # route cached, connection open, commit-log file created
         self.settle()
         CpuMeter(cluster.broker("broker-a", 0).pid).settle()  # the next commit-log file is pre-faulted meanwhile
@@ -609,7 +608,7 @@ def _send_rows(mq: _SplitMQ, role: str, redis: _Redis | None, nats: _Nats | None
         single.append(_Side(f"NATS publish, R{nats.replicas}", functools.partial(nats.publish, s), _AHEAD))
         batch.append(_Side(f"NATS 64 publishes gathered, R{nats.replicas}",
                            functools.partial(nats.publish_batch, s), _AHEAD))
-    raw_single, raw_batch = _RAW_BROKER.format(n=1, role=role), _RAW_BROKER.format(n=64, role=role)
+    raw_single, raw_batch = _RAW_BROKER.format(n=1, role=role), _RAW_BROKER.format(n=BATCH, role=role)
     single.append(_Side(raw_single, functools.partial(mq.raw_poster(1).send, s)))
     batch.append(_Side(raw_batch, functools.partial(mq.raw_poster(BATCH).send, s)))
     if floor is not None:

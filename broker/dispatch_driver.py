@@ -5,14 +5,14 @@ bounded by a byte budget). This object is the only one that asks, in two ways:
 
 * :meth:`DispatchDriver.run`, the background work woken by the store's append event (:meth:`wake`): it dispatches
   what is pending in steps and yields to the loop between steps, so a large backlog (a slave catching up,
-  recovery) never holds requests for long. The steps are loop callbacks, one scheduled at a time, not a task
-  waiting on an event: an ``asyncio.Event`` wake-up and the task's four resumptions cost a single send about
-  4 µs of the broker's 142 (median of 8 rounds). A step takes what the send path handed over and is not dispatched yet
-  (built without parsing a byte, about 1 µs a message) plus ``chunk_bytes`` of what must be parsed from the log,
-  at most ``step_max_bytes``. On a master dispatch so keeps pace with any load: a loop turn can append a batch
-  per connection in flight (64 senders: 4.6 MB), and a fixed chunk a turn let dispatch fall 100-200 MB behind,
-  hiding the messages from consumers for seconds. On a slave (no hand-overs) a step stays a chunk, so a slave
-  catching up replicates first: acknowledging what it holds comes before making it readable;
+  recovery) never holds requests for long. The steps are loop callbacks, one scheduled at a time, not a task waiting
+  on an event: an ``asyncio.Event`` wake-up and the task's four resumptions cost a single send about 4 µs of the
+  broker's 142 (median of 8 rounds). A step takes what the send path handed over and is not dispatched yet (built
+  without parsing a byte, about 1 µs a message) plus ``chunk_bytes`` of what must be parsed from the log, at most
+  ``step_max_bytes``. On a master dispatch so keeps pace with any load: a loop turn can append a batch per
+  connection in flight (64 senders: 4.6 MB), and a fixed chunk a turn let dispatch fall 100-200 MB behind, hiding
+  the messages from consumers for seconds. On a slave (no hand-overs) a step stays a chunk, so a slave catching up
+  replicates first: acknowledging what it holds comes before making it readable;
 * :meth:`DispatchDriver.catch_up`, called by a read that is about to answer "no message": it dispatches what is
   pending now, up to a bound, so a message whose send returned is visible to the next read (read-your-writes)
   even when the task has not had its turn yet.

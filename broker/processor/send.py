@@ -1,17 +1,18 @@
 """``POST /send``: validate, append the batch to the store, then wait as the flush / replication mode requires.
 
 Arguments are read by :meth:`client.protocol.requests.SendRequestHeader.from_query`, once per distinct query: the
-processor keeps the headers whose arguments and topic name passed. Checks, in order: the broker is not a SLAVE (SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION), the topic name is legal (not checked again
-for a kept header) and not a system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL), the topic exists (auto-created from
-``TBW102`` when enabled, else TOPIC_NOT_EXIST), it is writeable (NO_PERMISSION), and ``queueId`` is in
-``[0, writeQueueNums)`` (INVALID_PARAMETER); then, as in RocketMQ, the store refuses a batch with a message past
-``maxMessageSize`` (MESSAGE_ILLEGAL, naming the message; checked once, when the store plans the put). A message
-with a timer property due later is parked in ``rmq_sys_wheel_timer`` (:mod:`broker.timer.rules`). After a
-successful append, unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability`
-describes (SEMANTICS.md 2.9, decision 5): SYNC_FLUSH for the flush (``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the
-acks of ``inSyncReplicas - 1`` connected slaves, one by default (``FLUSH_SLAVE_TIMEOUT`` after
-``syncFlushTimeout``; ``SLAVE_NOT_AVAILABLE`` at once when fewer connected slaves are in sync, i.e. have their own
-last ack within ``haMaxGapNotInSync`` of the put); the replica status wins when both fail.
+processor keeps the headers whose arguments and topic name passed. Checks, in order: the broker is not a SLAVE
+(SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION), the topic name is legal (not checked again for a
+kept header) and not a system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL), the topic exists
+(auto-created from ``TBW102`` when enabled, else TOPIC_NOT_EXIST), it is writeable (NO_PERMISSION), and ``queueId``
+is in ``[0, writeQueueNums)`` (INVALID_PARAMETER); then, as in RocketMQ, the store refuses a batch with a message
+past ``maxMessageSize`` (MESSAGE_ILLEGAL, naming the message; checked once, when the store plans the put). A message
+with a timer property due later is parked in ``rmq_sys_wheel_timer`` (:mod:`broker.timer.rules`). After a successful
+append, unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability` describes (SEMANTICS.md
+2.9, decision 5): SYNC_FLUSH for the flush (``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of
+``inSyncReplicas - 1`` connected slaves, one by default (``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``;
+``SLAVE_NOT_AVAILABLE`` at once when fewer connected slaves are in sync, i.e. have their own last ack within
+``haMaxGapNotInSync`` of the put); the replica status wins when both fail.
 """
 
 from __future__ import annotations
