@@ -43,7 +43,7 @@ test: $(STAMP_ALL) browser-deps
 
 lint: $(STAMP_CORE)
 	$(BIN)/ruff check .
-	$(BIN)/mypy client broker nameserver spark_connector benchmarks
+	$(BIN)/mypy common remoting client broker nameserver spark_connector benchmarks
 
 bench: $(STAMP_CORE)
 	$(BIN)/python -m benchmarks all

@@ -42,17 +42,17 @@ from benchmarks import Row
 from benchmarks.client_bench import CpuMeter
 from client import Admin, ClientConfig, Credentials, Message, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
-from client.protocol.acl import parse_acl
-from client.protocol.acl_gate import SIGNED, AclGate
-from client.protocol.asgi import Request, parse_query
-from client.protocol.codec import encode_batch
-from client.protocol.requests import PullRequestHeader, SendRequestHeader
-from client.protocol.signing import SCHEME_BLAKE3, SIGNING_SCHEME, RequestSigner, body_digest
+from common.codec import encode_batch
+from common.requests import PullRequestHeader, SendRequestHeader, parse_query
+from common.signing import SCHEME_BLAKE3, SIGNING_SCHEME, RequestSigner, body_digest
+from remoting.acl import parse_acl
+from remoting.acl_gate import SIGNED, AclGate
+from remoting.router import Request
 
 __all__ = ["AclFigures", "AclWork", "Profile", "Side", "acl_work", "interleave", "measure", "rows", "run"]
 
 BODY = b"x" * 1024
-#: The body digest the SDK signs with (client/protocol/signing.py), timed on its own by :func:`acl_work`.
+#: The body digest the SDK signs with (common/signing.py), timed on its own by :func:`acl_work`.
 DIGEST_NAME = "BLAKE3" if SIGNING_SCHEME == SCHEME_BLAKE3 else "SHA-256"
 
 BATCH = 64
@@ -202,7 +202,7 @@ class AclWork:
     """CPU µs per request of the ACL's own work, one thread (median of a few runs)."""
 
     sign_us: float
-    """The SDK's :meth:`~client.protocol.signing.RequestSigner.sign`."""
+    """The SDK's :meth:`~common.signing.RequestSigner.sign`."""
     verify_us: float
     """A gate letting the signed request in (header, signature, replay guard; an admin account, as the ACL-on
     side signs with)."""

@@ -39,7 +39,7 @@ from typing import Any
 from benchmarks import Row
 from benchmarks._null_server import null_http_server
 from client import Admin, AsyncProducer, Message, Producer, PullConsumer, PullStatus
-from client.protocol.message import MessageQueue
+from common.message import MessageQueue
 
 __all__ = [
     "bench_async_concurrent", "bench_default_transport_batch", "bench_pull", "bench_raw_pull", "bench_raw_send",
@@ -293,7 +293,7 @@ def _master(namesrv_addr: str, topic: str) -> str:
 
 def raw_send_request(topic: str, addr: str, *, batch: int = 64) -> bytes:
     """A prebuilt ``POST /send`` of ``batch`` 1 KiB messages to queue 0 of ``topic`` at ``addr``."""
-    from client.protocol.codec import encode_batch
+    from common.codec import encode_batch
 
     body = encode_batch([Message(topic, BODY) for _ in range(batch)], born_timestamp_ms=int(time.time() * 1000),
                         uniq_keys=[uuid.uuid4().hex.upper() for _ in range(batch)])
@@ -322,7 +322,7 @@ def bench_default_transport_batch(namesrv_addr: str, *, batch: int = 64, batches
     """The same 64-message bodies POSTed with a plain ``httpx.Client`` (httpx's own transport); msgs/s."""
     import httpx
 
-    from client.protocol.codec import encode_batch
+    from common.codec import encode_batch
 
     topic = _topic(namesrv_addr, "BenchBase")
     addr = _master(namesrv_addr, topic)

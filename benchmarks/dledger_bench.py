@@ -57,7 +57,7 @@ from client import Admin, Message, MessageQueue, Producer, PullStatus, SendStatu
 from client.cluster import BrokerHandle, ClusterError, LocalCluster
 from client.errors import ClientError
 from client.lowlevel import BrokerClient
-from client.protocol.codec import UniqKeyGenerator, decode_records, encode_batch
+from common.codec import UniqKeyGenerator, decode_records, encode_batch
 
 __all__ = ["FailoverResult", "KillRecord", "failover_rows", "run", "run_failover"]
 

@@ -32,8 +32,8 @@ import attrs
 from benchmarks import Row
 from broker.store.config import StoreConfig
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import decode_batch, encode_batch
-from client.protocol.message import Message
+from common.codec import decode_batch, encode_batch
+from common.message import Message
 
 __all__ = ["Phase", "measure_phase", "run"]
 

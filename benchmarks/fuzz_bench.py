@@ -302,7 +302,7 @@ def _is_coded_error(data: bytes) -> bool:
 
 # ------------------------------------------------------------------------------------------ in-process targets
 def _seed_batch(topic: str) -> bytes:
-    from client.protocol.codec import encode_batch
+    from common.codec import encode_batch
 
     return encode_batch([Message(topic, b"fuzz-%d" % i, tags="A", keys=f"k{i}") for i in range(3)],
                         born_timestamp_ms=1)
@@ -347,7 +347,7 @@ def _ha_frames_call(file_size: int) -> Callable[[bytes], object]:
 
 def _ha_frame_seeds(file_size: int) -> list[bytes]:
     from broker.ha.protocol import encode_frame_header
-    from client.protocol.codec import decode_batch, pack_host, write_batch_records
+    from common.codec import decode_batch, pack_host, write_batch_records
 
     seeds = []
     items = decode_batch(_seed_batch("HaT"))
@@ -405,7 +405,7 @@ def run_fuzz(profile: dict[str, int], *, seed: int | None = None) -> FuzzReport:
     from broker.ha.protocol import HAProtocolError, ReportDecoder
     from broker.properties_file import PropertiesSyntaxError
     from broker.store.records import RecordViolation
-    from client.protocol.codec import decode_batch
+    from common.codec import decode_batch
 
     seed = random.randrange(1 << 32) if seed is None else seed
     rng = random.Random(seed)

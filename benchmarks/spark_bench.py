@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks import Row
-from client.protocol.codec import (
+from common.codec import (
     UniqKeyGenerator,
     decode_records,
     encode_batch,
@@ -31,8 +31,8 @@ from client.protocol.codec import (
     record_size,
     write_record,
 )
-from client.protocol.message import Message
-from client.protocol.properties import KEYS, TAGS, UNIQ_KEY
+from common.message import Message
+from common.properties import KEYS, TAGS, UNIQ_KEY
 from spark_connector.arrow import decode_to_batch, messages_to_batch
 from spark_connector.options import DEFAULT_PULL_BATCH_SIZE
 from spark_connector.send import ChunkBuilder, ItemEncoder, encode_columns

@@ -23,8 +23,8 @@ import zlib
 from benchmarks import Row
 from broker.store.config import StoreConfig
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import decode_batch, encode_batch, write_batch_records
-from client.protocol.message import Message
+from common.codec import decode_batch, encode_batch, write_batch_records
+from common.message import Message
 
 __all__ = ["bench_append_read", "bench_live_dispatch", "bench_recovery", "run"]
 

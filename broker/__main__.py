@@ -29,13 +29,13 @@ import uvicorn
 from broker.config import BrokerConfig, ConfigError, load_config, parse_set_options
 from broker.controller import BrokerController
 from broker.dledger.message_store import DLedgerMessageStore
-from broker.http_protocol import serving
 from broker.peer_auth import startup_warnings
 from broker.store.api import StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
-from client.protocol.acl import AclFileError
-from client.protocol.codec import pack_host
-from client.protocol.http_guard import HttpLimits
+from common.codec import pack_host
+from remoting.acl import AclFileError
+from remoting.http_guard import HttpLimits
+from remoting.http_protocol import serving
 
 __all__ = ["main"]
 

@@ -5,7 +5,7 @@ without a row, so a new endpoint cannot be left open by mistake (the gate refuse
 
 RocketMQ's ``PlainAccessValidator`` is the model: a send needs PUB on its topic; a pull, offset commits and
 queries need SUB on the topic and the group they name; heartbeats, unregistration, send-backs and queue locks
-need SUB on the consumer groups (a ``%RETRY%G`` / ``%DLQ%G`` topic is group G's, see :mod:`client.protocol.acl`);
+need SUB on the consumer groups (a ``%RETRY%G`` / ``%DLQ%G`` topic is group G's, see :mod:`remoting.acl`);
 metadata, status and operations need ``admin``. ``GET /message`` (by commit-log offset) names no topic before it reads the
 record, so it needs admin.
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from client.protocol.acl import Action
-from client.protocol.acl_gate import (
+from remoting.acl import Action
+from remoting.acl_gate import (
     ADMIN,
     AclGate,
     Principal,
@@ -34,7 +34,7 @@ from client.protocol.acl_gate import (
     load_acl_file,
     topic_arg,
 )
-from client.protocol.asgi import Request
+from remoting.router import Request
 
 __all__ = ["BROKER_RULES", "build_gate"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from client.errors import InvalidParameterError
+from common.errors import InvalidParameterError
 
 __all__ = ["MIN_CLIENT_TIMEOUT_MS", "ClientInfo", "ClientTable", "LastPulls"]
 

@@ -23,8 +23,8 @@ from broker.ha.config import HAConfig
 from broker.properties_file import PropertiesSyntaxError, parse_properties
 from broker.store.config import DEFAULT_DELAY_LEVELS, StoreConfig, parse_delay_levels
 from broker.store.retention import RetentionConfig, parse_delete_when
-from client.protocol.codes import BrokerRole, FlushDiskType, Perm
-from client.tls import TlsConfigError, client_context, server_context
+from common.codes import BrokerRole, FlushDiskType, Perm
+from common.tls import TlsConfigError, client_context, server_context
 
 __all__ = ["BrokerConfig", "BrokerTls", "ConfigError", "LoadedConfig", "load_config", "parse_set_options"]
 
@@ -279,7 +279,7 @@ class BrokerConfig:
         """The store's configuration; the broker drives dispatch from its event loop.
 
         Args:
-            store_host: packed ``ip + port`` of the bound client address (:func:`client.protocol.codec.pack_host`).
+            store_host: packed ``ip + port`` of the bound client address (:func:`common.codec.pack_host`).
         """
         return StoreConfig(
             store_path_root_dir=str(self.store_root),

@@ -68,11 +68,11 @@ from broker.store.api import AppendResult, MessageStore
 from broker.store.config import parse_delay_levels
 from broker.timer import TimerMessageService
 from broker.transaction import HALF_TOPIC, CheckQueues, CheckRules, TransactionalMessageService
-from client.errors import InvalidParameterError, ServiceNotAvailableError
-from client.protocol.acl_gate import AclFileWatcher, AclGate
-from client.protocol.asgi import Router
-from client.protocol.route import TopicConfig
-from client.protocol.signing import Credentials, SigningAuth
+from common.errors import InvalidParameterError, ServiceNotAvailableError
+from common.route import TopicConfig
+from common.signing import Credentials, SigningAuth
+from remoting.acl_gate import AclFileWatcher, AclGate
+from remoting.router import Router
 
 __all__ = ["BrokerController"]
 

@@ -22,8 +22,8 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from broker.store.api import AppendResult
-from client.errors import ServiceNotAvailableError, SystemBusyError
-from client.protocol.codes import BrokerRole, FlushDiskType, ResponseCode
+from common.codes import BrokerRole, FlushDiskType, ResponseCode
+from common.errors import ServiceNotAvailableError, SystemBusyError
 
 __all__ = ["Durability", "DurabilityWaiter", "QuorumWait", "ReplicaAcks"]
 

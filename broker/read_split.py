@@ -19,7 +19,7 @@ from __future__ import annotations
 import attrs
 
 from broker.store.api import GetMessageStatus
-from client.protocol.codes import MASTER_ID, ResponseCode
+from common.codes import MASTER_ID, ResponseCode
 
 __all__ = ["PullAnswer", "PullContext", "code_for_status", "plan_pull_answer"]
 

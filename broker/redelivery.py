@@ -22,11 +22,11 @@ from typing import Any
 import attrs
 
 from broker.store.api import AppendResult, MessageStore
-from client.errors import ProtocolViolationError
-from client.protocol.codec import decode_records, packed_born_host
-from client.protocol.codes import SysFlag
-from client.protocol.message import MessageExt
-from client.protocol.properties import UNIQ_KEY
+from common.codec import decode_records, packed_born_host
+from common.codes import SysFlag
+from common.errors import ProtocolViolationError
+from common.message import MessageExt
+from common.properties import UNIQ_KEY
 
 __all__ = ["Delivery", "put_copy", "settled_prefix"]
 

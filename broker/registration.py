@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 import httpx
 
-from client.protocol.codes import Perm
-from client.protocol.route import DataVersion, TopicConfig
+from common.codes import Perm
+from common.route import DataVersion, TopicConfig
 
 __all__ = ["BrokerIdentity", "RegisterResult", "Registrar", "build_register_body", "pick_register_result"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 
-from client.protocol.codec import BatchItem
-from client.protocol.properties import (
+from common.codec import BatchItem
+from common.properties import (
     DELAY,
     MAX_RECONSUME_TIMES,
     ORIGIN_MESSAGE_ID,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from client.protocol.codes import BrokerRole
+from common.codes import BrokerRole
 
 __all__ = ["RoleState"]
 

@@ -35,10 +35,10 @@ from broker.metadata.topics import SCHEDULE_TOPIC
 from broker.pass_loop import PassLoop
 from broker.redelivery import Delivery, put_copy, settled_prefix
 from broker.store.api import AppendResult, GetMessageStatus, MessageStore, PutMessageStatus
-from client.errors import ProtocolViolationError
-from client.protocol.codec import decode_records
-from client.protocol.message import MessageExt
-from client.protocol.properties import DELAY, REAL_QID, REAL_TOPIC, WAIT
+from common.codec import decode_records
+from common.errors import ProtocolViolationError
+from common.message import MessageExt
+from common.properties import DELAY, REAL_QID, REAL_TOPIC, WAIT
 
 __all__ = [
     "DEFAULT_UNKNOWN_LEVEL_DELAY_MS",

@@ -27,7 +27,7 @@ from broker.metadata import (
 from broker.metadata.consumer_offsets import decode_offset_table
 from broker.metadata.subscription_groups import SubscriptionGroupConfig, decode_group_table
 from broker.metadata.topics import decode_topic_table
-from client.protocol.route import DataVersion, TopicConfig
+from common.route import DataVersion, TopicConfig
 
 __all__ = ["SlaveSynchronizer", "merge_offsets", "plan_groups", "plan_topics"]
 

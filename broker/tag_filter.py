@@ -5,7 +5,7 @@ expression subscribes to everything; otherwise the expression is split on ``||``
 pass the consume-queue filter, as in RocketMQ (the client re-checks tags).
 
 SQL92 (``expressionType=SQL92``), like RocketMQ's ``ExpressionMessageFilter.isMatchedByCommitLog``: only with
-``enablePropertyFilter=true``; the expression is compiled once (:func:`client.protocol.sql92.compile_sql`
+``enablePropertyFilter=true``; the expression is compiled once (:func:`common.sql92.compile_sql`
 caches it by text) and each candidate record's properties are decoded once, by the read that would return it.
 Nothing of this runs for a TAG subscription.
 """
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from client.errors import BrokerError, NoPermissionError, ProtocolViolationError
-from client.protocol.codec import record_layout, tags_hash
-from client.protocol.codes import ResponseCode
-from client.protocol.properties import decode_properties
-from client.protocol.selector import SQL92
-from client.protocol.sql92 import SqlFilter, SqlFilterError, compile_sql
+from common.codec import record_layout, tags_hash
+from common.codes import ResponseCode
+from common.errors import BrokerError, NoPermissionError, ProtocolViolationError
+from common.properties import decode_properties
+from common.selector import SQL92
+from common.sql92 import SqlFilter, SqlFilterError, compile_sql
 
 __all__ = ["MAX_EXPRESSION_LENGTH", "SubscriptionParseError", "build_record_filter", "build_tag_filter",
            "check_expression", "parse_tags"]

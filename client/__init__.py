@@ -9,8 +9,8 @@
 
 Errors live in :mod:`client.errors` (also reachable as ``client.errors``); the local cluster launcher in
 :mod:`client.cluster`; raw sends and pulls of encoded batches with the SDK's routing and retries, the route cache
-and the pull-node table in :mod:`client.lowlevel`; the wire formats in :mod:`client.protocol`. Everything under
-``client._*`` is private.
+and the pull-node table in :mod:`client.lowlevel`; the wire formats, which the servers speak too, in
+:mod:`common`. Everything under ``client._*`` is private.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from client._transaction import (
     TransactionProducer,
     TransactionSendResult,
 )
-from client.protocol.codes import PullStatus, SendStatus
-from client.protocol.message import Message, MessageExt, MessageQueue
-from client.protocol.selector import MessageSelector
-from client.protocol.signing import Credentials
+from common.codes import PullStatus, SendStatus
+from common.message import Message, MessageExt, MessageQueue
+from common.selector import MessageSelector
+from common.signing import Credentials
 
 __all__ = [
     "Admin",

@@ -18,7 +18,9 @@ import httpx
 
 from client import _requests as rq
 from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
-from client.errors import (
+from common import codec
+from common.codes import MASTER_ID, Perm
+from common.errors import (
     BrokerNotFoundError,
     ClientClosedError,
     ClientError,
@@ -27,12 +29,10 @@ from client.errors import (
     RequestTimeoutError,
     ServiceNotAvailableError,
 )
-from client.protocol import codec
-from client.protocol.codes import MASTER_ID, Perm
-from client.protocol.message import MessageExt, MessageQueue
-from client.protocol.properties import validate_group, validate_topic
-from client.protocol.route import BrokerData, TopicConfig, TopicRouteData
-from client.protocol.signing import Credentials
+from common.message import MessageExt, MessageQueue
+from common.properties import validate_group, validate_topic
+from common.route import BrokerData, TopicConfig, TopicRouteData
+from common.signing import Credentials
 
 __all__ = ["Admin", "ClusterInfo", "QueueProgress"]
 

@@ -23,10 +23,10 @@ from client._group_consumer import consumer_ids_url, id_query_addrs, parse_consu
 from client._instance import AsyncClientInstance, ClientConfig, ClientState, with_credentials
 from client._offset_store import LocalFileOffsetStore
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset
-from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
-from client.protocol.message import MessageExt, MessageQueue
-from client.protocol.selector import MessageSelector
-from client.protocol.signing import Credentials
+from common.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
+from common.message import MessageExt, MessageQueue
+from common.selector import MessageSelector
+from common.signing import Credentials
 
 __all__ = ["AsyncGroupConsumer"]
 

@@ -31,10 +31,10 @@ from client._rebalance import (
 )
 from client._requests import PullResult
 from client._routing import pull_refused
-from client.protocol.codes import PullStatus
-from client.protocol.message import MessageExt, MessageQueue
-from client.protocol.properties import validate_group, validate_topic
-from client.protocol.selector import MessageSelector
+from common.codes import PullStatus
+from common.message import MessageExt, MessageQueue
+from common.properties import validate_group, validate_topic
+from common.selector import MessageSelector
 
 __all__ = ["GroupConsumerConfig", "GroupCore", "PulledBatch", "consume_timestamp_ms", "next_pull_delay_s"]
 

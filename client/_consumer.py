@@ -40,13 +40,13 @@ from client._ops import member_call_op, pull_op
 from client._rebalance import TagFilter
 from client._requests import Answer, Op, PullResult
 from client._routing import PullNodeTable, pull_refused
-from client.errors import InvalidParameterError, QueryNotFoundError
-from client.protocol.codes import MASTER_ID
-from client.protocol.message import MessageQueue
-from client.protocol.properties import validate_group, validate_topic
-from client.protocol.requests import PullRequestHeader
-from client.protocol.selector import MessageSelector
-from client.protocol.signing import Credentials
+from common.codes import MASTER_ID
+from common.errors import InvalidParameterError, QueryNotFoundError
+from common.message import MessageQueue
+from common.properties import validate_group, validate_topic
+from common.requests import PullRequestHeader
+from common.selector import MessageSelector
+from common.signing import Credentials
 
 __all__ = ["AsyncPullConsumer", "ConsumerConfig", "PullConsumer"]
 

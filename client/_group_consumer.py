@@ -38,11 +38,11 @@ from client._metrics import ClientMetrics
 from client._offset_store import LocalFileOffsetStore
 from client._orderly import QueueLocker
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset, retry_topic
-from client.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
-from client.protocol.codes import MASTER_ID, PullStatus
-from client.protocol.message import MessageExt, MessageQueue
-from client.protocol.selector import MessageSelector
-from client.protocol.signing import Credentials
+from common.codes import MASTER_ID, PullStatus
+from common.errors import ClientClosedError, ClientError, InvalidParameterError, RouteNotFoundError
+from common.message import MessageExt, MessageQueue
+from common.selector import MessageSelector
+from common.signing import Credentials
 
 __all__ = ["GroupConsumer", "SyncEngine", "consumer_ids_url", "parse_consumer_ids"]
 

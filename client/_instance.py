@@ -47,12 +47,12 @@ from client._routing import (
     TopicPublishInfo,
 )
 from client._transport import AsyncTransport, SyncTransport
-from client.errors import AccessDeniedError, ClientClosedError, ClientError, RouteNotFoundError, TlsError
-from client.protocol.message import MessageQueue
-from client.protocol.route import TopicRouteData
-from client.protocol.selector import MessageSelector
-from client.protocol.signing import Credentials, RequestSigner, SigningAuth
-from client.tls import client_context
+from common.errors import AccessDeniedError, ClientClosedError, ClientError, RouteNotFoundError, TlsError
+from common.message import MessageQueue
+from common.route import TopicRouteData
+from common.selector import MessageSelector
+from common.signing import Credentials, RequestSigner, SigningAuth
+from common.tls import client_context
 
 __all__ = ["AsyncClientInstance", "ClientConfig", "ClientInstance", "ClientState", "with_credentials"]
 

@@ -10,7 +10,7 @@ import threading
 from typing import Any, ClassVar, Self
 
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
-from client.errors import ClientClosedError, ClientError
+from common.errors import ClientClosedError, ClientError
 
 __all__ = ["AsyncLifecycle", "SyncLifecycle"]
 

@@ -35,7 +35,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from client.errors import BrokerError
+from common.errors import BrokerError
 
 __all__ = [
     "PROCESS_TIME_BOUNDS_MS",

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from client.protocol.message import MessageQueue
-from client.protocol.properties import validate_group
+from common.message import MessageQueue
+from common.properties import validate_group
 
 __all__ = ["DEFAULT_OFFSET_STORE_DIR", "LocalFileOffsetStore", "OffsetTable"]
 

@@ -27,11 +27,11 @@ from client._instance import _InstanceCore
 from client._producer_core import SendAttempts
 from client._requests import Answer, Exchange, Op
 from client._routing import PullNodeTable, PullPlan, PullTarget, plan_pull
-from client.errors import BrokerNotFoundError, ClientError
-from client.protocol import wire
-from client.protocol.codes import MASTER_ID, PULL_COMMIT_OFFSET
-from client.protocol.message import MessageQueue
-from client.protocol.requests import PullRequestHeader
+from common import wire
+from common.codes import MASTER_ID, PULL_COMMIT_OFFSET
+from common.errors import BrokerNotFoundError, ClientError
+from common.message import MessageQueue
+from common.requests import PullRequestHeader
 
 __all__ = ["admin_targets", "member_call_op", "pull_op", "send_op"]
 

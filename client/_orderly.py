@@ -34,9 +34,9 @@ import httpx
 
 from client import _requests as rq
 from client._instance import ClientInstance
-from client.errors import BrokerNotFoundError, ClientError
-from client.protocol.message import MessageQueue
-from client.protocol.queue_lock import LockBatchRequest, lock_response
+from common.errors import BrokerNotFoundError, ClientError
+from common.message import MessageQueue
+from common.queue_lock import LockBatchRequest, lock_response
 
 __all__ = ["DROP_WAIT_S", "LOCAL_LOCK_MAX_LIVE_S", "REBALANCE_LOCK_INTERVAL_S", "LockView", "QueueLocker"]
 

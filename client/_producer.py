@@ -57,10 +57,10 @@ from client._producer_core import (
 )
 from client._requests import Answer, Exchange, Op, SendResult
 from client._routing import DEFAULT_TOPIC, LatencyFaultTolerance, QueueSelector, TopicPublishInfo
-from client.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
-from client.protocol import codec
-from client.protocol.message import Message, MessageQueue
-from client.protocol.signing import Credentials
+from common import codec
+from common.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
+from common.message import Message, MessageQueue
+from common.signing import Credentials
 
 __all__ = ["AsyncProducer", "Producer"]
 

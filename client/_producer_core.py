@@ -34,7 +34,9 @@ from typing import Any
 import attrs
 
 from client._routing import FaultToleranceConfig, LatencyFaultTolerance, QueueSelector, TopicPublishInfo
-from client.errors import (
+from common import codec
+from common.codes import ResponseCode
+from common.errors import (
     AccessDeniedError,
     BrokerConnectError,
     BrokerError,
@@ -44,11 +46,9 @@ from client.errors import (
     MessageIllegalError,
     SendFailedError,
 )
-from client.protocol import codec
-from client.protocol.codes import ResponseCode
-from client.protocol.message import Message, MessageQueue
-from client.protocol.properties import validate_group
-from client.protocol.requests import SendRequestHeader
+from common.message import Message, MessageQueue
+from common.properties import validate_group
+from common.requests import SendRequestHeader
 
 __all__ = [
     "MASTER_POLL_S",

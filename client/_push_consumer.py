@@ -39,10 +39,10 @@ from client._consume_core import GroupConsumerConfig
 from client._group_consumer import SyncEngine
 from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
 from client._rebalance import MessageModel, ProcessQueue, retry_topic
-from client.errors import BrokerNotFoundError, ClientError, InvalidParameterError
-from client.protocol import codec
-from client.protocol.message import Message, MessageExt, MessageQueue
-from client.protocol.properties import (
+from common import codec
+from common.errors import BrokerNotFoundError, ClientError, InvalidParameterError
+from common.message import Message, MessageExt, MessageQueue
+from common.properties import (
     KEYS,
     MAX_RECONSUME_TIMES,
     ORIGIN_MESSAGE_ID,
@@ -51,8 +51,8 @@ from client.protocol.properties import (
     TAGS,
     UNIQ_KEY,
 )
-from client.protocol.selector import MessageSelector
-from client.protocol.signing import Credentials
+from common.selector import MessageSelector
+from common.signing import Credentials
 
 __all__ = ["ConsumeStatus", "InvalidConsumeStatusError", "PushConsumer", "check_consume_status",
            "retry_message_properties"]

@@ -21,10 +21,10 @@ from typing import Protocol
 
 import attrs
 
-from client.protocol.message import MessageExt, MessageQueue
-from client.protocol.properties import RETRY_TOPIC
-from client.protocol.selector import SQL92, TAG, MessageSelector
-from client.protocol.sql92 import compile_sql
+from common.message import MessageExt, MessageQueue
+from common.properties import RETRY_TOPIC
+from common.selector import SQL92, TAG, MessageSelector
+from common.sql92 import compile_sql
 
 __all__ = [
     "AllocateMessageQueueAveragely",

@@ -20,7 +20,10 @@ import attrs
 import httpx
 
 from client._http11 import RawResponse, TlsHandshakeError
-from client.errors import (
+from common import codec, wire
+from common._lazy import LazyFields, read_fields_with
+from common.codes import PullStatus, ResponseCode, SendStatus
+from common.errors import (
     BrokerConnectError,
     BrokerError,
     ClientError,
@@ -28,13 +31,10 @@ from client.errors import (
     RequestTimeoutError,
     TlsError,
 )
-from client.protocol import codec, wire
-from client.protocol._lazy import LazyFields, read_fields_with
-from client.protocol.codes import PullStatus, ResponseCode, SendStatus
-from client.protocol.message import MessageExt, MessageQueue
-from client.protocol.requests import SendRequestHeader, quote_arg
-from client.protocol.route import TopicRouteData
-from client.protocol.selector import MessageSelector
+from common.message import MessageExt, MessageQueue
+from common.requests import SendRequestHeader, quote_arg
+from common.route import TopicRouteData
+from common.selector import MessageSelector
 
 __all__ = ["Answer", "Exchange", "Op", "PullResult", "RawPullResult", "RawSendResult", "SendResult", "call_op"]
 
@@ -107,7 +107,7 @@ class RawPullResult(NamedTuple):
     n_records: int
     """How many records ``records`` holds."""
     records: memoryview
-    """The ``n_records`` stored records back to back (commit-log layout, :mod:`client.protocol.codec`)."""
+    """The ``n_records`` stored records back to back (commit-log layout, :mod:`common.codec`)."""
 
 
 @attrs.frozen
@@ -282,7 +282,7 @@ def unregister_body(client_id: str, *, producer_groups: Iterable[str] = (), cons
 
 
 def send_url(addr: str, topic: str, queue_id: int, group: str) -> str:
-    """URL of a ``POST /send`` (:class:`~client.protocol.requests.SendRequestHeader`)."""
+    """URL of a ``POST /send`` (:class:`~common.requests.SendRequestHeader`)."""
     return f"http://{addr}{SendRequestHeader(topic, queue_id, group).target()}"
 
 
@@ -326,7 +326,7 @@ class _BatchSendResult(LazyFields, SendResult):
     """A :class:`SendResult` of a stored batch that reads its fields from the batch's reply when they are used.
 
     Five fields set through the frozen class's ``__init__`` cost a batch of 64 more than encoding it, and a sender
-    often reads none of them. To every caller it is a SendResult (:class:`~client.protocol._lazy.LazyFields`).
+    often reads none of them. To every caller it is a SendResult (:class:`~common._lazy.LazyFields`).
     """
 
     __slots__ = ("_state",)

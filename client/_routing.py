@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import attrs
 
 from client._requests import PullResult
-from client.protocol.codes import MASTER_ID, Perm, PullStatus
-from client.protocol.message import MessageQueue
-from client.protocol.route import QueueData, TopicRouteData
+from common.codes import MASTER_ID, Perm, PullStatus
+from common.message import MessageQueue
+from common.route import QueueData, TopicRouteData
 
 __all__ = [
     "DEFAULT_TOPIC",

@@ -39,14 +39,14 @@ from client import _requests as rq
 from client._instance import ClientConfig
 from client._producer_core import validate_message
 from client._requests import Answer, Op, call_op
-from client.errors import ClientClosedError, ClientError, MessageIllegalError, ProtocolViolationError
 from client.lowlevel import AsyncBrokerClient, BrokerClient
-from client.protocol import codec
-from client.protocol.codes import SendStatus, SysFlag
-from client.protocol.message import Message, MessageExt, MessageQueue
-from client.protocol.properties import PGROUP, TRAN_MSG, validate_group
-from client.protocol.signing import Credentials
-from client.protocol.transaction import (
+from common import codec
+from common.codes import SendStatus, SysFlag
+from common.errors import ClientClosedError, ClientError, MessageIllegalError, ProtocolViolationError
+from common.message import Message, MessageExt, MessageQueue
+from common.properties import PGROUP, TRAN_MSG, validate_group
+from common.signing import Credentials
+from common.transaction import (
     CHECKS_PATH,
     MAX_CHECKS_PER_POLL,
     EndTransactionRequest,

@@ -55,8 +55,8 @@ from client._http11 import (
     retry_or_raise,
     timeouts_of,
 )
-from client.protocol.tcp import tune_loopback
-from client.tls import describe_tls_failure
+from common.tcp import tune_loopback
+from common.tls import describe_tls_failure
 
 __all__ = ["AsyncTransport", "RawResponse", "SyncTransport"]
 

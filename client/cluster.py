@@ -36,8 +36,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from client.protocol.signing import Credentials, fresh_authorization
-from client.tls import LocalTlsFiles, TlsConfigError, client_context, generate_local_tls_files
+from client.tls import LocalTlsFiles, generate_local_tls_files
+from common.signing import Credentials, fresh_authorization
+from common.tls import TlsConfigError, client_context
 
 __all__ = ["DLEDGER", "BrokerHandle", "ClusterError", "LocalCluster", "NameserverHandle"]
 

@@ -1,9 +1,9 @@
 """The low-level SDK: routes, and sends and pulls of raw batches, with the SDK's routing and retry rules.
 
 For tools that need control or speed the producer and consumer objects don't give (the Spark connector, the
-benchmarks): a send takes an already-encoded send batch (:func:`client.protocol.codec.encode_batch`, or items
+benchmarks): a send takes an already-encoded send batch (:func:`common.codec.encode_batch`, or items
 laid out by hand), a pull returns the stored records as bytes (decode them with
-:func:`client.protocol.codec.decode_records`, or not at all)::
+:func:`common.codec.decode_records`, or not at all)::
 
     from client.lowlevel import BrokerClient
 
@@ -28,7 +28,7 @@ The rules are the SDK's, each implemented once:
   ``poll_name_server_interval_s`` on their next use (this client runs no background thread and sends no
   heartbeats).
 
-The request formats are :mod:`client.protocol.requests`; the pure routing state and decisions are re-exported
+The request formats are :mod:`common.requests`; the pure routing state and decisions are re-exported
 here so callers that choose members themselves (:func:`find_broker_address_in_subscribe`) need no private name.
 """
 
@@ -78,12 +78,12 @@ from client._routing import (
     topic_route_to_publish_info,
     topic_route_to_subscribe_info,
 )
-from client.protocol.codes import PullStatus
-from client.protocol.message import MessageQueue
-from client.protocol.requests import PullRequestHeader, SendRequestHeader
-from client.protocol.route import TopicRouteData
-from client.protocol.selector import MessageSelector
-from client.protocol.signing import Credentials
+from common.codes import PullStatus
+from common.message import MessageQueue
+from common.requests import PullRequestHeader, SendRequestHeader
+from common.route import TopicRouteData
+from common.selector import MessageSelector
+from common.signing import Credentials
 
 __all__ = [
     "DEFAULT_TOPIC",
@@ -339,7 +339,7 @@ class BrokerClient(_LowLevelCore):
 
         Args:
             topic: the messages' topic.
-            body: the send batch (items of :mod:`client.protocol.codec`'s batch format, each with its
+            body: the send batch (items of :mod:`common.codec`'s batch format, each with its
                 ``UNIQ_KEY``).
             count: messages in ``body`` (the broker's reply must cover each).
             group: producer group named in the request.
@@ -371,7 +371,7 @@ class BrokerClient(_LowLevelCore):
             max_nums: messages at most.
             max_bytes: stored bytes at most (the broker's default when None).
             sub_expression: ``*`` or ``TagA || TagB`` (filtered by tag hash: recheck the tags when it matters), or
-                a :class:`~client.protocol.selector.MessageSelector` (``MessageSelector.sql``: the broker filters).
+                a :class:`~common.selector.MessageSelector` (``MessageSelector.sql``: the broker filters).
             timeout_s: bound on each request (plus ``suspend_timeout_ms`` when long polling).
             commit_offset: the group's offset to store, sent only to a master.
             suspend_timeout_ms: long polling: the broker holds the pull this long when nothing is new.

@@ -22,7 +22,7 @@ from typing import Any
 from client import Admin, Message, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 from client.errors import ClientError
-from client.protocol.codec import decode_offset_msg_id
+from common.codec import decode_offset_msg_id
 
 TOPIC = "RaftFailoverTopic"
 GROUP = "broker-a"

@@ -18,10 +18,10 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
-from client.protocol.acl import AclFileError
-from client.protocol.acl_gate import DEFAULT_NONCE_CACHE_MAX, DEFAULT_TIMESTAMP_TOLERANCE_MS, load_acl_file
-from client.tls import TlsConfigError, server_context
+from common.tls import TlsConfigError, server_context
 from nameserver.server import NamesrvConfig, serve
+from remoting.acl import AclFileError
+from remoting.acl_gate import DEFAULT_NONCE_CACHE_MAX, DEFAULT_TIMESTAMP_TOLERANCE_MS, load_acl_file
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
 #: Environment variable holding the metrics bearer token (an argument would show in ``ps``).

@@ -25,8 +25,8 @@ from typing import Any
 
 import attrs
 
-from client.protocol.codes import MASTER_ID, Perm
-from client.protocol.route import BrokerData, DataVersion, QueueData, TopicConfig, TopicRouteData
+from common.codes import MASTER_ID, Perm
+from common.route import BrokerData, DataVersion, QueueData, TopicConfig, TopicRouteData
 
 __all__ = ["BrokerLiveInfo", "ClusterInfo", "RegisterResult", "RouteInfo"]
 

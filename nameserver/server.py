@@ -30,8 +30,11 @@ import attrs
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from client.errors import NoPermissionError, TopicNotExistError
-from client.protocol.acl_gate import (
+from common.errors import NoPermissionError, TopicNotExistError
+from common.route import DataVersion, TopicConfig
+from common.tls import server_context
+from nameserver.routeinfo import RouteInfo
+from remoting.acl_gate import (
     ADMIN,
     DEFAULT_NONCE_CACHE_MAX,
     DEFAULT_TIMESTAMP_TOLERANCE_MS,
@@ -43,11 +46,8 @@ from client.protocol.acl_gate import (
     Rule,
     load_acl_file,
 )
-from client.protocol.asgi import ArgumentError, Request, Response, Router, json_response
-from client.protocol.http_guard import HttpLimits, LimitedHttpToolsProtocol, with_limits
-from client.protocol.route import DataVersion, TopicConfig
-from client.tls import server_context
-from nameserver.routeinfo import RouteInfo
+from remoting.http_guard import HttpLimits, LimitedHttpToolsProtocol, with_limits
+from remoting.router import ArgumentError, Request, Response, Router, json_response
 
 __all__ = [
     "METRICS_CONTENT_TYPE",

@@ -5,7 +5,7 @@ types, ``timestamp[us, tz=UTC]``, ``string`` (not ``large_string``) and nullable
 is that schema; :func:`spark_schema` is the same thing as a Spark ``StructType``.
 
 The fast path, :func:`decode_to_batch`, works on the raw record bytes of pull responses (the commit-log layout
-in ``client.protocol.codec``). A short Python loop finds where each record starts; everything else is done in
+in ``common.codec``). A short Python loop finds where each record starts; everything else is done in
 bulk: numpy gathers the fixed-size header of every record at once, bodies and properties become Arrow arrays
 straight from offsets and one joined buffer, and tags/keys/UNIQ_KEY are extracted by a vectorised regex. Per
 row that is a few hundred nanoseconds, versus microseconds for ``MessageExt`` objects.
@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from client.errors import ProtocolViolationError
-from client.protocol.codec import MAGIC_V1, RECORD_FIXED_SIZE, decode_records
-from client.protocol.message import MessageExt
-from client.protocol.properties import KEYS, TAGS, UNIQ_KEY
+from common.codec import MAGIC_V1, RECORD_FIXED_SIZE, decode_records
+from common.message import MessageExt
+from common.properties import KEYS, TAGS, UNIQ_KEY
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

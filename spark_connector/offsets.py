@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
-from client.protocol.message import MessageQueue
+from common.message import MessageQueue
 
 __all__ = [
     "EARLIEST",

@@ -265,7 +265,7 @@ def _topic(r: _Reader, *, required: bool) -> str | None:
         return None
     if "," in topic:
         raise OptionError(f"option topic: one topic per query is supported, got {topic!r}")
-    from client.protocol.properties import validate_topic
+    from common.properties import validate_topic
 
     try:
         validate_topic(topic)
@@ -348,7 +348,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
     if commit and group is None:
         raise OptionError("option commitOffsetsToBroker=true needs option group (the consumer group to report)")
     if group is not None:
-        from client.protocol.properties import validate_group
+        from common.properties import validate_group
 
         try:
             validate_group(group)
@@ -403,7 +403,7 @@ def parse_sink_options(options: Mapping[str, Any], *, app_name: str = "app") -> 
     topic = _topic(r, required=False)
     safe_app = "".join(c if c.isalnum() or c in "_-" else "_" for c in app_name)[:100] or "app"
     group = r.get_str("producerGroup", f"spark-producer-{safe_app}") or "spark-producer"
-    from client.protocol.properties import validate_group
+    from common.properties import validate_group
 
     try:
         validate_group(group)

@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from client.errors import BrokerError, BrokerNotFoundError, ClientError, RequestTimeoutError, TransportError
 from client.lowlevel import find_broker_address_in_subscribe
-from client.protocol.codes import PullStatus
+from common.codes import PullStatus
 from spark_connector.arrow import RawChunk, decode_to_batch
 from spark_connector.offsets import QueueKey
 from spark_connector.options import SourceOptions

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from client.errors import BrokerError, ClientError, TransportError
-from client.protocol.codes import Perm
-from client.protocol.message import MessageQueue
-from client.protocol.route import TopicRouteData
+from common.codes import Perm
+from common.message import MessageQueue
+from common.route import TopicRouteData
 from spark_connector.offsets import (
     EARLIEST,
     EARLIEST_MARKER,

@@ -9,7 +9,7 @@ send-batch item directly). This module keeps the SDK's rules and only drops the 
   separators; no reserved property names; properties within 32767 bytes; the stored record within
   ``maxMessageSize``), with the same error class (``MessageIllegalError``) naming the row;
 * every message gets its own ``UNIQ_KEY`` (the msgId users see) from the SDK's :class:`UniqKeyGenerator`;
-* items are laid out by ``client.protocol.codec``'s send-batch format, at most :data:`MAX_BATCH_MESSAGES`
+* items are laid out by ``common.codec``'s send-batch format, at most :data:`MAX_BATCH_MESSAGES`
   messages and about :data:`MAX_BATCH_BYTES` per request, one topic and queue per request;
 * each request is one :meth:`client.lowlevel.BrokerClient.send_encoded`: the SDK's own queue choice (writable
   queues of groups with a master; the ``TBW102`` route when the topic does not exist yet, so brokers that
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, Protocol
 
 from client.errors import MessageIllegalError
 from client.lowlevel import RawSendResult, TopicPublishInfo, validate_message
-from client.protocol.codec import (
+from common.codec import (
     BATCH_ITEM_HEAD,
     BATCH_MAGIC,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -41,9 +41,9 @@ from client.protocol.codec import (
     body_crc,
     record_size,
 )
-from client.protocol.codes import SendStatus
-from client.protocol.message import Message, MessageQueue
-from client.protocol.properties import KEYS, MAX_PROPERTIES_BYTES, SYSTEM_KEYS, TAGS, UNIQ_KEY
+from common.codes import SendStatus
+from common.message import Message, MessageQueue
+from common.properties import KEYS, MAX_PROPERTIES_BYTES, SYSTEM_KEYS, TAGS, UNIQ_KEY
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructType
 
-from client.protocol.codec import UniqKeyGenerator
-from client.protocol.message import MessageQueue
+from common.codec import UniqKeyGenerator
+from common.message import MessageQueue
 from spark_connector.options import OptionError, SinkOptions, parse_sink_options
 from spark_connector.send import ChunkBuilder, ItemEncoder, Sender, encode_columns
 from spark_connector.transport import pooled_client

@@ -20,5 +20,5 @@ def test_ruff_finds_nothing() -> None:
 
 
 def test_packages_type_check() -> None:
-    r = _run(str(BIN / "mypy"), "client", "broker", "nameserver", "spark_connector", "benchmarks")
+    r = _run(str(BIN / "mypy"), "common", "remoting", "client", "broker", "nameserver", "spark_connector", "benchmarks")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -51,4 +51,4 @@ def test_no_private_sdk_name_is_imported(package: str) -> None:
     files = sorted((ROOT / package).rglob("*.py"))
     assert files, f"no modules found under {package}/"
     bad = {str(f.relative_to(ROOT)): hits for f in files if (hits := private_sdk_imports(f.read_text()))}
-    assert bad == {}, "private SDK names imported; use client / client.lowlevel / client.protocol instead"
+    assert bad == {}, "private SDK names imported; use client / client.lowlevel / common instead"

@@ -33,7 +33,7 @@ from benchmarks.chaos.ledger import Ledger, Location, key_of, make_key, split_ke
 from benchmarks.chaos.workload import GAP
 from client import MessageQueue, PullStatus
 from client.lowlevel import BrokerClient
-from client.protocol.codec import decode_records
+from common.codec import decode_records
 
 __all__ = ["LagWindow", "QueueKeys", "Verdict", "compare_commitlogs", "judge", "read_back"]
 

@@ -26,7 +26,7 @@ import attrs
 from benchmarks.chaos.ledger import Ledger, Location, body_of, key_of
 from client import AsyncPullConsumer, Message, MessageQueue, Producer, PullStatus, SendResult, SendStatus
 from client.errors import ClientError
-from client.protocol.codec import decode_offset_msg_id
+from common.codec import decode_offset_msg_id
 
 __all__ = ["ConsumedQueue", "Consumers", "ProducerThread"]
 

@@ -31,7 +31,7 @@ import mmap
 import struct
 from typing import NamedTuple, TypeAlias
 
-from client.protocol.codec import crc32
+from common.codec import crc32
 
 __all__ = [
     "BLANK_MAGIC",

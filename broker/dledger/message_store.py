@@ -35,7 +35,7 @@ from broker.store.dispatch import HANDOVER_MAX_MESSAGES, Dispatcher, DispatchLis
 from broker.store.file_store import FileMessageStore, _State
 from broker.store.index import IndexService
 from broker.store.io import FileIO
-from client.protocol.codec import BatchItem, write_batch_records
+from common.codec import BatchItem, write_batch_records
 
 __all__ = ["CommittedDispatcher", "DLedgerMessageStore", "put_status"]
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from broker.dledger.member import Role
 from broker.dledger.node import Wakeup
 from broker.role import RoleState
-from client.protocol.codes import BrokerRole
+from common.codes import BrokerRole
 
 __all__ = ["RoleHandler"]
 

@@ -48,8 +48,8 @@ from broker.peer_auth import (
     ServerHandshake,
     run_handshake,
 )
-from client.protocol.tcp import tune_loopback
-from client.tls import describe_tls_failure
+from common.tcp import tune_loopback
+from common.tls import describe_tls_failure
 
 __all__ = ["FaultLayer", "PeerClient", "PeerError", "PeerServer", "RequestHandler", "serve_peers"]
 

@@ -25,7 +25,7 @@ import ssl
 from collections.abc import Callable, Sequence
 
 from broker.ha.tls_io import WOULD_BLOCK
-from client.protocol.tcp import tune_loopback
+from common.tcp import tune_loopback
 
 __all__ = ["Buffer", "SocketChannel", "advance_buffers"]
 

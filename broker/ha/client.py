@@ -37,8 +37,8 @@ from broker.peer_auth import (
 )
 from broker.store.api import MessageStore
 from broker.store.records import RecordViolation, ReplicaChecker
-from client.protocol.codec import DEFAULT_MAX_MESSAGE_SIZE
-from client.tls import describe_tls_failure
+from common.codec import DEFAULT_MAX_MESSAGE_SIZE
+from common.tls import describe_tls_failure
 
 __all__ = ["HAClient", "HAOffsetMismatchError", "parse_ha_addr"]
 

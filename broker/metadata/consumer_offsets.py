@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.metadata.json_file import JsonFile
-from client.protocol.route import DataVersion
+from common.route import DataVersion
 
 __all__ = ["ConsumerOffsetManager", "decode_offset_table"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 
 from broker.metadata.versioned import VersionedTable, decode_versioned_table
-from client.errors import SubscriptionGroupNotExistError
-from client.protocol.route import DataVersion
+from common.errors import SubscriptionGroupNotExistError
+from common.route import DataVersion
 
 __all__ = ["SubscriptionGroupConfig", "SubscriptionGroupManager", "decode_group_table"]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.metadata.versioned import VersionedTable, decode_versioned_table
-from client.errors import TopicNotExistError
-from client.protocol.codes import Perm
-from client.protocol.route import DataVersion, TopicConfig
+from common.codes import Perm
+from common.errors import TopicNotExistError
+from common.route import DataVersion, TopicConfig
 
 __all__ = ["AUTO_CREATE_TOPIC", "OFFSET_MOVED_EVENT", "SCHEDULE_TOPIC", "SYSTEM_TOPICS", "TIMER_TOPIC",
            "TopicConfigManager"]

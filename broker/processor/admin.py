@@ -26,10 +26,10 @@ from broker.metadata.topics import SYSTEM_TOPICS
 from broker.metrics import CONTENT_TYPE
 from broker.processor.args import INT32_MAX, INT64_MAX, ArgumentError, checked_name, json_field, queue_args
 from broker.store.api import MessageStore
-from client.errors import InvalidParameterError, MessageIllegalError, QueryNotFoundError
-from client.protocol.asgi import Request, Response, json_response
-from client.protocol.codec import decode_offset_msg_id
-from client.protocol.route import TopicConfig
+from common.codec import decode_offset_msg_id
+from common.errors import InvalidParameterError, MessageIllegalError, QueryNotFoundError
+from common.route import TopicConfig
+from remoting.router import Request, Response, json_response
 
 __all__ = ["AdminProcessor", "StatusViews"]
 

@@ -2,7 +2,7 @@
 own name in error messages.
 
 The query models of ``/pull`` and ``/send`` and the readers of single query arguments live with the protocol
-(:mod:`client.protocol.requests`, shared with the SDK); what is here is the broker side of the other endpoints.
+(:mod:`common.requests`, shared with the SDK); what is here is the broker side of the other endpoints.
 Every bad argument raises :class:`ArgumentError` (answered INVALID_PARAMETER) naming it.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.role import RoleState
-from client.protocol.asgi import Request
-from client.protocol.requests import INT32_MAX, INT64_MAX, ArgumentError, checked_name
+from common.requests import INT32_MAX, INT64_MAX, ArgumentError, checked_name
+from remoting.router import Request
 
 __all__ = ["INT32_MAX", "INT64_MAX", "ArgumentError", "broker_where", "checked_name", "json_field", "queue_args"]
 

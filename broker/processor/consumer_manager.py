@@ -33,10 +33,10 @@ from broker.processor.args import (
 from broker.retry import retry_topic
 from broker.role import RoleState
 from broker.tag_filter import check_expression
-from client.errors import BrokerError, QueryNotFoundError
-from client.protocol.asgi import Request, Response, json_response
-from client.protocol.codes import Perm
-from client.protocol.selector import EXPRESSION_TYPES, SQL92, TAG
+from common.codes import Perm
+from common.errors import BrokerError, QueryNotFoundError
+from common.selector import EXPRESSION_TYPES, SQL92, TAG
+from remoting.router import Request, Response, json_response
 
 __all__ = ["CLIENT_EXPIRE_MS", "MAX_OFFSETS_PER_COMMIT", "ConsumerManageProcessor", "ensure_retry_topics",
            "live_client_ids"]

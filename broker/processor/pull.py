@@ -1,6 +1,6 @@
 """``GET /pull``: RocketMQ's ``PullMessageProcessor`` (SEMANTICS.md 3.2) with SplitMQ's decision 6.
 
-Arguments are read by :meth:`client.protocol.requests.PullRequestHeader.from_query` (INVALID_PARAMETER naming
+Arguments are read by :meth:`common.requests.PullRequestHeader.from_query` (INVALID_PARAMETER naming
 the bad one). Pre-checks in order: broker readable (NO_PERMISSION), subscription group (auto-created, else
 SUBSCRIPTION_GROUP_NOT_EXIST; ``consumeEnable=false`` -> NO_PERMISSION), topic exists (TOPIC_NOT_EXIST),
 topic readable (NO_PERMISSION), ``queueId`` in ``[0, readQueueNums)`` (INVALID_PARAMETER), subscription
@@ -33,17 +33,17 @@ from broker.read_split import PullContext, plan_pull_answer
 from broker.role import RoleState
 from broker.store.api import GetMessageResult, GetMessageStatus, MessageStore, RecordFilter, TagFilter
 from broker.tag_filter import build_record_filter, build_tag_filter
-from client.errors import (
+from common.codes import PULL_COMMIT_OFFSET, PULL_SUSPEND, Perm, ResponseCode
+from common.errors import (
     InvalidParameterError,
     NoPermissionError,
     SubscriptionGroupNotExistError,
     TopicNotExistError,
 )
-from client.protocol.asgi import Request, Response
-from client.protocol.codes import PULL_COMMIT_OFFSET, PULL_SUSPEND, Perm, ResponseCode
-from client.protocol.requests import PullRequestHeader
-from client.protocol.selector import SQL92
-from client.protocol.wire import encode_pull_header
+from common.requests import PullRequestHeader
+from common.selector import SQL92
+from common.wire import encode_pull_header
+from remoting.router import Request, Response
 
 __all__ = ["PullProcessor"]
 

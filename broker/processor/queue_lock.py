@@ -1,6 +1,6 @@
 """``POST /queue/lock`` and ``POST /queue/unlock``: the queue locks of orderly consumption (RocketMQ's
 ``lockBatchMQ`` / ``unlockBatchMQ`` of ``AdminBrokerProcessor``), kept in :class:`broker.rebalance_lock.
-RebalanceLockTable`. Bodies: :mod:`client.protocol.queue_lock`.
+RebalanceLockTable`. Bodies: :mod:`common.queue_lock`.
 
 Locks live on the master only, as in RocketMQ (clients send them to the master of each broker group). A slave
 refuses with SERVICE_NOT_AVAILABLE naming its role, so a client never believes it holds a lock a slave granted.
@@ -18,10 +18,10 @@ from broker.config import BrokerConfig
 from broker.processor.args import ArgumentError, broker_where
 from broker.rebalance_lock import RebalanceLockTable
 from broker.role import RoleState
-from client.errors import ServiceNotAvailableError
-from client.protocol.asgi import Request, Response, json_response
-from client.protocol.message import MessageQueue
-from client.protocol.queue_lock import LockBatchRequest, encode_queues
+from common.errors import ServiceNotAvailableError
+from common.message import MessageQueue
+from common.queue_lock import LockBatchRequest, encode_queues
+from remoting.router import Request, Response, json_response
 
 __all__ = ["QueueLockProcessor"]
 

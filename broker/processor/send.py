@@ -1,6 +1,6 @@
 """``POST /send``: validate, append the batch to the store, then wait as the flush / replication mode requires.
 
-Arguments are read by :meth:`client.protocol.requests.SendRequestHeader.from_query`, once per distinct query: the
+Arguments are read by :meth:`common.requests.SendRequestHeader.from_query`, once per distinct query: the
 processor keeps the headers whose arguments and topic name passed. Checks, in order: the broker is not a SLAVE
 (SERVICE_NOT_AVAILABLE), the broker is writeable (NO_PERMISSION), the topic name is legal (not checked again for a
 kept header) and not a system topic producers may not send to, the body decodes (MESSAGE_ILLEGAL), the topic exists
@@ -34,7 +34,9 @@ from broker.retry import DLQ_QUEUE_NUMS, RETRY_GROUP_TOPIC_PREFIX, reroute_retry
 from broker.role import RoleState
 from broker.store.api import AppendResult, MessageStore, PutMessageStatus
 from broker.timer.rules import has_timer, route_timer_send
-from client.errors import (
+from common.codec import BatchItem, decode_batch, pack_host
+from common.codes import Perm, ResponseCode, SysFlag
+from common.errors import (
     BrokerError,
     BrokerSystemError,
     InvalidParameterError,
@@ -44,13 +46,11 @@ from client.errors import (
     SystemBusyError,
     TopicNotExistError,
 )
-from client.protocol.asgi import Request, Response
-from client.protocol.codec import BatchItem, decode_batch, pack_host
-from client.protocol.codes import Perm, ResponseCode, SysFlag
-from client.protocol.properties import validate_topic
-from client.protocol.requests import SendRequestHeader
-from client.protocol.route import TopicConfig
-from client.protocol.wire import encode_send_reply
+from common.properties import validate_topic
+from common.requests import SendRequestHeader
+from common.route import TopicConfig
+from common.wire import encode_send_reply
+from remoting.router import Request, Response
 
 __all__ = ["SendProcessor"]
 

@@ -34,7 +34,9 @@ from broker.retry import (
 )
 from broker.role import RoleState
 from broker.store.api import MessageStore, PutMessageStatus
-from client.errors import (
+from common.codec import decode_records, packed_born_host
+from common.codes import Perm, ResponseCode, SysFlag
+from common.errors import (
     BrokerSystemError,
     InvalidParameterError,
     MessageIllegalError,
@@ -43,12 +45,10 @@ from client.errors import (
     ServiceNotAvailableError,
     SubscriptionGroupNotExistError,
 )
-from client.protocol.asgi import Request, Response, json_response
-from client.protocol.codec import decode_records, packed_born_host
-from client.protocol.codes import Perm, ResponseCode, SysFlag
-from client.protocol.message import MessageExt
-from client.protocol.properties import WAIT, validate_group
-from client.protocol.route import TopicConfig
+from common.message import MessageExt
+from common.properties import WAIT, validate_group
+from common.route import TopicConfig
+from remoting.router import Request, Response, json_response
 
 __all__ = ["SendBackProcessor"]
 

@@ -19,11 +19,10 @@ from collections.abc import Callable
 from broker.durability import Durability
 from broker.role import RoleState
 from broker.transaction.service import TransactionalMessageService
-from client.errors import NoPermissionError, ServiceNotAvailableError
-from client.protocol.asgi import Request, Response, json_response
-from client.protocol.codes import Perm, ResponseCode
-from client.protocol.requests import checked_name
-from client.protocol.transaction import (
+from common.codes import Perm, ResponseCode
+from common.errors import NoPermissionError, ServiceNotAvailableError
+from common.requests import checked_name
+from common.transaction import (
     CHECKS_PATH,
     DEFAULT_CHECK_POLL_MS,
     END_PATH,
@@ -31,6 +30,7 @@ from client.protocol.transaction import (
     MAX_CHECKS_PER_POLL,
     EndTransactionRequest,
 )
+from remoting.router import Request, Response, json_response
 
 __all__ = ["TransactionProcessor"]
 

@@ -27,7 +27,7 @@ from typing import Protocol
 import attrs
 
 from broker.store.retention import StoreCleaning
-from client.protocol.codec import BatchItem, read_record_prefix
+from common.codec import BatchItem, read_record_prefix
 
 __all__ = [
     "AppendResult",

@@ -1,4 +1,4 @@
-"""The commit log: fixed-size mapped files holding records back to back (layout: :mod:`client.protocol.codec`).
+"""The commit log: fixed-size mapped files holding records back to back (layout: :mod:`common.codec`).
 
 A record never spans two files. When a write does not fit the rest of a file (it must leave 8 bytes), the file
 is closed with the blank marker ``[int32 remaining][int32 BLANK_MAGIC]`` and the whole write goes to the next
@@ -19,7 +19,7 @@ from broker.store.io import FileIO, prefault
 from broker.store.mapped_file import MappedFile, RetiredFiles, file_name, list_offset_files
 from broker.store.records import BAD, BLANK, END, ZERO, check_records, scan_records
 from broker.store.retention import FileAge
-from client.protocol.codec import (
+from common.codec import (
     BLANK_MAGIC,
     MAGIC_V1,
     RECORD_PREFIX,

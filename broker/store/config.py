@@ -10,7 +10,7 @@ from collections.abc import Callable
 import attrs
 
 from broker.store.retention import RetentionConfig
-from client.protocol.codes import BrokerRole, FlushDiskType
+from common.codes import BrokerRole, FlushDiskType
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "StoreConfig", "parse_delay_levels", "total_physical_memory_bytes"]
 
@@ -82,7 +82,7 @@ class StoreConfig:
     """Create and pre-fault the next commit-log file in a background thread (RocketMQ's
     AllocateMappedFileService with warmMapedFile), so appends do not pay a page fault per 4 KiB."""
     store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x2a\x9f"
-    """Packed ``ip + int32 port`` written into STOREHOSTADDRESS (:func:`client.protocol.codec.pack_host`)."""
+    """Packed ``ip + int32 port`` written into STOREHOSTADDRESS (:func:`common.codec.pack_host`)."""
     clock_ms: Callable[[], int] = _wall_clock_ms
     """Wall clock in ms (injected in tests)."""
     retention: RetentionConfig = attrs.field(factory=RetentionConfig)

@@ -27,8 +27,7 @@ from operator import itemgetter, sub
 from broker.store.commitlog import CommitLog
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from broker.store.index import IndexService
-from client.errors import ProtocolViolationError
-from client.protocol.codec import (
+from common.codec import (
     BLANK_MAGIC,
     DISPATCH_HEAD_V4,
     MAGIC_V1,
@@ -37,7 +36,8 @@ from client.protocol.codec import (
     record_layout,
     tags_hash,
 )
-from client.protocol.properties import scan_properties
+from common.errors import ProtocolViolationError
+from common.properties import scan_properties
 
 __all__ = ["HANDOVER_MAX_MESSAGES", "SCHEDULE_TOPIC", "Dispatcher"]
 

@@ -37,9 +37,9 @@ from broker.store.flush import FlushService, GroupCommitService
 from broker.store.index import IndexService
 from broker.store.io import FileIO
 from broker.store.writer import PutValidator
-from client.protocol.codec import BatchItem, batch_item
-from client.protocol.codes import BrokerRole, FlushDiskType
-from client.protocol.properties import MAX_PROPERTIES_BYTES, encode_properties
+from common.codec import BatchItem, batch_item
+from common.codes import BrokerRole, FlushDiskType
+from common.properties import MAX_PROPERTIES_BYTES, encode_properties
 
 __all__ = ["FileMessageStore"]
 

@@ -23,7 +23,7 @@ from operator import add, and_, itemgetter, mul
 
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile, RetiredFiles
-from client.protocol.codec import java_hash
+from common.codec import java_hash
 
 __all__ = ["IndexFile", "IndexService", "key_hash"]
 

@@ -15,8 +15,8 @@ from broker.store.config import StoreConfig
 from broker.store.consume_queue import BLANK_SIZE, CQ_UNIT, UNIT_SIZE, ConsumeQueueTable
 from broker.store.index import IndexService
 from broker.store.mapped_file import MappedFile
-from client.protocol.codec import record_layout
-from client.protocol.properties import scan_properties
+from common.codec import record_layout
+from common.properties import scan_properties
 
 __all__ = ["get_message", "offset_by_time", "query_message", "record_at", "store_timestamp"]
 

@@ -1,4 +1,4 @@
-"""Checking commit-log records (layout: :mod:`client.protocol.codec`; rules: SEMANTICS.md 7.1). Pure: no files.
+"""Checking commit-log records (layout: :mod:`common.codec`; rules: SEMANTICS.md 7.1). Pure: no files.
 
 One checker serves both places that take records they did not write:
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import struct
 
-from client.errors import ProtocolViolationError
-from client.protocol.codec import BLANK_MAGIC, CHECK_HEAD_V4, MAGIC_V1, RECORD_PREFIX, crc32, record_layout
+from common.codec import BLANK_MAGIC, CHECK_HEAD_V4, MAGIC_V1, RECORD_PREFIX, crc32, record_layout
+from common.errors import ProtocolViolationError
 
 __all__ = [
     "BAD",

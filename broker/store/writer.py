@@ -15,9 +15,9 @@ from broker.store.api import AppendResult, PutMessageStatus
 from broker.store.commitlog import Run
 from broker.store.config import StoreConfig
 from broker.store.dispatch import SCHEDULE_TOPIC
-from client.errors import MessageIllegalError
-from client.protocol.codec import RECORD_FIXED_SIZE, BatchItem
-from client.protocol.properties import MAX_PROPERTIES_BYTES, REAL_QID, REAL_TOPIC, validate_topic
+from common.codec import RECORD_FIXED_SIZE, BatchItem
+from common.errors import MessageIllegalError
+from common.properties import MAX_PROPERTIES_BYTES, REAL_QID, REAL_TOPIC, validate_topic
 
 __all__ = ["Plan", "PutValidator"]
 
@@ -89,7 +89,7 @@ class PutValidator:
 
     def _rewrite_delay(self, topic: str, queue_id: int, item: BatchItem) -> BatchItem:
         """The item with ``REAL_TOPIC`` / ``REAL_QID`` appended: the last value of a name wins when read (see
-        :mod:`client.protocol.properties`), so an older pair of the same name (a message delayed again after a
+        :mod:`common.properties`), so an older pair of the same name (a message delayed again after a
         delivery) is overridden without decoding the others."""
         raw = bytes(item.properties)
         sep = b"\x02" if raw and not raw.endswith(b"\x02") else b""

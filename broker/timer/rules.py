@@ -6,7 +6,7 @@ A send whose message carries ``TIMER_DELIVER_MS`` (absolute, ms since the epoch)
 absolute time), ``REAL_TOPIC`` and ``REAL_QID`` appended and goes to ``rmq_sys_wheel_timer`` queue 0, where the
 timer service (:mod:`broker.timer.service`) finds it. A time already due is no timer: the message is stored
 under its topic at once. Appending rather than rewriting the property string works because the last value of
-a name wins when it is read (:mod:`client.protocol.properties`).
+a name wins when it is read (:mod:`common.properties`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from operator import attrgetter
 
 from broker.metadata.topics import TIMER_TOPIC
 from broker.schedule import restore_message
-from client.errors import MessageIllegalError
-from client.protocol.codec import BatchItem
-from client.protocol.properties import (
+from common.codec import BatchItem
+from common.errors import MessageIllegalError
+from common.properties import (
     REAL_QID,
     REAL_TOPIC,
     TIMER_DELAY_MS,

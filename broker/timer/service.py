@@ -31,10 +31,10 @@ from broker.redelivery import Delivery, put_copy, settled_prefix
 from broker.store.api import AppendResult, GetMessageStatus, MessageStore, PutMessageStatus
 from broker.timer.index import Entry, TimerIndex
 from broker.timer.rules import TIMER_TOPIC, restore_timer_message
-from client.errors import ProtocolViolationError
-from client.protocol.codec import decode_records
-from client.protocol.message import MessageExt
-from client.protocol.properties import TIMER_DELIVER_MS
+from common.codec import decode_records
+from common.errors import ProtocolViolationError
+from common.message import MessageExt
+from common.properties import TIMER_DELIVER_MS
 
 __all__ = ["TimerMessageService"]
 

@@ -21,7 +21,7 @@ import collections
 import contextlib
 import logging
 
-from client.protocol.transaction import TransactionCheck
+from common.transaction import TransactionCheck
 
 __all__ = ["CheckQueues"]
 

@@ -26,7 +26,7 @@ from collections.abc import Container, Mapping, Sequence
 import attrs
 
 from broker.metadata.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from client.protocol.properties import (
+from common.properties import (
     DELAY,
     PGROUP,
     REAL_QID,

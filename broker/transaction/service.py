@@ -52,18 +52,18 @@ from broker.transaction.rules import (
     plan_round,
     recheck_properties,
 )
-from client.errors import (
+from common.codec import BatchItem, create_offset_msg_id, decode_records, pack_host
+from common.codes import SysFlag
+from common.errors import (
     InvalidParameterError,
     MessageIllegalError,
     ProtocolViolationError,
     QueryNotFoundError,
     ServiceNotAvailableError,
 )
-from client.protocol.codec import BatchItem, create_offset_msg_id, decode_records, pack_host
-from client.protocol.codes import SysFlag
-from client.protocol.message import MessageExt
-from client.protocol.properties import PGROUP, REAL_TOPIC, UNIQ_KEY, decode_properties, encode_properties
-from client.protocol.transaction import EndTransactionRequest, TransactionCheck, TransactionResolution
+from common.message import MessageExt
+from common.properties import PGROUP, REAL_TOPIC, UNIQ_KEY, decode_properties, encode_properties
+from common.transaction import EndTransactionRequest, TransactionCheck, TransactionResolution
 
 __all__ = ["ENDED_MAX", "EndOutcome", "RoundReport", "TransactionalMessageService"]
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from client.cli._common import check_namesrv, credentials_of
 from client.cli._output import Output
 from client.cli._parser import build_parser
-from client.errors import BrokerNotFoundError, ClientError, RouteNotFoundError, TransportError
+from common.errors import BrokerNotFoundError, ClientError, RouteNotFoundError, TransportError
 
 __all__ = ["build_parser", "main"]
 

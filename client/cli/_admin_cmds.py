@@ -16,9 +16,9 @@ from client._admin import Admin
 from client._consumer import PullConsumer
 from client.cli._common import client_config, namesrv_of, open_admin
 from client.cli._output import NA, Output, fmt_time_ms
-from client.errors import BrokerNotFoundError, ClientError
-from client.protocol.codes import MASTER_ID
-from client.protocol.message import MessageQueue
+from common.codes import MASTER_ID
+from common.errors import BrokerNotFoundError, ClientError
+from common.message import MessageQueue
 
 __all__ = [
     "cmd_broker_status",

@@ -15,9 +15,9 @@ import httpx
 from client._admin import Admin
 from client._instance import ClientConfig
 from client.cli._output import Output
-from client.errors import ClientError
-from client.protocol.signing import Credentials
-from client.tls import TlsConfigError, client_context, describe_tls_failure
+from common.errors import ClientError
+from common.signing import Credentials
+from common.tls import TlsConfigError, client_context, describe_tls_failure
 
 __all__ = ["check_namesrv", "client_config", "credentials_of", "namesrv_of", "open_admin", "split_keys"]
 

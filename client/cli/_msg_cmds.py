@@ -20,9 +20,9 @@ from client._producer import Producer
 from client._requests import SendResult
 from client.cli._common import client_config, namesrv_of, open_admin, split_keys
 from client.cli._output import Output, fmt_body, fmt_time_ms
-from client.errors import ClientError, QueryNotFoundError, RouteNotFoundError, TopicNotExistError
-from client.protocol.codes import PullStatus
-from client.protocol.message import Message, MessageExt, MessageQueue
+from common.codes import PullStatus
+from common.errors import ClientError, QueryNotFoundError, RouteNotFoundError, TopicNotExistError
+from common.message import Message, MessageExt, MessageQueue
 
 __all__ = ["cmd_consume", "cmd_msg_query", "cmd_produce", "message_json"]
 

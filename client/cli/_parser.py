@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from client.cli import _admin_cmds, _cluster_up, _completion, _dledger_cmds, _msg_cmds
 from client.cli._dashboard_cmd import add_dashboard
-from client.protocol.codes import Perm
+from common.codes import Perm
 
 __all__ = ["build_parser"]
 

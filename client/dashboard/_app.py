@@ -22,10 +22,10 @@ from typing import Any
 
 from client import MessageExt, MessageQueue, PullConsumer, PullStatus
 from client.dashboard._collector import Collector
-from client.errors import ClientError
-from client.protocol.asgi import Request, Response, Router, error_response, json_response
-from client.protocol.codes import ResponseCode
-from client.protocol.requests import ArgumentError
+from common.codes import ResponseCode
+from common.errors import ClientError
+from common.requests import ArgumentError
+from remoting.router import Request, Response, Router, error_response, json_response
 
 __all__ = ["BROWSER_GROUP", "build_app", "parse_metrics"]
 

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from client import Admin, QueueProgress
-from client.errors import AccessDeniedError, ClientError, InvalidParameterError
+from common.errors import AccessDeniedError, ClientError, InvalidParameterError
 
 __all__ = ["HISTORY_SAMPLES", "Collector"]
 

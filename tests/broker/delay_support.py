@@ -10,9 +10,9 @@ from broker.schedule import ScheduleMessageService
 from broker.store.api import AppendResult, PutMessageStatus
 from broker.store.config import StoreConfig
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import decode_records, pack_host
-from client.protocol.message import MessageExt
-from client.protocol.properties import DELAY, UNIQ_KEY
+from common.codec import decode_records, pack_host
+from common.message import MessageExt
+from common.properties import DELAY, UNIQ_KEY
 
 LEVELS = "1s 2s 3s"
 BORN_HOST = pack_host("10.1.2.3", 40123)

@@ -22,8 +22,8 @@ from broker.store.api import (
     TagFilter,
 )
 from broker.store.retention import CleanDecision, DeletedFile, DiskState, DiskUsage, RetentionStats
-from client.protocol.codec import BatchItem, parse_dispatch_info, record_size, write_batch_records
-from client.protocol.codes import BrokerRole
+from common.codec import BatchItem, parse_dispatch_info, record_size, write_batch_records
+from common.codes import BrokerRole
 
 STORE_HOST = b"\x7f\x00\x00\x01\x00\x00\x2a\x9f"
 

@@ -16,9 +16,9 @@ import attrs
 import httpx
 import pytest
 
-from client.protocol.codec import encode_batch
-from client.protocol.message import Message
-from client.protocol.signing import Credentials, SigningAuth, authorization_header, fresh_authorization
+from common.codec import encode_batch
+from common.message import Message
+from common.signing import Credentials, SigningAuth, authorization_header, fresh_authorization
 from tests.broker.procs import ServerProcess, Servers
 from tests.waiting import poll_until
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from broker.acl import BROKER_RULES
-from client.protocol.codec import encode_batch
-from client.protocol.message import Message
-from client.protocol.signing import Credentials, SigningAuth
+from common.codec import encode_batch
+from common.message import Message
+from common.signing import Credentials, SigningAuth
 from tests.broker.fakes import make_controller
 
 ACCOUNTS = """

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from broker.registration import BrokerIdentity, RegisterResult, build_register_body, pick_register_result
-from client.protocol.codec import create_offset_msg_id, decode_records, encode_batch
-from client.protocol.codes import BrokerRole
-from client.protocol.message import Message
-from client.protocol.route import DataVersion, TopicConfig
+from common.codec import create_offset_msg_id, decode_records, encode_batch
+from common.codes import BrokerRole
+from common.message import Message
+from common.route import DataVersion, TopicConfig
 from tests.broker.fakes import STORE_HOST, FakeHAClient, run_with_broker
 from tests.waiting import wait_until
 
@@ -25,7 +25,7 @@ async def put(ctrl: Any, client: Any, *msgs: Message, queue_id: int = 0) -> list
     r = await client.post("/send", params={"topic": msgs[0].topic, "queueId": queue_id}, content=body)
     assert r.status_code == 200, r.text
     ctrl.store.dispatch_available()
-    from client.protocol.wire import decode_send_reply
+    from common.wire import decode_send_reply
 
     return list(decode_send_reply(r.content).commit_log_offsets)
 

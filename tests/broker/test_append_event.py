@@ -10,10 +10,10 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
-from client.protocol.codec import encode_batch
-from client.protocol.codes import BrokerRole
-from client.protocol.message import Message
-from client.protocol.wire import decode_send_reply
+from common.codec import encode_batch
+from common.codes import BrokerRole
+from common.message import Message
+from common.wire import decode_send_reply
 from tests import waiting
 from tests.broker.delay_support import FakeClock, make_store
 from tests.broker.fakes import STORE_HOST, asgi_client

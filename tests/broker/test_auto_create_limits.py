@@ -13,8 +13,8 @@ import httpx
 from broker.metadata import SubscriptionGroupManager, TopicConfigManager
 from broker.store.config import StoreConfig
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import encode_batch
-from client.protocol.message import Message
+from common.codec import encode_batch
+from common.message import Message
 from tests.broker.fakes import run_with_broker
 from tests.broker.store.conftest import BORN_HOST, batch
 

@@ -9,8 +9,8 @@ import pytest
 
 from broker.config import BrokerConfig, ConfigError, config_from_properties, load_config, parse_set_options
 from broker.properties_file import PropertiesSyntaxError, parse_properties
-from client.protocol.codec import pack_host
-from client.protocol.codes import BrokerRole, FlushDiskType
+from common.codec import pack_host
+from common.codes import BrokerRole, FlushDiskType
 
 SEEDS_MASTER = """
       #所屬集群名字

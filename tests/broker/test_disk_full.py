@@ -12,8 +12,8 @@ import pytest
 from broker.store.config import StoreConfig
 from broker.store.file_store import FileMessageStore
 from broker.store.io import FaultyIO
-from client.protocol.codec import encode_batch
-from client.protocol.message import Message
+from common.codec import encode_batch
+from common.message import Message
 from tests.broker.fakes import run_with_broker
 
 FILE = 64 * 1024

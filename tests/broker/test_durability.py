@@ -9,7 +9,7 @@ import pytest
 
 from broker.durability import DurabilityWaiter
 from broker.store.api import AppendResult, PutMessageStatus
-from client.protocol.codes import BrokerRole, FlushDiskType, ResponseCode
+from common.codes import BrokerRole, FlushDiskType, ResponseCode
 
 C = ResponseCode
 RESULT = AppendResult(PutMessageStatus.PUT_OK, wrote_offset=1000, wrote_bytes=200)

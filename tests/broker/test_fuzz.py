@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client.protocol.codec import encode_batch
-from client.protocol.message import Message
-from client.protocol.wire import PULL_HEAD, decode_pull_header, decode_send_reply
+from common.codec import encode_batch
+from common.message import Message
+from common.wire import PULL_HEAD, decode_pull_header, decode_send_reply
 from tests.broker.procs import ServerProcess, Servers
 
 pytestmark = pytest.mark.integration

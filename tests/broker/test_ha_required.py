@@ -14,7 +14,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
 from broker.ha import HAClient, HAService
-from client.protocol.codes import BrokerRole
+from common.codes import BrokerRole
 from tests.broker.fakes import STORE_HOST, FakeStore
 from tests.broker.procs import ROOT, ProcessExited, read_first_line, write_properties
 
@@ -28,7 +28,7 @@ _CONTROLLER_WITHOUT_HA = _BLOCK_HA + """
 import asyncio
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
-from client.protocol.codes import BrokerRole
+from common.codes import BrokerRole
 from tests.broker.fakes import STORE_HOST, FakeStore
 
 async def main():

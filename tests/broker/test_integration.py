@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from client.protocol.codec import decode_records, encode_batch
-from client.protocol.codes import PullSysFlag, ResponseCode
-from client.protocol.message import Message
-from client.protocol.wire import PULL_HEAD, decode_pull_header, decode_send_reply
+from common.codec import decode_records, encode_batch
+from common.codes import PullSysFlag, ResponseCode
+from common.message import Message
+from common.wire import PULL_HEAD, decode_pull_header, decode_send_reply
 from tests.broker.procs import ServerProcess, Servers, write_properties
 from tests.waiting import poll_until
 

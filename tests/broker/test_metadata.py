@@ -17,7 +17,7 @@ from broker.metadata import (
     TopicConfigManager,
 )
 from broker.metadata.topics import AUTO_CREATE_TOPIC, SCHEDULE_TOPIC
-from client.protocol.route import DataVersion, TopicConfig
+from common.route import DataVersion, TopicConfig
 
 clock = count(1000).__next__
 

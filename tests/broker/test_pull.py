@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from client.protocol.codec import decode_records, encode_batch
-from client.protocol.codes import BrokerRole, PullSysFlag, ResponseCode
-from client.protocol.message import Message
-from client.protocol.wire import PULL_HEAD, PullHeader, decode_pull_header
+from common.codec import decode_records, encode_batch
+from common.codes import BrokerRole, PullSysFlag, ResponseCode
+from common.message import Message
+from common.wire import PULL_HEAD, PullHeader, decode_pull_header
 from tests.broker.fakes import FakeHAClient, FakeStore, run_with_broker
 from tests.waiting import wait_until
 
@@ -161,7 +161,7 @@ def _slave_store_with_messages(n: int, suggest_slave: bool = False) -> FakeStore
     """A slave's store that already holds replicated messages (written as if by a master)."""
     store = FakeStore(BrokerRole.ASYNC_MASTER, suggest_slave=suggest_slave)
     items = encode_batch([Message("T", f"m{i}".encode()) for i in range(n)], born_timestamp_ms=1)
-    from client.protocol.codec import decode_batch
+    from common.codec import decode_batch
 
     store.append_batch("T", 0, decode_batch(items), born_host=b"\x7f\x00\x00\x01\x00\x00\x00\x01")
     store.dispatch_available()
@@ -170,7 +170,7 @@ def _slave_store_with_messages(n: int, suggest_slave: bool = False) -> FakeStore
 
 
 def _slave_topic(ctrl: Any) -> None:
-    from client.protocol.route import TopicConfig
+    from common.route import TopicConfig
 
     ctrl.topics.update(TopicConfig("T", 4, 4))
 

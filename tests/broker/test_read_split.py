@@ -7,7 +7,7 @@ import pytest
 
 from broker.read_split import PullAnswer, PullContext, code_for_status, plan_pull_answer
 from broker.store.api import GetMessageStatus as S
-from client.protocol.codes import ResponseCode as C
+from common.codes import ResponseCode as C
 
 # Columns: is_slave, slaveReadEnable, master_link_up, offsetCheckInSlave, group ids (brokerId,
 # whichBrokerWhenConsumeSlowly), store status (None: not read), request offset, suggestPullingFromSlave

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.rebalance_lock import REBALANCE_LOCK_MAX_LIVE_MS, RebalanceLockTable
-from client.protocol.codes import BrokerRole
-from client.protocol.message import MessageQueue
-from client.protocol.queue_lock import LockBatchRequest, lock_response
-from client.protocol.requests import ArgumentError
+from common.codes import BrokerRole
+from common.message import MessageQueue
+from common.queue_lock import LockBatchRequest, lock_response
+from common.requests import ArgumentError
 from tests.broker.fakes import run_with_broker
 
 Q0, Q1 = ("T", 0), ("T", 1)

@@ -23,8 +23,8 @@ from broker.schedule import (
 )
 from broker.store.api import AppendResult, PutMessageStatus
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import record_size
-from client.protocol.properties import DELAY, REAL_QID, REAL_TOPIC, UNIQ_KEY, WAIT
+from common.codec import record_size
+from common.properties import DELAY, REAL_QID, REAL_TOPIC, UNIQ_KEY, WAIT
 from tests.broker.delay_support import (
     T0,
     FakeClock,

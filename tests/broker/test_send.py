@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from broker.store.api import PutMessageStatus
-from client.protocol.codec import BATCH_ITEM_HEAD, BATCH_MAGIC, body_crc, encode_batch
-from client.protocol.codes import BrokerRole, FlushDiskType, ResponseCode
-from client.protocol.message import Message
-from client.protocol.properties import encode_properties
-from client.protocol.wire import decode_send_reply
+from common.codec import BATCH_ITEM_HEAD, BATCH_MAGIC, body_crc, encode_batch
+from common.codes import BrokerRole, FlushDiskType, ResponseCode
+from common.message import Message
+from common.properties import encode_properties
+from common.wire import decode_send_reply
 from tests.broker.fakes import STORE_HOST, FakeHAService, FakeStore, run_with_broker
 
 

@@ -3,7 +3,7 @@ carry tags, keys, unique key, delay level and WAIT, and nothing after the decodi
 -- not the WAIT rule of the send processor, not the store's delay reroute.
 
 The broker here is the real application (its ASGI router, the send processor, a real file store). Every
-property reader in the loaded ``client`` / ``broker`` modules is wrapped with a counter that counts only calls
+property reader in the loaded ``common`` / ``client`` / ``broker`` modules is wrapped with a counter that counts only calls
 made by the request itself: a context variable is set around the request, which the ASGI transport runs in the
 test's own task, so the dispatcher, the delay service and any thread started before do not count. Dispatch of
 the stored records is a separate, later pass over the commit log (on a slave it is the only one) and scans each
@@ -23,15 +23,15 @@ from typing import Any
 import pytest
 
 from broker.store.dispatch import SCHEDULE_TOPIC
-from client.protocol.codec import BATCH_ITEM_HEAD, BATCH_MAGIC, body_crc
-from client.protocol.codes import ResponseCode
-from client.protocol.properties import encode_properties
-from client.protocol.wire import decode_send_reply
+from common.codec import BATCH_ITEM_HEAD, BATCH_MAGIC, body_crc
+from common.codes import ResponseCode
+from common.properties import encode_properties
+from common.wire import decode_send_reply
 from tests.broker.delay_support import FakeClock, make_store
 from tests.broker.fakes import run_with_broker
 
 #: Every function that reads a property string: the scanner and the whole-map decoder of
-#: client.protocol.properties, and the single-key readers that the scanner replaced (named so that this test
+#: common.properties, and the single-key readers that the scanner replaced (named so that this test
 #: keeps counting if one of them comes back).
 PROPERTY_READERS = ("scan_properties", "decode_properties", "find_prop", "_find_property")
 
@@ -53,7 +53,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[bytes]]:
 
     wrapped: dict[int, Callable[..., Any]] = {}
     for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(("client.", "broker.")):
+        if module is None or not name.startswith(("common.", "client.", "broker.")):
             continue
         for attr in PROPERTY_READERS:
             fn = getattr(module, attr, None)

@@ -21,10 +21,9 @@ from broker.retry import (
     retry_send_dlq_topic,
 )
 from broker.store.file_store import FileMessageStore
-from client.protocol.asgi import Router
-from client.protocol.codec import BatchItem, batch_item
-from client.protocol.codes import BrokerRole, FlushDiskType, Perm
-from client.protocol.properties import (
+from common.codec import BatchItem, batch_item
+from common.codes import BrokerRole, FlushDiskType, Perm
+from common.properties import (
     DELAY,
     MAX_RECONSUME_TIMES,
     ORIGIN_MESSAGE_ID,
@@ -36,6 +35,7 @@ from client.protocol.properties import (
     decode_properties,
     encode_properties,
 )
+from remoting.router import Router
 from tests.broker.delay_support import FakeClock, drain, make_service, make_store, put, read_all
 from tests.broker.fakes import FakeHAService, make_controller
 
@@ -203,7 +203,7 @@ def test_retry_queue_nums_zero_drops_the_message(tmp_path: Path) -> None:
     ("retry-read-only", {"group": "g", "offset": 0}, 16, "%RETRY%g"),
 ])
 def test_send_back_errors(tmp_path: Path, setup: str, body: dict[str, Any], code: int, remark: str) -> None:
-    from client.protocol.route import TopicConfig
+    from common.route import TopicConfig
 
     config: dict[str, Any] = {}
     role = BrokerRole.ASYNC_MASTER

@@ -19,7 +19,7 @@ from broker.metadata import (
     TopicConfigManager,
 )
 from broker.slave_sync import SlaveSynchronizer, merge_offsets, plan_groups, plan_topics
-from client.protocol.route import DataVersion, TopicConfig
+from common.route import DataVersion, TopicConfig
 
 clock = count(1).__next__
 TOPICS = {"dataVersion": {"timestamp": 5, "counter": 9},

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from broker import tag_filter
-from client.protocol.codec import encode_batch
-from client.protocol.codes import ResponseCode
-from client.protocol.message import Message
+from common.codec import encode_batch
+from common.codes import ResponseCode
+from common.message import Message
 from tests.broker.test_pull import pull
 
 C = ResponseCode

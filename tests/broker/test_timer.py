@@ -11,8 +11,8 @@ from broker.store.file_store import FileMessageStore
 from broker.timer import TIMER_TOPIC, Entry, TimerIndex, TimerMessageService, deliver_ms_of, route_timer_send
 from broker.timer.rules import has_timer, restore_timer_message
 from client.errors import MessageIllegalError
-from client.protocol.codec import BatchItem, batch_item
-from client.protocol.properties import (
+from common.codec import BatchItem, batch_item
+from common.properties import (
     REAL_QID,
     REAL_TOPIC,
     TIMER_DELAY_MS,

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import BrokerRole
-from client.protocol.codec import decode_records, encode_batch
-from client.protocol.codes import SysFlag
-from client.protocol.message import Message
-from client.protocol.properties import PGROUP, REAL_QID, REAL_TOPIC, TRAN_MSG
-from client.protocol.wire import decode_send_reply
+from common.codec import decode_records, encode_batch
+from common.codes import SysFlag
+from common.message import Message
+from common.properties import PGROUP, REAL_QID, REAL_TOPIC, TRAN_MSG
+from common.wire import decode_send_reply
 from tests.broker.fakes import run_with_broker
 
 END = {"group": "P", "topic": "T", "transactionId": "ABC", "commitLogOffset": "0", "commitOrRollback": "COMMIT"}

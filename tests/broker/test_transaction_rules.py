@@ -27,9 +27,9 @@ from broker.transaction.rules import (
     plan_round,
 )
 from client.errors import InvalidParameterError, MessageIllegalError, QueryNotFoundError
-from client.protocol.codec import batch_item, decode_records, encode_properties, pack_host
-from client.protocol.codes import SysFlag
-from client.protocol.properties import (
+from common.codec import batch_item, decode_records, encode_properties, pack_host
+from common.codes import SysFlag
+from common.properties import (
     PGROUP,
     REAL_QID,
     REAL_TOPIC,
@@ -37,8 +37,8 @@ from client.protocol.properties import (
     TRANSACTION_CHECK_TIMES,
     UNIQ_KEY,
 )
-from client.protocol.requests import ArgumentError
-from client.protocol.transaction import EndTransactionRequest, TransactionCheck, TransactionResolution
+from common.requests import ArgumentError
+from common.transaction import EndTransactionRequest, TransactionCheck, TransactionResolution
 from tests.broker.delay_support import T0, FakeClock, make_store
 
 RULES = CheckRules(timeout_ms=6000, check_max=15)

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from client._instance import AsyncClientInstance, ClientInstance
-from client.protocol import codec, wire
-from client.protocol.codes import ResponseCode
-from client.protocol.route import BrokerData, QueueData, TopicRouteData
+from common import codec, wire
+from common.codes import ResponseCode
+from common.route import BrokerData, QueueData, TopicRouteData
 
 
 class FakeCluster:

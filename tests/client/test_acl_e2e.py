@@ -31,7 +31,7 @@ from client import (
 )
 from client.cluster import LocalCluster
 from client.errors import AccessDeniedError
-from client.protocol.message import MessageQueue
+from common.message import MessageQueue
 from tests.waiting import poll_until
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 from client import Admin, Message, Producer
 from client.cluster import BrokerHandle, LocalCluster
 from client.errors import BrokerNotFoundError, InvalidParameterError, ServiceNotAvailableError
-from client.protocol import codec
+from common import codec
 from tests.waiting import poll_until
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 shared instances are per account; an ACL refusal is AccessDeniedError and is not retried (issue 14, item 6).
 
 A small recording HTTP server on loopback checks each request's ``Authorization`` header with the same
-:func:`client.protocol.signing.verify` the servers use.
+:func:`common.signing.verify` the servers use.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from client import AsyncProducer, ClientConfig, ClientInstance, Credentials, Mes
 from client._instance import AsyncClientInstance, with_credentials
 from client.errors import AccessDeniedError, NoPermissionError
 from client.lowlevel import is_retriable
-from client.protocol.codes import ResponseCode
-from client.protocol.signing import parse_authorization, verify
-from client.protocol.wire import decode_error, encode_error
+from common.codes import ResponseCode
+from common.signing import parse_authorization, verify
+from common.wire import decode_error, encode_error
 
 ALICE = Credentials("alice", "alice-secret")
 BOB = Credentials("bob", "bob-secret")
@@ -173,7 +173,7 @@ def test_a_refused_producer_fails_at_once_with_one_request() -> None:
 def test_the_router_marks_refusals_of_its_acl_hook_only() -> None:
     """A refusal of the ``authorize`` hook is marked (AccessDeniedError at the client); a handler's own
     NO_PERMISSION (a topic's perm) is not."""
-    from client.protocol.asgi import Request, Response, Router
+    from remoting.router import Request, Response, Router
 
     async def handler(request: Request) -> Response:
         raise NoPermissionError("the topic[T] sending message is forbidden")

@@ -23,7 +23,7 @@ from client._async_group_consumer import AsyncGroupConsumer
 from client._group_consumer import GroupConsumer
 from client.cluster import LocalCluster
 from client.errors import ClientClosedError, ClientError, InvalidParameterError
-from client.protocol.message import MessageQueue
+from common.message import MessageQueue
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL_S = 1.0
@@ -262,7 +262,7 @@ def test_closing_a_group_or_push_consumer_leaves_other_clients_working(cluster: 
     released that instance twice and closed it under a PullConsumer created before it (found by docs/GUIDE.md:
     the next pull failed with "transport is closed")."""
     from client import ConsumeStatus, PullConsumer, PushConsumer
-    from client.protocol.codes import PullStatus
+    from common.codes import PullStatus
 
     make_topic(cluster, "SharedInstance", queues=2)
     ns = cluster.namesrv_addr

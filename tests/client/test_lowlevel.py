@@ -15,9 +15,9 @@ from client import Admin, Message, MessageQueue, PullConsumer
 from client import lowlevel as ll
 from client.errors import BrokerError, RouteNotFoundError, SendFailedError
 from client.lowlevel import AsyncBrokerClient, BrokerClient
-from client.protocol import codec
-from client.protocol.codes import PullStatus, PullSysFlag, ResponseCode, SendStatus
-from client.protocol.requests import PullRequestHeader, SendRequestHeader
+from common import codec
+from common.codes import PullStatus, PullSysFlag, ResponseCode, SendStatus
+from common.requests import PullRequestHeader, SendRequestHeader
 
 A0, A1, B0 = "a0:1", "a1:1", "b0:1"
 MQ = MessageQueue("T", "broker-a", 0)

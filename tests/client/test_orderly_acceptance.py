@@ -26,7 +26,7 @@ import pytest
 from client import Admin, Message, MessageExt, Producer
 from client._push_consumer import ConsumeStatus, PushConsumer
 from client.cluster import LocalCluster
-from client.protocol.message import MessageQueue
+from common.message import MessageQueue
 
 KEYS = 50
 MESSAGES = int(os.environ.get("ORDERLY_MESSAGES", "10000"))

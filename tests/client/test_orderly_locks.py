@@ -14,8 +14,8 @@ from client import Admin, Message, MessageExt, Producer
 from client._orderly import LockView
 from client._push_consumer import ConsumeStatus, PushConsumer
 from client.cluster import LocalCluster
-from client.protocol.message import MessageQueue
-from client.protocol.queue_lock import LockBatchRequest, lock_response
+from common.message import MessageQueue
+from common.queue_lock import LockBatchRequest, lock_response
 from tests.waiting import poll_until
 
 Q0, Q1 = MessageQueue("T", "broker-a", 0), MessageQueue("T", "broker-a", 1)

@@ -17,8 +17,8 @@ from client.errors import (
     RouteNotFoundError,
     SendFailedError,
 )
-from client.protocol import codec
-from client.protocol.properties import UNIQ_KEY, decode_properties
+from common import codec
+from common.properties import UNIQ_KEY, decode_properties
 from tests.waiting import poll_until
 
 A, B = "a0:1", "b0:1"

@@ -16,7 +16,7 @@ from client._group_consumer import GroupConsumer
 from client._push_consumer import ConsumeStatus, InvalidConsumeStatusError, PushConsumer
 from client.cluster import LocalCluster
 from client.errors import InvalidParameterError
-from client.protocol.message import MessageQueue
+from common.message import MessageQueue
 from tests.waiting import poll_until
 
 FAST = {"rebalance_interval_s": 1.0, "heartbeat_interval_s": 1.0, "pull_suspend_s": 1.0,

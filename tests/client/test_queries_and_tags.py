@@ -19,8 +19,8 @@ from client import Admin, Message, Producer, PullConsumer, PullStatus
 from client._group_consumer import GroupConsumer
 from client.cluster import LocalCluster
 from client.errors import InvalidParameterError, QueryNotFoundError
-from client.protocol.codec import java_hash
-from client.protocol.message import MessageQueue
+from common.codec import java_hash
+from common.message import MessageQueue
 from tests.waiting import poll_until
 
 pytestmark = pytest.mark.integration

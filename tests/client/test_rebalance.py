@@ -26,9 +26,9 @@ from client._rebalance import (
     restore_retry_topic,
 )
 from client._requests import PullResult
-from client.protocol.codes import PullStatus
-from client.protocol.message import MessageExt, MessageQueue
-from client.protocol.properties import MAX_RECONSUME_TIMES, ORIGIN_MESSAGE_ID, RECONSUME_TIME, RETRY_TOPIC
+from common.codes import PullStatus
+from common.message import MessageExt, MessageQueue
+from common.properties import MAX_RECONSUME_TIMES, ORIGIN_MESSAGE_ID, RECONSUME_TIME, RETRY_TOPIC
 
 AVG = AllocateMessageQueueAveragely()
 CIRCLE = AllocateMessageQueueAveragelyByCircle()

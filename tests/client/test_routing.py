@@ -25,9 +25,9 @@ from client._routing import (
     topic_route_to_publish_info,
     topic_route_to_subscribe_info,
 )
-from client.protocol.codes import Perm, PullStatus
-from client.protocol.message import MessageQueue
-from client.protocol.route import BrokerData, QueueData, TopicRouteData
+from common.codes import Perm, PullStatus
+from common.message import MessageQueue
+from common.route import BrokerData, QueueData, TopicRouteData
 
 RW = int(Perm.READ | Perm.WRITE)
 

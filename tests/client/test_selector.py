@@ -10,8 +10,7 @@ import pytest
 from client import MessageSelector
 from client._rebalance import TagFilter
 from client._requests import heartbeat_body
-from client.protocol.asgi import parse_query
-from client.protocol.requests import ArgumentError, PullRequestHeader
+from common.requests import ArgumentError, PullRequestHeader, parse_query
 
 
 @pytest.mark.parametrize("selector", [MessageSelector.tags("A || B"), MessageSelector.sql("a > 1 AND b = 'x y'")])

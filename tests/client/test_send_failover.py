@@ -33,9 +33,9 @@ from client.errors import (
     SystemBusyError,
 )
 from client.lowlevel import LatencyFaultTolerance, QueueSelector, SendAttempts, TopicPublishInfo
-from client.protocol.codec import decode_offset_msg_id
-from client.protocol.message import MessageQueue
-from client.protocol.route import TopicRouteData
+from common.codec import decode_offset_msg_id
+from common.message import MessageQueue
+from common.route import TopicRouteData
 from tests.ha.support import create_topic, ha_cluster
 from tests.waiting import poll_until, wait_until
 

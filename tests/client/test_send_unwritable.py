@@ -13,8 +13,8 @@ from client.errors import (
     SystemBusyError,
 )
 from client.lowlevel import LatencyFaultTolerance, QueueSelector, SendAttempts, TopicPublishInfo
-from client.protocol.message import MessageQueue
-from client.protocol.route import TopicRouteData
+from common.message import MessageQueue
+from common.route import TopicRouteData
 
 
 def _attempts(*brokers: str, retries: int = 2) -> SendAttempts:

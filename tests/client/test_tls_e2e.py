@@ -28,8 +28,8 @@ from client import Admin, AsyncProducer, ClientConfig, Message, Producer, PullCo
 from client.cluster import LocalCluster
 from client.errors import ClientError, TlsError
 from client.lowlevel import BrokerClient
-from client.protocol.message import MessageQueue
 from client.tls import LocalTlsFiles, generate_local_tls_files
+from common.message import MessageQueue
 
 pytestmark = pytest.mark.integration
 

@@ -34,8 +34,8 @@ from client import (
 from client.cluster import LocalCluster
 from client.errors import ClientClosedError, MessageIllegalError, NoPermissionError
 from client.lowlevel import BrokerClient
-from client.protocol.codec import decode_records
-from client.protocol.message import MessageQueue
+from common.codec import decode_records
+from common.message import MessageQueue
 from tests.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -14,7 +14,7 @@ import httpx
 
 from client import Admin, Message, MessageExt, Producer
 from client.cluster import BrokerHandle, LocalCluster
-from client.protocol.codec import decode_records
+from common.codec import decode_records
 from tests import waiting
 
 T = TypeVar("T")

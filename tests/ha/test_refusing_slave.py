@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client import ConsumeFromWhere, GroupConsumer, Message, Producer
 from client.cluster import BrokerHandle
-from client.protocol.codes import ResponseCode
+from common.codes import ResponseCode
 from tests.ha.support import create_topic, ha_cluster, poll_until, wait_slave_linked
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha]

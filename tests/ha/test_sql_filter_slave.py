@@ -26,7 +26,7 @@ from client import (
 )
 from client.errors import BrokerError, NoPermissionError
 from client.lowlevel import BrokerClient
-from client.protocol.sql92 import MAX_SQL_LENGTH
+from common.sql92 import MAX_SQL_LENGTH
 from tests.ha.support import create_topic, get_json, ha_cluster, poll_until, wait_slave_linked
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha]

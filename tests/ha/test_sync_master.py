@@ -23,7 +23,7 @@ from broker.ha.protocol import encode_report
 from client import Message, MessageQueue, Producer, PullConsumer, PullStatus, SendResult, SendStatus
 from client.cluster import BrokerHandle, LocalCluster
 from client.errors import ClientError
-from client.protocol.codec import decode_offset_msg_id
+from common.codec import decode_offset_msg_id
 from tests.ha.support import (
     create_topic,
     ha_cluster,

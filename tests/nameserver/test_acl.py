@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from client.protocol.signing import Credentials, SigningAuth
+from common.signing import Credentials, SigningAuth
 from nameserver.routeinfo import RouteInfo
 from nameserver.server import NAMESRV_RULES, NamesrvConfig, build_gate, create_app, namesrv_rules
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.protocol.route import BrokerData, DataVersion, QueueData, TopicConfig, TopicRouteData
+from common.route import BrokerData, DataVersion, QueueData, TopicConfig, TopicRouteData
 from nameserver.routeinfo import BrokerLiveInfo, RegisterResult, RouteInfo
 
 A0, A1, A2 = "10.0.0.1:10911", "10.0.0.2:10911", "10.0.0.3:10911"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from client.tls import client_context, generate_local_tls_files
+from client.tls import generate_local_tls_files
+from common.tls import client_context
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from client.protocol.codec import encode_properties, pack_host, record_size, write_record
-from client.protocol.properties import KEYS, TAGS, UNIQ_KEY
+from common.codec import encode_properties, pack_host, record_size, write_record
+from common.properties import KEYS, TAGS, UNIQ_KEY
 
 RecordSpec = dict[str, Any]
 

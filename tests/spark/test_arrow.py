@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from client.errors import ProtocolViolationError
-from client.protocol.codec import decode_records
+from common.codec import decode_records
 from spark_connector.arrow import (
     decode_to_batch,
     empty_batch,

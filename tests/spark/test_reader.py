@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from client.errors import BrokerConnectError, SystemBusyError
-from client.protocol.codes import PullStatus
+from common.codes import PullStatus
 from spark_connector.offsets import QueueKey
 from spark_connector.options import SourceOptions
 from spark_connector.planning import QueueRange

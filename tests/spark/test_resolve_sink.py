@@ -9,10 +9,10 @@ import pytest
 from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
 
 from client.errors import BrokerConnectError, TopicNotExistError
-from client.protocol import wire
-from client.protocol.codes import PullStatus
-from client.protocol.message import MessageQueue
-from client.protocol.route import BrokerData, QueueData, TopicRouteData
+from common import wire
+from common.codes import PullStatus
+from common.message import MessageQueue
+from common.route import BrokerData, QueueData, TopicRouteData
 from spark_connector.offsets import QueueKey
 from spark_connector.options import OptionError, SinkOptions, parse_source_options
 from spark_connector.resolve import fetch_offsets, queue_keys, resolve_end, resolve_start

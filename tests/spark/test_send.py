@@ -9,14 +9,13 @@ import httpx
 import pytest
 
 from client.errors import BrokerError, MessageIllegalError, SendFailedError
-from client.protocol.asgi import parse_query
-from client.protocol.codec import UniqKeyGenerator, decode_batch
-from client.protocol.codes import ResponseCode
-from client.protocol.message import MessageQueue
-from client.protocol.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
-from client.protocol.requests import SendRequestHeader
-from client.protocol.route import BrokerData, QueueData, TopicRouteData
-from client.protocol.wire import encode_error, encode_send_reply, http_status_for_code
+from common.codec import UniqKeyGenerator, decode_batch
+from common.codes import ResponseCode
+from common.message import MessageQueue
+from common.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
+from common.requests import SendRequestHeader, parse_query
+from common.route import BrokerData, QueueData, TopicRouteData
+from common.wire import encode_error, encode_send_reply, http_status_for_code
 from spark_connector.send import Chunk, ChunkBuilder, ItemEncoder, Sender, encode_columns
 from spark_connector.transport import BrokerClient
 

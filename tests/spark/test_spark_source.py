@@ -18,7 +18,7 @@ import pytest
 
 from client import Admin, Message, MessageQueue, Producer
 from client.cluster import LocalCluster
-from client.protocol.codes import PullStatus
+from common.codes import PullStatus
 from spark_connector.offsets import QueueKey
 from spark_connector.options import parse_source_options
 from spark_connector.planning import QueueRange

@@ -17,7 +17,7 @@ import pytest
 from client import Message, MessageQueue, Producer, PullConsumer, PullStatus
 from client.cluster import BrokerHandle, LocalCluster
 from client.errors import ClientError
-from client.protocol.codec import encode_batch
+from common.codec import encode_batch
 from tests.ha.support import FAST, create_topic, get_json, poll_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha]

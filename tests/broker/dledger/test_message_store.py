@@ -16,8 +16,8 @@ from broker.dledger.member import Role
 from broker.dledger.message_store import DLedgerMessageStore
 from broker.dledger.node import DLedgerNode, NodeConfig
 from broker.store.api import GetMessageStatus, PutMessageStatus
-from client.protocol.codec import decode_records
-from client.protocol.codes import BrokerRole
+from common.codec import decode_records
+from common.codes import BrokerRole
 from tests.broker.store.conftest import FakeClock, batch, small_config
 from tests.waiting import wait_until
 

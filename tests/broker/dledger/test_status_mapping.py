@@ -12,7 +12,7 @@ from broker.dledger.node import AppendError
 from broker.durability import QuorumWait
 from broker.store.api import AppendResult, PutMessageStatus
 from client.errors import ServiceNotAvailableError, SystemBusyError
-from client.protocol.codes import ResponseCode
+from common.codes import ResponseCode
 
 
 @pytest.mark.parametrize(("code", "status"), [

@@ -15,7 +15,8 @@ from broker.dledger.protocol import MsgType
 from broker.dledger.transport import FaultLayer, PeerClient, PeerError
 from client import ClientConfig, Message, Producer, SendStatus
 from client.cluster import LocalCluster
-from client.tls import LocalTlsFiles, client_context, generate_local_tls_files, server_context
+from client.tls import LocalTlsFiles, generate_local_tls_files
+from common.tls import client_context, server_context
 from tests.broker.dledger.test_auth import SECRET
 from tests.broker.dledger.test_node import Group, entries
 from tests.waiting import wait_until

@@ -54,8 +54,8 @@ class FileKind:
 
     def __init__(self) -> None:
         from broker.store.config import StoreConfig
-        from client.protocol.codec import decode_batch, encode_batch
-        from client.protocol.message import Message
+        from common.codec import decode_batch, encode_batch
+        from common.message import Message
 
         self._cls = importlib.import_module("broker.store.file_store").FileMessageStore
         self._config = StoreConfig

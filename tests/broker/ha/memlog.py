@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from client.protocol.codec import BLANK_MAGIC, RECORD_PREFIX, body_crc, pack_host, record_size, write_record
+from common.codec import BLANK_MAGIC, RECORD_PREFIX, body_crc, pack_host, record_size, write_record
 
 __all__ = ["MemoryCommitLog"]
 

@@ -19,7 +19,7 @@ from broker.store.records import (
     check_records,
     scan_records,
 )
-from client.protocol.codec import BLANK_MAGIC, body_crc, pack_host, record_size, write_record
+from common.codec import BLANK_MAGIC, body_crc, pack_host, record_size, write_record
 
 FILE = 2048
 HOST = pack_host("127.0.0.1", 10911)

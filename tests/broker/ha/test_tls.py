@@ -18,7 +18,8 @@ import attrs
 import pytest
 
 from broker.ha import HAConfig
-from client.tls import LocalTlsFiles, client_context, generate_local_tls_files, server_context
+from client.tls import LocalTlsFiles, generate_local_tls_files
+from common.tls import client_context, server_context
 from tests.broker.ha.test_auth import SECRET, SECRET_BODY, secret_log
 from tests.broker.ha.test_replication import Run, assert_identical, master_service, slave_client, wait_until
 

@@ -11,8 +11,8 @@ import pytest
 from broker.store.config import StoreConfig
 from broker.store.file_store import FileMessageStore
 from broker.store.io import FileIO
-from client.protocol.codec import BatchItem, decode_batch, encode_batch
-from client.protocol.message import Message
+from common.codec import BatchItem, decode_batch, encode_batch
+from common.message import Message
 
 BORN_HOST = b"\x7f\x00\x00\x01\x00\x00\x30\x39"
 

@@ -6,7 +6,7 @@ import os
 import struct
 
 from broker.store.api import PutMessageStatus
-from client.protocol.codec import BLANK_MAGIC, decode_records
+from common.codec import BLANK_MAGIC, decode_records
 
 from .conftest import BORN_HOST, StoreFactory, batch
 
@@ -90,7 +90,7 @@ def test_commitlog_data_never_crosses_a_file(make_store: StoreFactory) -> None:
 
 
 def test_slave_append_is_byte_identical_to_master(make_store: StoreFactory, tmp_path) -> None:
-    from client.protocol.codes import BrokerRole
+    from common.codes import BrokerRole
 
     master = make_store(root=tmp_path / "m")
     slave = make_store(root=tmp_path / "s", broker_role=BrokerRole.SLAVE)
@@ -116,7 +116,7 @@ def test_slave_append_is_byte_identical_to_master(make_store: StoreFactory, tmp_
 def test_slave_append_must_continue_the_log(make_store: StoreFactory) -> None:
     import pytest
 
-    from client.protocol.codes import BrokerRole
+    from common.codes import BrokerRole
 
     slave = make_store(broker_role=BrokerRole.SLAVE)
     with pytest.raises(ValueError, match="file boundary"):

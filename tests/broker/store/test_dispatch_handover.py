@@ -13,7 +13,7 @@ import pytest
 
 from broker.store import dispatch as dispatch_module
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import (
+from common.codec import (
     BatchItem,
     UniqKeyGenerator,
     batch_item,
@@ -21,7 +21,7 @@ from client.protocol.codec import (
     encode_batch,
     tags_hash,
 )
-from client.protocol.message import Message
+from common.message import Message
 
 from .conftest import BORN_HOST, FakeClock, StoreFactory
 

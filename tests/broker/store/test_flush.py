@@ -6,7 +6,7 @@ import time
 from concurrent.futures import wait
 
 from broker.store.io import FaultyIO
-from client.protocol.codes import FlushDiskType
+from common.codes import FlushDiskType
 from tests.waiting import poll_until
 
 from .conftest import BORN_HOST, StoreFactory, batch

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from broker.store.index import INT_MAX, IndexFile, _abs_hash, _TopicHasher, key_hash
 from broker.store.io import FileIO
 from broker.store.mapped_file import MappedFile
-from client.protocol.codec import UniqKeyGenerator, batch_item, decode_records, tags_hash
+from common.codec import UniqKeyGenerator, batch_item, decode_records, tags_hash
 
 from .conftest import BORN_HOST, FakeClock, StoreFactory, batch
 

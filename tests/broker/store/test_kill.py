@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import decode_records
+from common.codec import decode_records
 
 from .conftest import small_config
 
@@ -23,9 +23,9 @@ WRITER = textwrap.dedent(
     import os, sys
     from broker.store.config import StoreConfig
     from broker.store.file_store import FileMessageStore
-    from client.protocol.codec import decode_batch, encode_batch
-    from client.protocol.codes import FlushDiskType
-    from client.protocol.message import Message
+    from common.codec import decode_batch, encode_batch
+    from common.codes import FlushDiskType
+    from common.message import Message
 
     root, mode = sys.argv[1], sys.argv[2]
     cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commitlog=256 * 1024,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from broker.store.api import PutMessageStatus
-from client.protocol.codec import BatchItem, batch_item, decode_records
-from client.protocol.codes import BrokerRole, SysFlag
-from client.protocol.properties import REAL_QID, REAL_TOPIC
+from common.codec import BatchItem, batch_item, decode_records
+from common.codes import BrokerRole, SysFlag
+from common.properties import REAL_QID, REAL_TOPIC
 
 from .conftest import BORN_HOST, StoreFactory, batch
 

@@ -12,7 +12,7 @@ from broker.store import reader
 from broker.store.api import GetMessageResult
 from broker.store.api import GetMessageStatus as S
 from broker.store.file_store import FileMessageStore
-from client.protocol.codec import decode_records, record_size, tags_hash
+from common.codec import decode_records, record_size, tags_hash
 
 from .conftest import BORN_HOST, StoreFactory, batch
 

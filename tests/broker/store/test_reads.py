@@ -8,8 +8,8 @@ import attrs
 import pytest
 
 from broker.store.api import GetMessageStatus as S
-from client.protocol.codec import decode_records, tags_hash
-from client.protocol.codes import BrokerRole
+from common.codec import decode_records, tags_hash
+from common.codes import BrokerRole
 
 from .conftest import BORN_HOST, FakeClock, StoreFactory, batch
 

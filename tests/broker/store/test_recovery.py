@@ -10,8 +10,8 @@ import pytest
 from broker.store.api import PutMessageStatus, StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
 from broker.store.io import FaultyIO, SimulatedCrash
-from client.protocol.codec import decode_records
-from client.protocol.message import MessageExt
+from common.codec import decode_records
+from common.message import MessageExt
 
 from .conftest import BORN_HOST, FakeClock, StoreFactory, batch, small_config
 
@@ -183,7 +183,7 @@ def test_enospc_on_write_is_service_not_available(make_store: StoreFactory) -> N
 
 
 def test_slave_append_on_full_disk_raises_store_error(make_store: StoreFactory) -> None:
-    from client.protocol.codes import BrokerRole
+    from common.codes import BrokerRole
 
     io = FaultyIO()
     store = make_store(io=io, broker_role=BrokerRole.SLAVE)
@@ -210,7 +210,7 @@ def test_crash_mid_write_loses_only_the_torn_batch(make_store: StoreFactory, tmp
 
 
 def test_power_loss_keeps_flushed_records(make_store: StoreFactory, tmp_path) -> None:
-    from client.protocol.codes import FlushDiskType
+    from common.codes import FlushDiskType
 
     io = FaultyIO(track_unsynced=True)
     store = make_store(io=io, flush_disk_type=FlushDiskType.SYNC_FLUSH)

@@ -15,7 +15,7 @@ from broker.store.api import GetMessageStatus as S
 from broker.store.api import PutMessageStatus
 from broker.store.file_store import FileMessageStore
 from broker.store.retention import RetentionConfig
-from client.protocol.codes import BrokerRole
+from common.codes import BrokerRole
 
 from .conftest import BORN_HOST, FakeClock, StoreFactory, batch
 

@@ -13,8 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from broker.store.api import GetMessageStatus, PutMessageStatus
 from broker.store.file_store import FileMessageStore
 from broker.store.io import FaultyIO
-from client.protocol.codec import decode_records
-from client.protocol.codes import FlushDiskType
+from common.codec import decode_records
+from common.codes import FlushDiskType
 
 from .conftest import BORN_HOST, batch, small_config
 
