@@ -372,7 +372,7 @@ class BrokerController:
         self._spawn(self.dispatch.run(), "dispatch")
         self._spawn(self.retention.run(), "retention")
         if not cfg.is_slave:
-            await self.schedule.start()  # only a master redelivers delayed messages (SEMANTICS.md 8.2)
+            await self.schedule.start()  # only a master redelivers delayed messages (docs/SEMANTICS.md 8.2)
             if self.timer is not None:
                 await self.timer.start()
             await self.transactions.start()  # and checks half messages back

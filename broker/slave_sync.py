@@ -1,4 +1,4 @@
-"""Slave metadata sync (SEMANTICS.md 5, 4.9.3 rules, decision 7): every ``slaveMetadataSyncInterval`` (10 s) a
+"""Slave metadata sync (docs/SEMANTICS.md 5, 4.9.3 rules, decision 7): every ``slaveMetadataSyncInterval`` (10 s) a
 slave fetches its master's topics, consumer offsets, delay offsets and subscription groups and applies them.
 
 Apply rules, kept pure (:func:`plan_topics`, :func:`plan_groups`, :func:`merge_offsets`):

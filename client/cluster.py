@@ -351,7 +351,7 @@ LOCAL_BROKER_DEFAULTS: Mapping[str, str] = {"slaveReadEnable": "true", "slaveMet
 
 
 class LocalCluster:
-    """A local SplitMQ cluster of processes (CONTRACT.md section 2).
+    """A local SplitMQ cluster of processes.
 
     Args:
         root_dir: where stores, configs and logs go.

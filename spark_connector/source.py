@@ -215,7 +215,8 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class RocketMQDataSource(DataSource):
     """``spark.read.format("rocketmq")`` / ``readStream`` / ``write`` / ``writeStream``.
 
-    Options: see docs (SPARK.md 7.2 / 7.7). The read schema is fixed (see :func:`spark_connector.arrow.spark_schema`).
+    Options: docs/SPARK.md, "Source options" and "Sink options". The read schema is fixed (see
+    :func:`spark_connector.arrow.spark_schema`).
     """
 
     @classmethod

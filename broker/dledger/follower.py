@@ -1,4 +1,4 @@
-"""The follower's side of replication (SEMANTICS.md 9.5, DLedger's ``EntryHandler``), as plain data.
+"""The follower's side of replication (docs/SEMANTICS.md 9.5, DLedger's ``EntryHandler``), as plain data.
 
 APPEND requests may arrive out of order (several batches in flight): each is parked by its first index until the
 log reaches it. COMPARE and TRUNCATE clear the parked appends (the leader is starting over). A parked append that

@@ -80,7 +80,7 @@ _TICK_S = 0.02
 
 @attrs.frozen(kw_only=True)
 class NodeConfig:
-    """A member's settings (SEMANTICS.md 9.1; the broker builds it from its ``dLeger*`` keys)."""
+    """A member's settings (docs/SEMANTICS.md 9.1; the broker builds it from its ``dLeger*`` keys)."""
 
     group: str
     self_id: str
@@ -593,7 +593,7 @@ class DLedgerNode:
                                               f"the term moved on before entry {c.index} reached a quorum",
                                               st.leader_id))
 
-    # -- leadership transfer (SEMANTICS.md 9.3, preferredLeaderIds) ------------------------------------------
+    # -- leadership transfer (docs/SEMANTICS.md 9.3, preferredLeaderIds) ------------------------------------------
     def _maybe_hand_over(self, now: int) -> None:
         """A leader that is not the preferred one hands over once the preferred member has every entry (checked
         once a second)."""

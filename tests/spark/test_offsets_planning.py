@@ -64,7 +64,8 @@ def test_markers_allowed_only_where_asked() -> None:
 
 
 def test_rate_limit_is_proportional_to_backlog() -> None:
-    # SPARK.md 2.5: backlogs 25/10/5 with a limit of 16 -> 10/4/2
+    # maxOffsetsPerTrigger is shared in proportion to each queue's backlog:
+    # backlogs 25/10/5 with a limit of 16 -> 10/4/2
     start = {A0: 0, A1: 0, B2: 0}
     latest = {A0: 25, A1: 10, B2: 5}
     assert rate_limit(start, latest, 16) == {A0: 10, A1: 4, B2: 2}

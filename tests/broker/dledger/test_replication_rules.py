@@ -1,4 +1,4 @@
-"""The leader's quorum wait, its per-follower dispatcher and the follower's parked appends (SEMANTICS.md 9.4-9.5),
+"""The leader's quorum wait, its per-follower dispatcher and the follower's parked appends (docs/SEMANTICS.md 9.4-9.5),
 as tables: the quorum index, completions and timeouts, LEADER_PENDING_FULL, TERM_CHANGED, each dispatcher
 transition, re-push, and the follower's gap timeout."""
 

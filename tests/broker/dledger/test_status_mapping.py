@@ -1,4 +1,4 @@
-"""SEMANTICS.md 9.8's status table: how a DLedger append that fails is answered, at the store and after the
+"""docs/SEMANTICS.md 9.8's status table: how a DLedger append that fails is answered, at the store and after the
 quorum wait."""
 
 from __future__ import annotations
