@@ -138,7 +138,7 @@ def _fill(ns: str, topic: str, n: int, body_size: int) -> float:
     """Store ``n`` messages round-robin over the topic's queues through the sink's sender; returns rows/s."""
     from client import Admin
     from spark_connector.options import parse_sink_options
-    from spark_connector.sink import _write_all
+    from spark_connector.sink import write_arrow_batches
 
     with Admin(ns) as admin:
         admin.create_topic(topic, queue_nums=4)
@@ -146,7 +146,7 @@ def _fill(ns: str, topic: str, n: int, body_size: int) -> float:
     batch = pa.RecordBatch.from_pydict({"body": [b"y" * body_size] * per, "keys": [f"k{i}" for i in range(per)]})
     batches = [batch] * (n // per) + ([batch.slice(0, n % per)] if n % per else [])
     t0 = time.perf_counter()
-    _write_all(parse_sink_options({"nameserver": ns, "topic": topic}), iter(batches))
+    write_arrow_batches(parse_sink_options({"nameserver": ns, "topic": topic}), iter(batches))
     return n / (time.perf_counter() - t0)
 
 

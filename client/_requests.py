@@ -21,7 +21,6 @@ import httpx
 
 from client._http11 import RawResponse, TlsHandshakeError
 from common import codec, wire
-from common._lazy import LazyFields, read_fields_with
 from common.codes import PullStatus, ResponseCode, SendStatus
 from common.errors import (
     BrokerConnectError,
@@ -31,6 +30,7 @@ from common.errors import (
     RequestTimeoutError,
     TlsError,
 )
+from common.lazy import LazyFields, read_fields_with
 from common.message import MessageExt, MessageQueue
 from common.requests import SendRequestHeader, quote_arg
 from common.route import TopicRouteData
@@ -326,7 +326,7 @@ class _BatchSendResult(LazyFields, SendResult):
     """A :class:`SendResult` of a stored batch that reads its fields from the batch's reply when they are used.
 
     Five fields set through the frozen class's ``__init__`` cost a batch of 64 more than encoding it, and a sender
-    often reads none of them. To every caller it is a SendResult (:class:`~common._lazy.LazyFields`).
+    often reads none of them. To every caller it is a SendResult (:class:`~common.lazy.LazyFields`).
     """
 
     __slots__ = ("_state",)

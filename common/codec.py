@@ -56,9 +56,9 @@ from collections.abc import Callable, Iterator, Sequence
 from operator import mul
 from typing import NamedTuple, TypeVar
 
-from common._lazy import LazyFields, read_fields_with
 from common.codes import SysFlag
 from common.errors import MessageIllegalError, ProtocolViolationError
+from common.lazy import LazyFields, read_fields_with
 from common.message import Message, MessageExt
 from common.properties import (
     DELAY,
@@ -800,7 +800,7 @@ class _StoredMessage(LazyFields, MessageExt):
     large pull, and a consumer often reads a few of them. :func:`decode_records` checked the record's lengths, so no
     field read can fail. The body is copied out at once (as before); the record's fixed head and its topic and
     properties are kept beside it, so no byte is held twice, and the properties dict is built once, on first use.
-    To every caller it is a MessageExt (:class:`~common._lazy.LazyFields`).
+    To every caller it is a MessageExt (:class:`~common.lazy.LazyFields`).
     """
 
     __slots__ = ("_props", "_state")

@@ -29,7 +29,7 @@ from prometheus_client.metrics import MetricWrapperBase  # noqa: E402
 
 from broker.config import KEY_DOCS, KEYS, BrokerConfig  # noqa: E402
 from broker.metrics import BrokerMetrics  # noqa: E402
-from nameserver.__main__ import _build_parser  # noqa: E402
+from nameserver.__main__ import build_parser  # noqa: E402
 from nameserver.routeinfo import RouteInfo  # noqa: E402
 from nameserver.server import NamesrvConfig, create_app  # noqa: E402
 
@@ -81,7 +81,7 @@ def broker_key_rows() -> list[str]:
 def nameserver_option_rows() -> list[str]:
     """One row per command-line option of ``python -m nameserver``."""
     rows = []
-    for action in _build_parser()._actions:
+    for action in build_parser()._actions:
         if not action.option_strings or action.dest == "help":
             continue
         opts = ", ".join(f"`{o}`" for o in action.option_strings)

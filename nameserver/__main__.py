@@ -75,7 +75,7 @@ def _positive_int(value: str) -> int:
     return n
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = _ArgParser(prog="splitmq-nameserver", description="SplitMQ nameserver (route table over HTTP)")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})")
     p.add_argument("--broker-expiry-ms", type=_positive_int, default=NamesrvConfig().broker_expiry_ms,
@@ -165,7 +165,7 @@ class _StopSignals:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m nameserver`` and the ``splitmq-nameserver`` console script."""
-    parser = _build_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         host, port = parse_listen(args.listen)

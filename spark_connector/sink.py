@@ -40,6 +40,7 @@ __all__ = [
     "make_batch_writer",
     "make_stream_writer",
     "send_arrow_batches",
+    "write_arrow_batches",
 ]
 
 APPEND_ONLY = (
@@ -152,9 +153,12 @@ def send_arrow_batches(batches: Iterator[pa.RecordBatch], opts: SinkOptions, sen
     return WriteCommit(rows, sender.requests)
 
 
-def _write_all(opts: SinkOptions, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
-    sender = Sender(pooled_client(opts.nameserver, opts.client, opts.credentials, tls_ca_file=opts.tls_ca_file), opts.producer_group,
-                    send_timeout_s=opts.send_timeout_s, retries=opts.retries, concurrency=opts.send_concurrency)
+def write_arrow_batches(opts: SinkOptions, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
+    """Send every row of ``iterator`` as ``opts`` say, through a sender of its own (one writer task's work; the
+    benchmarks call it without Spark)."""
+    client = pooled_client(opts.nameserver, opts.client, opts.credentials, tls_ca_file=opts.tls_ca_file)
+    sender = Sender(client, opts.producer_group, send_timeout_s=opts.send_timeout_s, retries=opts.retries,
+                    concurrency=opts.send_concurrency)
     return send_arrow_batches(iterator, opts, sender)
 
 
@@ -165,7 +169,7 @@ class RocketMQBatchWriter(DataSourceArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
-        return _write_all(self.options, iterator)
+        return write_arrow_batches(self.options, iterator)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         rows = sum(m.rows for m in messages if isinstance(m, WriteCommit))
@@ -183,7 +187,7 @@ class RocketMQStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
-        return _write_all(self.options, iterator)
+        return write_arrow_batches(self.options, iterator)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         rows = sum(m.rows for m in messages if isinstance(m, WriteCommit))

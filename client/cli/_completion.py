@@ -103,8 +103,7 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
 
 
 def cmd_completion(args: argparse.Namespace, out: Output) -> int:
-    """``completion bash|zsh``: print the script for the shell."""
-    from client.cli._parser import build_parser  # the parser imports this module: build it on use
-
-    out.line(completion_script(build_parser(), args.shell).rstrip("\n"))
+    """``completion bash|zsh``: print the script for the shell of the parser that read the command line (it
+    puts itself in ``args.root_parser``, so this module needs no import of the parser's)."""
+    out.line(completion_script(args.root_parser, args.shell).rstrip("\n"))
     return 0

@@ -251,10 +251,11 @@ def _add_messages(sub: Any, common: _Parser) -> None:
                    help="cut printed bodies at CHARS characters, 0 for no limit (default: 200)")
 
 
-def _add_completion(sub: Any) -> None:
+def _add_completion(sub: Any, root: argparse.ArgumentParser) -> None:
     p = _leaf(sub, "completion", _completion.cmd_completion,
               "print a shell completion script: eval \"$(splitmq completion bash)\" (or zsh)", parents=[])
     p.add_argument("shell", choices=_completion.SHELLS, help="the shell to complete in")
+    p.set_defaults(root_parser=root)  # the script is made from the whole parser
 
 
 def _version() -> str:
@@ -282,6 +283,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dledger(sub, common)
     _add_messages(sub, common)
     add_dashboard(sub, common)
-    _add_completion(sub)
+    _add_completion(sub, parser)
     return parser
 
