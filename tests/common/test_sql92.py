@@ -95,6 +95,12 @@ TABLE: list[tuple[str, bool | None, str]] = [
     ("missing BETWEEN 1 AND 2", None, "BETWEEN on a missing property"),
     ("missing NOT BETWEEN 1 AND 2", None, "NOT BETWEEN on a missing property"),
     ("amount BETWEEN -5 AND 1000", True, "a negative bound"),
+    # Both bounds are inclusive (SQL92; RocketMQ's BETWEEN is >= low AND <= high), and NOT BETWEEN excludes them.
+    ("amount BETWEEN 150 AND 200", True, "BETWEEN includes its low bound"),
+    ("amount BETWEEN 100 AND 150", True, "BETWEEN includes its high bound"),
+    ("amount BETWEEN 150 AND 150", True, "BETWEEN of one value"),
+    ("amount NOT BETWEEN 150 AND 200", False, "NOT BETWEEN excludes its low bound"),
+    ("amount NOT BETWEEN 100 AND 150", False, "NOT BETWEEN excludes its high bound"),
     ("TAGS IN ('TagA', 'TagB')", True, "TAGS is a property"),
     ("TAGS NOT IN ('TagA', 'TagB')", False, "NOT IN"),
     ("region IN ('US')", False, "IN miss"),
