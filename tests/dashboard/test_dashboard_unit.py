@@ -89,17 +89,8 @@ def offline() -> Any:
 
 
 def _get(app: Any, method: str, path: str, query: str = "") -> tuple[int, bytes]:
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": method, "path": path, "query_string": query.encode(), "client": ("t", 1)}
-    asyncio.run(app(scope, receive, send))
-    return sent[0]["status"], sent[1]["body"]
+    answer = asyncio.run(app.serve(method, path, query.encode(), b"", ("t", 1), None))
+    return answer.status, answer.body
 
 
 def test_state_says_the_nameserver_is_unreachable(offline: Any) -> None:
