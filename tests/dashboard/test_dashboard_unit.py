@@ -131,3 +131,29 @@ def test_the_page_and_its_assets_are_served(offline: Any) -> None:
     for asset in ("/static/app.js", "/static/app.css"):
         status, body = _get(app, "GET", asset)
         assert status == 200 and len(body) > 1000
+
+
+def test_the_server_serves_the_page_until_shutdown_from_another_thread() -> None:
+    import threading
+
+    import httpx
+
+    from client.dashboard import DashboardServer
+
+    ns = _refused_addr()
+    server = DashboardServer(ns, "127.0.0.1:0", interval_s=60.0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(timeout=5, trust_env=False) as client:
+            # The socket listens from the constructor on: a request made before the server accepts waits for it.
+            page = client.get(server.url)
+            assert page.status_code == 200 and b'src="/static/app.js"' in page.content
+            assert "date" in page.headers and "server" not in page.headers
+    finally:
+        server.shutdown()
+        thread.join(10)
+        for s in _HELD:
+            s.close()
+        _HELD.clear()
+    assert not thread.is_alive(), "serve_forever did not return after shutdown()"

@@ -518,3 +518,22 @@ def test_deadlines_move_with_the_connection_and_close_it_when_they_pass(caplog: 
     with caplog.at_level("INFO", logger="remoting.http"):
         loop.run_until_complete(main())
     loop.close()
+
+
+def test_a_request_that_asks_for_an_upgrade_is_refused_unserved() -> None:
+    async def main() -> None:
+        server = _Server()
+        serve, served = server.router.serve, []
+
+        async def counted(*args: Any) -> Response:
+            served.append(args[1])
+            return await serve(*args)
+
+        server.router.serve = counted  # type: ignore[method-assign]
+        writes, transport = await _roundtrip(b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                                             b"Connection: Upgrade\r\nUpgrade: websocket\r\n\r\nabc", server=server)
+        assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 400 ") and b"upgrades" in writes[0]
+        assert served == [] and transport.closed  # not served first (with its body skipped), then refused
+        assert server.router.body_bytes_in_flight == 0
+
+    asyncio.run(main())
