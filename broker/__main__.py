@@ -2,8 +2,8 @@
 
 Startup: load the configuration (bad value -> exit 2), configure logging (every line names the broker, its id
 and role), bind the HTTP socket (port 0 lets the OS choose), open the store (a corrupt store -> one line on
-stderr, exit 3), start the controller (HA listener, background tasks), serve HTTP with uvicorn in the same
-event loop, and print exactly one line once serving:
+stderr, exit 3), start the controller (HA listener, background tasks), serve HTTP (:class:`remoting.server.HttpServer`)
+in the same event loop, and print exactly one line once serving:
 ``broker ready name=NAME id=N role=ROLE listen=HOST:PORT ha=HOST:PORT``.
 SIGTERM / SIGINT -> graceful shutdown (unregister, persist metadata, store shutdown) and exit 0.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import ipaddress
 import json
@@ -20,11 +19,8 @@ import logging
 import signal
 import socket
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import uvicorn
 
 from broker.config import BrokerConfig, ConfigError, load_config, parse_set_options
 from broker.controller import BrokerController
@@ -34,8 +30,8 @@ from broker.store.api import StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
 from common.codec import pack_host
 from remoting.acl import AclFileError
-from remoting.http_guard import HttpLimits
-from remoting.http_protocol import serving
+from remoting.http import HttpLimits
+from remoting.server import HttpServer
 
 __all__ = ["main"]
 
@@ -44,8 +40,7 @@ log = logging.getLogger("broker")
 EXIT_CONFIG = 2
 EXIT_STORE = 3
 EXIT_START = 1
-#: Bounds of startup (HTTP server listening) and of the HTTP server's graceful stop.
-STARTUP_TIMEOUT_S = 30.0
+#: Bound of the HTTP server's graceful stop.
 HTTP_STOP_TIMEOUT_S = 5.0
 
 
@@ -84,8 +79,6 @@ def configure_logging(config: BrokerConfig, level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.getLogger("uvicorn").setLevel(max(logging.WARNING, root.level))
-    logging.getLogger("uvicorn.access").disabled = True
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -121,14 +114,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the broker owns SIGTERM/SIGINT and shuts down in order."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 def open_store(config: BrokerConfig, store_host: bytes) -> FileMessageStore:
     """Create, load and start the file store.
 
@@ -142,17 +127,6 @@ def open_store(config: BrokerConfig, store_host: bytes) -> FileMessageStore:
     store.load()
     store.start()
     return store
-
-
-async def _wait_started(server: uvicorn.Server, serve_task: asyncio.Task[None]) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not server.started:
-        if serve_task.done():
-            serve_task.result()
-            raise RuntimeError("the HTTP server stopped during startup")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the HTTP server did not start within {STARTUP_TIMEOUT_S} s")
-        await asyncio.sleep(0.005)  # uvicorn has no start event; bounded by STARTUP_TIMEOUT_S
 
 
 async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int:
@@ -194,38 +168,25 @@ async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int
         await ctrl.stop()
         sock.close()
         return EXIT_START
-    # log_config=None: uvicorn's lines go through the root handler, so they carry the broker's identity too
-    # proxy_headers=False: no X-Forwarded-For rewriting (the born host is the real peer) and one ASGI layer less.
-    # server_header=False: no "server: uvicorn" on every answer (a line each client parses, and a version banner).
     limits = HttpLimits(header_timeout_s=config.http_header_timeout_ms / 1000,
                         body_timeout_s=config.http_body_timeout_ms / 1000, max_connections=config.http_max_connections)
-    uv_config = uvicorn.Config(ctrl.router, loop="uvloop", http=serving(ctrl.router, limits),
-                               lifespan="off", timeout_keep_alive=limits.keep_alive_timeout_s,
-                               access_log=False, proxy_headers=False, server_header=False,
-                               log_level="warning", log_config=None,
-                               timeout_graceful_shutdown=int(HTTP_STOP_TIMEOUT_S))
-    if ctrl.tls is not None:
-        # uvicorn builds its context from files; ours (TLS 1.2+, no session tickets) replaces it after load()
-        uv_config.load()
-        uv_config.ssl = ctrl.tls.http_server
-    server = _Server(uv_config)
-    serve_task = loop.create_task(server.serve(sockets=[sock]), name="http")
-    await _wait_started(server, serve_task)
+    server = HttpServer(ctrl.router, limits, ssl=ctrl.tls.http_server if ctrl.tls is not None else None)
+    try:
+        await server.start(sock)
+    except OSError as e:
+        print(f"broker {config.broker_name}: cannot serve HTTP: {e}", file=sys.stderr, flush=True)
+        await ctrl.stop()
+        sock.close()
+        return EXIT_START
     _freeze_startup_objects()
     dledger = f" dledger={dict(config.dleger_peers)[config.dleger_self_id]}" if ctrl.dledger is not None else ""
     tls = " tls=on" if ctrl.tls is not None else ""
     print(f"broker ready name={config.broker_name} id={ctrl.role.broker_id} role={ctrl.role_name} "
           f"listen={addr} ha={ctrl.ha_addr}{dledger}{tls}", flush=True)
-    stop_wait = loop.create_task(stop.wait())
-    await asyncio.wait((stop_wait, serve_task), return_when=asyncio.FIRST_COMPLETED)
+    await stop.wait()
     log.info("shutting down")
     ctrl.hold.close()  # parked pulls answer now instead of holding the HTTP shutdown
-    server.should_exit = True
-    done, _ = await asyncio.wait((serve_task,), timeout=HTTP_STOP_TIMEOUT_S + 2)
-    if not done:
-        server.force_exit = True
-        serve_task.cancel()
-    stop_wait.cancel()
+    await server.shutdown(HTTP_STOP_TIMEOUT_S)
     await ctrl.stop()
     return 0
 

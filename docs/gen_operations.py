@@ -314,7 +314,7 @@ Both servers log to stderr, one line per record; stdout carries only the ready l
 
 | option | values | effect |
 |---|---|---|
-| `--log-level` | `DEBUG`, `INFO` (default), `WARNING`, `ERROR` | threshold of the root logger (uvicorn's own lines: WARNING and above) |
+| `--log-level` | `DEBUG`, `INFO` (default), `WARNING`, `ERROR` | threshold of the root logger |
 | `--log-format` | `text` (default) | `2024-01-01 12:00:00,000 INFO [broker-a/0/ASYNC_MASTER] broker.controller: ...` |
 | `--log-format` | `json` | one JSON object per line: `ts`, `level`, `broker` (brokers only), `logger`, `msg`, and `exc` with a traceback |
 

@@ -144,23 +144,34 @@ def _run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 class _StopSignals:
-    """SIGTERM/SIGINT handling around uvicorn's own.
+    """SIGTERM/SIGINT: exit 0 in each phase of the process.
 
-    While serving, uvicorn owns both signals and stops gracefully; once done it restores our handler and
-    re-raises the signal, which must then be a no-op so the process exits 0 instead of dying by signal. A
-    signal that arrives before uvicorn took over exits at once (nothing is served yet).
+    Before the event loop serves, a signal exits at once (nothing is served yet). While it serves, the loop owns
+    both signals (:meth:`serve`) and either stops the server gracefully. Once the loop is closed, a late signal is
+    a no-op, so the process exits 0 instead of dying by signal.
     """
 
     def __init__(self) -> None:
-        self.uvicorn_owns = False
+        self.served = False
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
-        if not self.uvicorn_owns:
+        if not self.served:
             raise SystemExit(0)
+
+    async def serve(self, sock: socket.socket, config: NamesrvConfig, ready: Callable[[str], None]) -> None:
+        """Serve until SIGTERM or SIGINT, then stop gracefully."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await serve(sock, config, on_ready=ready, stop=stop)
+        finally:
+            self.served = True  # closing the loop gives both signals their default handlers: ours again after
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,13 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     signals = _StopSignals()
 
     def ready(listen: str) -> None:
-        signals.uvicorn_owns = True  # uvicorn captures the signals before it starts serving
         print(f"nameserver ready listen={listen}", flush=True)
 
     signals.install()
     try:
-        _run(serve(sock, config, on_ready=ready))
+        _run(signals.serve(sock, config, ready))
     finally:
+        signals.install()  # a signal after the loop is gone: a no-op (the loop reset both handlers)
         sock.close()
     logging.getLogger("nameserver").info("nameserver stopped")
     return 0

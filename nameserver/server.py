@@ -1,4 +1,4 @@
-"""The nameserver's HTTP face: an ASGI app over :class:`~nameserver.routeinfo.RouteInfo`, and the expiry scan.
+"""The nameserver's HTTP face: a router over :class:`~nameserver.routeinfo.RouteInfo`, and the expiry scan.
 
 Endpoints (docs/PROTOCOL.md, "Nameserver endpoints")::
 
@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from common.errors import NoPermissionError, TopicNotExistError
@@ -46,8 +45,9 @@ from remoting.acl_gate import (
     Rule,
     load_acl_file,
 )
-from remoting.http_guard import HttpLimits, LimitedHttpToolsProtocol, with_limits
+from remoting.http import HttpLimits
 from remoting.router import ArgumentError, Request, Response, Router, json_response
+from remoting.server import HttpServer
 
 __all__ = [
     "METRICS_CONTENT_TYPE",
@@ -69,9 +69,7 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_NAME_CHARS = 1024
 #: A broker registers its whole topic table; 16 MiB is room for ~100k topics.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-#: How long ``serve`` waits for uvicorn to start serving before it gives up.
-STARTUP_TIMEOUT_S = 30.0
-#: Bound on uvicorn's wait for open connections at shutdown.
+#: Bound on the graceful stop's wait for open connections.
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -327,34 +325,6 @@ class _Handlers:
         return json_response({"affected": self._ri.add_write_perm(_str_field(req.json(), "brokerName"))})
 
 
-class _MetricsApp:
-    """Wraps the router: counts requests by (known) path and status, and serves ``GET /metrics``."""
-
-    def __init__(self, router: Router, known_paths: frozenset[str], requests: Counter) -> None:
-        self._router = router
-        self._known = known_paths
-        self._requests = requests
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self._router(scope, receive, send)
-            return
-        # Unknown paths share one label so a scanner cannot grow the metric without bound.
-        path = scope["path"] if scope["path"] in self._known else "other"
-        status = 0
-
-        async def send_and_watch(message: dict[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self._router(scope, receive, send_and_watch)
-        finally:
-            self._requests.labels(path=path, status=str(status)).inc()
-
-
 def create_app(
     route_info: RouteInfo,
     *,
@@ -363,8 +333,8 @@ def create_app(
     addr: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     acl: AclGate | None = None,
-) -> Callable[..., Any]:
-    """The nameserver ASGI app over ``route_info``.
+) -> Router:
+    """The nameserver's router over ``route_info``.
 
     Args:
         route_info: the table the handlers read and change.
@@ -376,7 +346,7 @@ def create_app(
         acl: the ACL gate (:func:`build_gate`); None: every request is let in.
 
     Returns:
-        An ASGI application callable.
+        The router (:meth:`Router.serve` answers a request; :class:`remoting.server.HttpServer` serves it).
     """
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     Gauge("splitmq_nameserver_live_brokers", "Registered, unexpired broker addresses",
@@ -400,8 +370,12 @@ def create_app(
         ("POST", "/broker/add-write-perm"): h.add_write_perm,
         ("GET", "/metrics"): metrics,
     }
-    router = Router(routes, max_body_bytes=max_body_bytes, identity=lambda: (addr, None), authorize=acl)
-    return _MetricsApp(router, frozenset(path for _, path in routes), requests)
+    def observe(path: str, status: int, seconds: float) -> None:
+        # The router names an unknown path "other", so a scanner cannot grow the metric without bound.
+        requests.labels(path=path, status=str(status)).inc()
+
+    return Router(routes, max_body_bytes=max_body_bytes, identity=lambda: (addr, None), authorize=acl,
+                  observe=observe)
 
 
 # ---------------------------------------------------------------------- running
@@ -435,64 +409,52 @@ async def serve(
     route_info: RouteInfo | None = None,
     clock_ms: Callable[[], int] = wall_clock_ms,
     on_ready: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve the nameserver on an already bound, listening socket until uvicorn is told to exit.
+    """Serve the nameserver on an already bound, listening socket until ``stop`` is set, then stop gracefully
+    (idle connections close at once, busy ones after their answer, within SHUTDOWN_TIMEOUT_S).
 
-    uvicorn installs its own SIGINT/SIGTERM handlers for the duration and stops gracefully on either.
+    Signals are the caller's (``python -m nameserver`` sets ``stop`` on SIGTERM and SIGINT).
 
     Args:
-        sock: the listening socket (bound by the caller, so port 0 is race-free).
+        sock: the listening socket (bound by the caller, so port 0 is race-free); the server closes it.
         config: expiry and body settings.
         route_info: the table to serve (a fresh one when ``None``).
         clock_ms: the registration and expiry clock.
-        on_ready: called once with ``host:port`` when uvicorn serves.
-
-    Raises:
-        TimeoutError: uvicorn did not start within STARTUP_TIMEOUT_S.
-        RuntimeError: uvicorn stopped before it started serving.
+        on_ready: called once with ``host:port`` when the server accepts connections.
+        stop: set to stop; None: serve until cancelled (the stop is graceful then too).
     """
     config = config or NamesrvConfig()
     route_info = route_info if route_info is not None else RouteInfo()
     listen = format_addr(sock.getsockname())
     acl = build_gate(config, clock_ms)
-    app = create_app(route_info, clock_ms=clock_ms, addr=listen, max_body_bytes=config.max_body_bytes, acl=acl)
+    router = create_app(route_info, clock_ms=clock_ms, addr=listen, max_body_bytes=config.max_body_bytes,
+                        acl=acl)
     if acl is None and not _is_loopback(sock.getsockname()[0]):
         log.warning("SECURITY: nameserver listens on %s without --acl-enable: anyone who can reach it can "
                     "register a broker under any name and redirect clients to it. Use --acl-enable --acl-file "
                     "(docs/SECURITY.md) or listen on loopback.", listen)
     watch = (asyncio.create_task(AclFileWatcher(config.acl_file, acl.update).run()) if acl is not None
              else None)
-    # proxy_headers=False: the ACL judges the address a connection comes from; uvicorn's default rewrote it from an
-    # X-Forwarded-For header sent from 127.0.0.1, so any local peer could claim a white-listed address.
-    uv_config = uvicorn.Config(
-        app, loop="uvloop", http=with_limits(LimitedHttpToolsProtocol, config.http_limits), lifespan="off",
-        timeout_keep_alive=config.http_limits.keep_alive_timeout_s, access_log=False, log_level="warning",
-        server_header=False, proxy_headers=False,
-        timeout_graceful_shutdown=int(SHUTDOWN_TIMEOUT_S), log_config=None,
-    )
+    # The ACL judges the address a connection comes from: no X-Forwarded-For header is read (a proxy's rewrite of
+    # it from 127.0.0.1 would let any local peer claim a white-listed address).
     tls = config.tls_context()
-    if tls is not None:  # uvicorn builds its context from files; ours (TLS 1.2+, no tickets) replaces it
-        uv_config.load()
-        uv_config.ssl = tls
-    server = uvicorn.Server(uv_config)
+    server = HttpServer(router, config.http_limits, ssl=tls)
     scanner = asyncio.create_task(run_expiry_scan(
         route_info, clock_ms=clock_ms, broker_expiry_ms=config.broker_expiry_ms,
         scan_interval_ms=config.scan_interval_ms))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
-        await _wait_started(server, serving)
+        await server.start(sock)
         log.info("nameserver serving on %s (brokerExpiry=%d ms, scanInterval=%d ms%s)", listen,
                  config.broker_expiry_ms, config.scan_interval_ms, ", TLS" if tls is not None else "")
         if on_ready is not None:
             on_ready(listen)
-        await serving
+        await (stop or asyncio.Event()).wait()
     finally:
         scanner.cancel()
         if watch is not None:
             watch.cancel()
-        if not serving.done():
-            server.should_exit = True
-            await asyncio.wait({serving}, timeout=SHUTDOWN_TIMEOUT_S * 2)
+        await server.shutdown(SHUTDOWN_TIMEOUT_S)
         await asyncio.gather(scanner, return_exceptions=True)
 
 
@@ -501,15 +463,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-async def _wait_started(server: uvicorn.Server, serving: asyncio.Task[None]) -> None:
-    # uvicorn has no started event; poll its flag with a deadline.
-    deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_S
-    while not server.started:
-        if serving.done():
-            serving.result()
-            raise RuntimeError("uvicorn stopped before it started serving")
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"uvicorn did not start within STARTUP_TIMEOUT_S={STARTUP_TIMEOUT_S}")
-        await asyncio.sleep(0.01)

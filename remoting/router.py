@@ -1,7 +1,8 @@
-"""Small helpers for the servers' bare ASGI apps: read a bounded body, answer bytes or JSON, route by path.
+"""The servers' routing: a request's handler by method and path, bounded bodies, and errors of one shape.
 
-Pure glue over the ASGI ``receive``/``send`` callables (no sockets here); both the nameserver and the broker
-use it, so their error answers have one shape (see :mod:`common.wire`).
+No sockets here: :mod:`remoting.http` reads each request and hands it to :meth:`Router.serve`, its one entry.
+The broker, the nameserver and the dashboard route with it, so their error answers have one shape (see
+:mod:`common.wire`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,6 @@ from common.wire import CONTENT_BINARY, CONTENT_JSON, encode_error, http_status_
 __all__ = ["ArgumentError", "Request", "Response", "Router", "error_response", "json_response"]
 
 log = logging.getLogger(__name__)
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
 
 class Request:
     """One HTTP request: method, path, query and a body read up to a bound."""
@@ -86,7 +83,7 @@ class Request:
 #: the joined copy) make glibc give the memory back to the kernel when they are freed, so each answer faults its
 #: pages in again: a 1 MiB pull answer cost 0.6 page faults per message, about half the broker's CPU for it.
 _PIECES_FROM_BYTES = 128 * 1024
-#: Each piece is one more ASGI ``send`` (a few microseconds), so a body in many small pieces is joined.
+#: Each piece is one more buffer of the answer's gathered write, so a body in many small pieces is joined.
 _MAX_PIECES = 16
 
 
@@ -99,7 +96,7 @@ class Response:
         self.status = status
         self.content_type = content_type
         self.tail = tail
-        """Buffers that follow ``body`` in the answer, each sent as it is (one ASGI body message each)."""
+        """Buffers that follow ``body`` in the answer, each sent as it is (gathered into the answer's one write)."""
 
     @classmethod
     def of_pieces(cls, pieces: Sequence[bytes]) -> Response:
@@ -173,37 +170,11 @@ class Router:
         """Every ``(method, path)`` served (the ACL's rule table must cover each)."""
         return frozenset(self._routes)
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        observe = self._observe
-        if observe is None:
-            response = await self._dispatch(scope, receive)
-        else:
-            started = time.perf_counter()
-            response = await self._dispatch(scope, receive)
-            path = scope["path"]
-            observe(path if path in self._paths else "other", response.status, time.perf_counter() - started)
-        await send({
-            "type": "http.response.start",
-            "status": response.status,
-            "headers": [(b"content-type", response.content_type.encode()),
-                        (b"content-length", str(response.length).encode())],
-        })
-        tail = response.tail
-        await send({"type": "http.response.body", "body": response.body, "more_body": bool(tail)})
-        last = len(tail) - 1
-        for i, piece in enumerate(tail):
-            await send({"type": "http.response.body", "body": piece, "more_body": i < last})
-
     async def serve(self, method: str, path: str, query_string: bytes, body: bytes, client: tuple[str, int],
                     authorization: bytes | None) -> Response:
         """The answer to one request whose body the caller has read and counted (:meth:`take_body_bytes`): the
-        entry of the broker's HTTP protocol (:mod:`remoting.http_protocol`), which serves without ASGI. Latency is
-        observed from here to the answer."""
+        router's one entry, called by the HTTP protocol (:mod:`remoting.http`). Latency is observed from here to
+        the answer."""
         observe = self._observe
         started = time.perf_counter() if observe is not None else 0.0
         handler = self._routes.get((method, path))
@@ -231,6 +202,13 @@ class Router:
             return self._busy(method, path)
         self._inflight += more
         return None
+
+    def observe_refusal(self, path: str, response: Response) -> None:
+        """Count a request refused by :meth:`take_body_bytes` (answered with ``response``, its body dropped) as
+        an answered one, at no latency: it never reached a handler."""
+        observe = self._observe
+        if observe is not None:
+            observe(path if path in self._paths else "other", response.status, 0.0)
 
     @property
     def body_bytes_in_flight(self) -> int:
@@ -271,23 +249,6 @@ class Router:
                               f"server busy: request bodies in flight would pass {self._max_inflight} bytes "
                               "(maxInflightRequestBodyBytes); try again shortly", broker=broker, role=role)
 
-    async def _dispatch(self, scope: dict[str, Any], receive: Receive) -> Response:
-        method: str = scope["method"]
-        path: str = scope["path"]
-        handler = self._routes.get((method, path))
-        if handler is None:
-            return self._no_route(method, path)
-        held = [0]  # bytes of this request's body counted in self._inflight
-        try:
-            body = await self._read_body(receive, held, method, path)
-            if isinstance(body, Response):
-                return body  # refused
-            qs = scope.get("query_string", b"")
-            request = Request(method, path, None, body, scope.get("client") or ("", 0), qs)
-            return await self._handle(handler, request, _header(scope, b"authorization"))
-        finally:
-            self.release_body_bytes(held[0])
-
     async def _handle(self, handler: Handler, request: Request, authorization: bytes | None) -> Response:
         """The handler's answer, after the ACL hook; a ClientError becomes its coded error answer and any other
         exception SYSTEM_ERROR (logged)."""
@@ -307,42 +268,3 @@ class Router:
             broker, role = self._identity()
             return error_response(ResponseCode.SYSTEM_ERROR, f"internal error: {type(e).__name__}: {e}",
                                   broker=broker, role=role)
-
-    async def _read_body(self, receive: Receive, held: list[int], method: str, path: str) -> bytes | Response:
-        """The body, counted into the in-flight bytes as it arrives (``held[0]`` says how much is this one's), or
-        the refusal once it passes a bound (:meth:`take_body_bytes`)."""
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                break
-            chunk = message.get("body", b"")
-            if chunk:
-                refusal = self.take_body_bytes(held[0], len(chunk), method, path)
-                if refusal is not None:
-                    return refusal
-                held[0] += len(chunk)
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        if len(chunks) == 1:
-            return chunks[0]
-        return b"".join(chunks)
-
-
-def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
-    """The first value of header ``name`` (lower case, as ASGI servers give header names)."""
-    for key, value in scope.get("headers") or ():
-        if key == name:
-            return bytes(value)
-    return None
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

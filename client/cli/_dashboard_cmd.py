@@ -16,7 +16,7 @@ PROBE_TIMEOUT_MAX_S = 1.0
 
 def cmd_dashboard(args: argparse.Namespace, out: Output) -> int:
     """Print ``dashboard=URL`` first (scripts read it), then serve; read-only: the page changes nothing."""
-    from client.dashboard import DashboardServer  # uvicorn only loads for this command
+    from client.dashboard import DashboardServer  # the servers' HTTP runtime only loads for this command
 
     # Each probe and query is bounded by --timeout, at most PROBE_TIMEOUT_MAX_S: a member slower than that to
     # say how it is doing is shown as not answering, and a hung member must not stall the page.
@@ -28,7 +28,7 @@ def cmd_dashboard(args: argparse.Namespace, out: Output) -> int:
     out.out.flush()
     try:
         server.serve_forever()
-    except KeyboardInterrupt:  # uvicorn stops on Ctrl-C, then raises it again: a requested stop, not an error
+    except KeyboardInterrupt:  # Ctrl-C before the server caught the signal: a requested stop, not an error
         pass
     out.out.write("dashboard stopped\n")
     return 0

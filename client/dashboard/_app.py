@@ -1,4 +1,5 @@
-"""The dashboard's HTTP side: one static page and a read-only JSON API, as a bare ASGI app.
+"""The dashboard's HTTP side: one static page and a read-only JSON API, as a router (served by
+:class:`remoting.server.HttpServer`, see ``_server.py``).
 
 Routes (all ``GET``; nothing here changes the cluster)::
 
@@ -96,7 +97,7 @@ def _failed(e: ClientError) -> Response:
 
 
 def build_app(collector: Collector, namesrv_addr: str) -> Router:
-    """The ASGI app over ``collector`` (whose admin session also answers the browser's queries)."""
+    """The router over ``collector`` (whose admin session also answers the browser's queries)."""
     browser = _Browser(collector, namesrv_addr)
     static = {path: (resources.files("client.dashboard").joinpath("static", name).read_bytes(), ctype)
               for path, (name, ctype) in _STATIC.items()}

@@ -1,20 +1,27 @@
 """Serving the dashboard: a socket bound before the server starts (port 0 picks a free one, and the real port is
-known before anything is printed), uvicorn with the httptools parser, and the sweep thread beside it."""
+known before anything is printed), the servers' HTTP runtime (:class:`remoting.server.HttpServer`) on an event loop
+of its own, and the sweep thread beside it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import socket
-
-import uvicorn
+import threading
+from collections.abc import Callable
 
 from client import Admin, ClientConfig, Credentials
 from client.dashboard._app import build_app
 from client.dashboard._collector import Collector
+from remoting.server import HttpServer
 
 __all__ = ["DashboardServer"]
 
 log = logging.getLogger(__name__)
+
+#: Bound in seconds on the graceful stop's wait for open connections (a browser keeps one or two alive).
+STOP_TIMEOUT_S = 2.0
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:
@@ -51,7 +58,7 @@ class DashboardServer:
         try:
             self._sock.bind((host, port))
             # Listening before the URL is printed: a client that connects at once waits in the backlog until
-            # uvicorn accepts, instead of being refused.
+            # the server accepts, instead of being refused.
             self._sock.listen(128)
         except OSError:
             self._sock.close()
@@ -64,22 +71,58 @@ class DashboardServer:
                               close_timeout_s=1.0, tls_ca_file=tls_ca_file)
         self._admin = Admin(namesrv_addr, client_config=config, credentials=credentials)  # an admin account
         self.collector = Collector(self._admin, namesrv_addr, interval_s=interval_s)
-        app = build_app(self.collector, namesrv_addr)
-        # log_config=None: uvicorn leaves the logging setup alone (its records go to whatever the program set up).
-        self._server = uvicorn.Server(uvicorn.Config(app, http="httptools", lifespan="off", log_config=None,
-                                                     log_level="warning", access_log=False))
+        self._router = build_app(self.collector, namesrv_addr)
+        self._lock = threading.Lock()
+        self._stop_asked = False
+        self._wake: Callable[[], None] | None = None
+        """Sets the serving loop's stop event, from any thread (None until the loop serves)."""
 
     def serve_forever(self) -> None:
-        """Sweep and serve until :meth:`shutdown` or Ctrl-C; releases everything on the way out."""
+        """Sweep and serve until :meth:`shutdown`, SIGINT (Ctrl-C) or SIGTERM, then stop gracefully; releases
+        everything on the way out. The signals are caught only when it runs on the main thread."""
         self.collector.start()
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None
         try:
-            self._server.run(sockets=[self._sock])
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:  # not everywhere (Windows): asyncio's loop serves too
+            loop_factory = None
+        try:
+            with asyncio.Runner(loop_factory=loop_factory) as runner:
+                runner.run(self._serve())
         finally:
             self.close()
 
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(stop.set)
+
+        with self._lock:
+            self._wake = wake
+            if self._stop_asked:
+                stop.set()
+        server = HttpServer(self._router)
+        try:
+            await server.start(self._sock)
+            await stop.wait()
+        finally:
+            with self._lock:
+                self._wake = None
+            await server.shutdown(STOP_TIMEOUT_S)
+
     def shutdown(self) -> None:
-        """Ask the server to stop (from another thread or a signal handler)."""
-        self._server.should_exit = True
+        """Ask the server to stop (from another thread; before it serves, it stops as soon as it starts)."""
+        with self._lock:
+            self._stop_asked = True
+            if self._wake is not None:
+                self._wake()
 
     def close(self) -> None:
         """Stop the sweep and release the admin session and the socket. Idempotent."""

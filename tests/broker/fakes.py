@@ -311,20 +311,23 @@ def make_controller(tmp_path: Any, *, role: BrokerRole = BrokerRole.ASYNC_MASTER
                             ha_service=ha_service or FakeHAService(), ha_client=ha_client, http_client=http_client)
 
 
-def asgi_client(ctrl: Any) -> Any:
-    import httpx
+def http_client(ctrl: Any) -> Any:
+    """An async context manager: ``ctrl``'s router served on loopback (tests/serving.py), yielding an
+    ``httpx.AsyncClient`` bound to it."""
+    from tests.serving import serving
 
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=ctrl.router), base_url="http://broker")
+    return serving(ctrl.router)
 
 
 def run_with_broker(tmp_path: Any, scenario: Callable[[Any, Any], Any], **kwargs: Any) -> Any:
-    """Start a controller over fakes, run ``await scenario(ctrl, client)``, stop it; returns the result."""
+    """Start a controller over fakes, serve its router on loopback, run ``await scenario(ctrl, client)``, stop it;
+    returns the result."""
 
     async def main() -> Any:
         ctrl = make_controller(tmp_path, **kwargs)
         await ctrl.start()
         try:
-            async with asgi_client(ctrl) as client:
+            async with http_client(ctrl) as client:
                 return await scenario(ctrl, client)
         finally:
             await ctrl.stop()

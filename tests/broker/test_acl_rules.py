@@ -16,6 +16,7 @@ from common.codec import encode_batch
 from common.message import Message
 from common.signing import Credentials, SigningAuth
 from tests.broker.fakes import make_controller
+from tests.serving import serving
 
 ACCOUNTS = """
 [[accounts]]
@@ -124,8 +125,7 @@ def test_each_endpoint_by_account(tmp_path: Path) -> None:
     failures = []
 
     async def main() -> None:
-        transport = httpx.ASGITransport(app=ctrl.router)
-        async with httpx.AsyncClient(transport=transport, base_url="http://broker") as client:
+        async with serving(ctrl.router) as client:
             for method, path, query, body, allowed, names in TABLE:
                 for who in (None, "admin", "pub", "sub"):
                     r = await _call(client, method, path, query, body, CREDS[who] if who else None)
@@ -152,8 +152,7 @@ def test_metrics_bearer_token(tmp_path: Path, token: str) -> None:
     ctrl = acl_controller(tmp_path, acl_metrics_token=token)
 
     async def main() -> list[int]:
-        transport = httpx.ASGITransport(app=ctrl.router)
-        async with httpx.AsyncClient(transport=transport, base_url="http://broker") as client:
+        async with serving(ctrl.router) as client:
             good = await client.get("/metrics", headers={"Authorization": "Bearer s3cret-token"})
             bad = await client.get("/metrics", headers={"Authorization": "Bearer nope"})
             elsewhere = await client.get("/runtime", headers={"Authorization": "Bearer s3cret-token"})

@@ -16,7 +16,7 @@ from common.message import Message
 from common.wire import decode_send_reply
 from tests import waiting
 from tests.broker.delay_support import FakeClock, make_store
-from tests.broker.fakes import STORE_HOST, asgi_client
+from tests.broker.fakes import STORE_HOST, http_client
 
 
 def _controller(tmp_path: Path, clock: FakeClock) -> BrokerController:
@@ -37,7 +37,7 @@ def test_each_append_wakes_the_real_ha_service_once(tmp_path: Path) -> None:
         ctrl.ha_service.notify_new_data = lambda: wakes.append(store.max_physical_offset)  # type: ignore[method-assign]
         await ctrl.start()
         try:
-            async with asgi_client(ctrl) as client:
+            async with http_client(ctrl) as client:
                 ends = []
                 for i in range(3):
                     body = encode_batch([Message("T", b"m%d" % i), Message("T", b"n%d" % i)], born_timestamp_ms=1)

@@ -1,5 +1,5 @@
 """A real broker closes connections that do not finish a request in time and caps open connections
-(remoting/http_guard.py): idle sockets, a slowloris head and a body short of its Content-Length are
+(remoting/http.py): idle sockets, a slowloris head and a body short of its Content-Length are
 closed by the deadlines; connections past the cap are closed at once with a log line; complete requests are served as before."""
 
 from __future__ import annotations

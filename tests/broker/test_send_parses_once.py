@@ -2,10 +2,11 @@
 carry tags, keys, unique key, delay level and WAIT, and nothing after the decoding parses the properties again
 -- not the WAIT rule of the send processor, not the store's delay reroute.
 
-The broker here is the real application (its ASGI router, the send processor, a real file store). Every
-property reader in the loaded ``common`` / ``client`` / ``broker`` modules is wrapped with a counter that counts only calls
-made by the request itself: a context variable is set around the request, which the ASGI transport runs in the
-test's own task, so the dispatcher, the delay service and any thread started before do not count. Dispatch of
+The broker here is the real application (its router served on loopback by the servers' HTTP runtime, the send
+processor, a real file store). Every property reader in the loaded ``common`` / ``client`` / ``broker`` modules is
+wrapped with a counter that counts only calls made by the request itself: the router's entry is wrapped to set a
+context variable while it answers, in the context the protocol runs the answer in (and that a task carrying it on
+copies), so the dispatcher, the delay service and any thread started before do not count. Dispatch of
 the stored records is a separate, later pass over the commit log (on a slave it is the only one) and scans each
 record once more; that is not part of the send path and is not counted.
 """
@@ -79,11 +80,21 @@ def test_a_send_reads_each_message_properties_once(tmp_path: Path, reads: Counte
     store = make_store(tmp_path / "store", FakeClock())
 
     async def scenario(ctrl: Any, client: Any) -> None:
-        token = _IN_SEND.set(True)
-        try:
-            r = await client.post("/send", params={"topic": "T", "queueId": 0}, content=body)
-        finally:
-            _IN_SEND.reset(token)
+        serve = ctrl.router.serve
+        marked: list[str] = []
+
+        async def serve_marked(*args: Any) -> Any:
+            marked.append(args[1])
+            _IN_SEND.set(True)
+            try:
+                return await serve(*args)
+            finally:
+                _IN_SEND.set(False)  # not reset(): a task may carry the answer on, in a copy of the context
+
+        ctrl.router.serve = serve_marked
+        r = await client.post("/send", params={"topic": "T", "queueId": 0}, content=body)
+        ctrl.router.serve = serve
+        assert marked == ["/send"]  # the request was counted through the wrapper
         assert r.status_code == 200, r.text
         assert decode_send_reply(r.content).code == ResponseCode.SUCCESS
         assert [reads[p] for p in props] == [1] * len(props), "reads of each message's properties by the send"

@@ -38,6 +38,7 @@ from common.properties import (
 from remoting.router import Router
 from tests.broker.delay_support import FakeClock, drain, make_service, make_store, put, read_all
 from tests.broker.fakes import FakeHAService, make_controller
+from tests.serving import serving
 
 # --- pure decisions ---------------------------------------------------------------------------------------------
 
@@ -122,8 +123,7 @@ def run(tmp_path: Path, scenario: Scenario, *, clock: FakeClock | None = None, r
                                             request_registration=ctrl.request_registration, clock_ms=clock)
         routes = {**send_back.routes(), **consumers.routes()}
         router = Router(routes, max_body_bytes=1 << 20, identity=lambda: (ctrl.addr, ctrl.role_name))
-        transport = httpx.ASGITransport(app=router)  # type: ignore[arg-type]
-        async with httpx.AsyncClient(transport=transport, base_url="http://b") as client:
+        async with serving(router) as client:
             return await scenario(ctrl, client, store)
 
     try:

@@ -182,23 +182,12 @@ def test_the_router_marks_refusals_of_its_acl_hook_only() -> None:
         if header is None:
             raise NoPermissionError("request not signed / signature refused")
 
-    async def call(headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+    async def call(authorization: bytes | None) -> tuple[int, bytes]:
         router = Router({("POST", "/send"): handler}, max_body_bytes=1024, authorize=authorize)
-        sent: list[dict[str, object]] = []
+        answer = await router.serve("POST", "/send", b"", b"", ("127.0.0.1", 1), authorization)
+        return answer.status, answer.body
 
-        async def receive() -> dict[str, object]:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message: dict[str, object]) -> None:
-            sent.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": "/send", "query_string": b"", "headers": headers}
-        await router(scope, receive, send)
-        status, body = sent[0]["status"], sent[1]["body"]
-        assert isinstance(status, int) and isinstance(body, bytes)
-        return status, body
-
-    status, body = asyncio.run(call([]))
+    status, body = asyncio.run(call(None))
     assert status == 403 and type(decode_error(status, body)) is AccessDeniedError
-    status, body = asyncio.run(call([(b"authorization", b"anything")]))
+    status, body = asyncio.run(call(b"anything"))
     assert status == 403 and type(decode_error(status, body)) is NoPermissionError

@@ -137,7 +137,7 @@ def test_a_plain_client_of_a_tls_cluster_is_told_about_tls(cluster: LocalCluster
 
 
 def test_a_tls_client_of_a_plain_server_is_told_it_does_not_speak_tls(cluster: LocalCluster) -> None:
-    with socket.socket() as listener:  # a plain HTTP-ish server: answers 400 to anything, as uvicorn does
+    with socket.socket() as listener:  # a plain HTTP-ish server: answers 400 to anything, as a plain HTTP port does
         listener.bind(("127.0.0.1", 0))
         listener.listen(4)
         addr = f"127.0.0.1:{listener.getsockname()[1]}"

@@ -89,17 +89,8 @@ def offline() -> Any:
 
 
 def _get(app: Any, method: str, path: str, query: str = "") -> tuple[int, bytes]:
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": method, "path": path, "query_string": query.encode(), "client": ("t", 1)}
-    asyncio.run(app(scope, receive, send))
-    return sent[0]["status"], sent[1]["body"]
+    answer = asyncio.run(app.serve(method, path, query.encode(), b"", ("t", 1), None))
+    return answer.status, answer.body
 
 
 def test_state_says_the_nameserver_is_unreachable(offline: Any) -> None:
@@ -140,3 +131,29 @@ def test_the_page_and_its_assets_are_served(offline: Any) -> None:
     for asset in ("/static/app.js", "/static/app.css"):
         status, body = _get(app, "GET", asset)
         assert status == 200 and len(body) > 1000
+
+
+def test_the_server_serves_the_page_until_shutdown_from_another_thread() -> None:
+    import threading
+
+    import httpx
+
+    from client.dashboard import DashboardServer
+
+    ns = _refused_addr()
+    server = DashboardServer(ns, "127.0.0.1:0", interval_s=60.0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(timeout=5, trust_env=False) as client:
+            # The socket listens from the constructor on: a request made before the server accepts waits for it.
+            page = client.get(server.url)
+            assert page.status_code == 200 and b'src="/static/app.js"' in page.content
+            assert "date" in page.headers and "server" not in page.headers
+    finally:
+        server.shutdown()
+        thread.join(10)
+        for s in _HELD:
+            s.close()
+        _HELD.clear()
+    assert not thread.is_alive(), "serve_forever did not return after shutdown()"

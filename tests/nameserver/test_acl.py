@@ -14,6 +14,7 @@ import pytest
 from common.signing import Credentials, SigningAuth
 from nameserver.routeinfo import RouteInfo
 from nameserver.server import NAMESRV_RULES, NamesrvConfig, build_gate, create_app, namesrv_rules
+from tests.serving import serving
 
 ACCOUNTS = """
 [[accounts]]
@@ -45,15 +46,14 @@ def run(tmp_path: Path, scenario: Callable[[httpx.AsyncClient, RouteInfo], Await
     app = create_app(ri, addr="127.0.0.1:9876", acl=gate)
 
     async def main() -> None:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ns") as client:
+        async with serving(app) as client:
             await scenario(client, ri)
 
     asyncio.run(main())
 
 
 def test_rules_cover_every_route() -> None:
-    app: Any = create_app(RouteInfo())
-    assert app._router.route_keys == frozenset(NAMESRV_RULES) == frozenset(namesrv_rules(protect_routes=True))
+    assert create_app(RouteInfo()).route_keys == frozenset(NAMESRV_RULES) == frozenset(namesrv_rules(protect_routes=True))
 
 
 def test_a_fake_broker_with_another_account_changes_no_route(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_route_queries_open_or_protected(tmp_path: Path, protect: bool) -> None:
 def test_a_forwarded_for_header_does_not_make_a_peer_white_listed(
         tmp_path: Path, start_nameserver: Callable[..., Any]) -> None:
     """A real nameserver judges the address the connection comes from: ``X-Forwarded-For`` from a loopback peer
-    (uvicorn trusts it from 127.0.0.1 by default) must not pass the global white list."""
+    (a proxy-aware server trusts it from 127.0.0.1) must not pass the global white list."""
     acl = tmp_path / "acl.toml"
     acl.write_text('globalWhiteRemoteAddresses = ["10.9.*.*"]\n' + ACCOUNTS)
     ns = start_nameserver("--acl-enable", "--acl-file", str(acl), "--acl-protect-routes")

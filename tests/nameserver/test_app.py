@@ -1,4 +1,4 @@
-"""The nameserver ASGI app in process (httpx's ASGI transport, an injected clock): shapes and bad input."""
+"""The nameserver's router served in process (tests/serving.py, an injected clock): shapes and bad input."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nameserver.routeinfo import RouteInfo
 from nameserver.server import NamesrvConfig, create_app
+from tests.serving import serving
 
 MASTER = {"clusterName": "DefaultCluster", "brokerAddr": "127.0.0.1:10911", "brokerName": "broker-a",
           "brokerId": 0, "haServerAddr": "127.0.0.1:10912", "dataVersion": {"timestamp": 1, "counter": 1},
@@ -33,8 +34,7 @@ def run(scenario: Callable[[httpx.AsyncClient, RouteInfo, Clock], Awaitable[None
     app = create_app(ri, clock_ms=clock, addr="127.0.0.1:9876", **app_kw)
 
     async def main() -> None:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://ns") as client:
+        async with serving(app) as client:
             await scenario(client, ri, clock)
 
     asyncio.run(main())

@@ -1,17 +1,15 @@
-"""The broker's HTTP protocol: each request served straight from the parser, one write per answer, and the
-connection rules of uvicorn kept (keep-alive, pipelining in order, flow control, bounded bodies, shutdown)."""
+"""The servers' HTTP protocol (remoting/http.py): each request served straight from the parser, one write per
+answer, and the connection rules (keep-alive, pipelining in order, flow control, bounded bodies, shutdown)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import attrs
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
-from remoting.http_guard import HttpLimits
-from remoting.http_protocol import DirectHttpProtocol, serving
+from remoting.http import HttpLimits, HttpProtocol, HttpService
 from remoting.router import Request, Response, Router
 
 
@@ -73,7 +71,7 @@ class _Server:
     """A protocol per connection over fake transports, all serving one router."""
 
     def __init__(self, *, max_body: int = 1024, max_inflight: int | None = None,
-                 limits: HttpLimits | None = None, keep_alive_s: int = 5) -> None:
+                 limits: HttpLimits | None = None, keep_alive_s: int = 5, clock: Any = None) -> None:
         self.gate = asyncio.Event()
         """``/held`` (GET or POST) answers ``held`` once this is set."""
 
@@ -90,15 +88,11 @@ class _Server:
         self.router = Router({("GET", "/echo"): _echo, ("GET", "/pieced"): _pieced, ("POST", "/post"): _post,
                               ("GET", "/fail"): _fail, ("GET", "/held"): held, ("POST", "/held"): held},
                              max_body_bytes=max_body, max_inflight_body_bytes=max_inflight)
-        self.cls = serving(self.router, limits or HttpLimits())
-        self.config = uvicorn.Config(self.router, http=self.cls, lifespan="off", proxy_headers=False,
-                                     log_config=None, timeout_keep_alive=keep_alive_s)
-        self.config.load()
-        self.state = ServerState()
+        limits = attrs.evolve(limits or HttpLimits(), keep_alive_timeout_s=keep_alive_s)
+        self.state = HttpService(self.router, limits, **({"clock": clock} if clock is not None else {}))
 
-    def connect(self) -> tuple[DirectHttpProtocol, _FakeTransport]:
-        proto = self.cls(config=self.config, server_state=self.state, app_state={},
-                         _loop=asyncio.get_running_loop())
+    def connect(self) -> tuple[HttpProtocol, _FakeTransport]:
+        proto = self.state.protocol()
         transport = _FakeTransport()
         proto.connection_made(transport)
         return proto, transport
@@ -126,14 +120,13 @@ def _body(answer: bytes) -> bytes:
 
 def test_an_answer_leaves_in_one_write_with_its_head() -> None:
     async def main() -> None:
-        server = _Server()
-        server.state.default_headers = [(b"date", b"Thu, 26 Nov 2026 14:00:00 GMT")]
+        server = _Server(clock=lambda: 1795701600.5)  # Thu, 26 Nov 2026 14:00:00 GMT
         proto, transport = server.connect()
         proto.data_received(b"GET /echo?q=hi HTTP/1.1\r\nHost: x\r\n\r\n")
         assert await _writes(transport, 1) == [b"HTTP/1.1 200 OK\r\ndate: Thu, 26 Nov 2026 14:00:00 GMT\r\n"
                                                b"content-type: application/octet-stream\r\ncontent-length: 4\r\n"
                                                b"\r\nq=hi"]
-        assert not transport.closed and server.state.total_requests == 1
+        assert not transport.closed
         proto.connection_lost(None)
 
     asyncio.run(main())
@@ -422,7 +415,7 @@ def test_an_answer_that_waits_goes_on_in_a_task_that_a_cancel_reaches() -> None:
             while server.state.tasks:
                 await asyncio.sleep(0.001)  # polling for the task's end, bounded by the timeout above
 
-        # uvicorn cancels what is left at a forced stop: the handler gets the cancellation where it waits.
+        # The server cancels what is left at a forced stop: the handler gets the cancellation where it waits.
         server.gate.clear()
         proto.data_received(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
         (task,) = server.state.tasks
@@ -507,7 +500,7 @@ def test_deadlines_move_with_the_connection_and_close_it_when_they_pass(caplog: 
         assert "request body not complete within 30.0 s" in caplog.text
         proto.connection_lost(None)
 
-        # An idle connection closes at its keep-alive deadline, quietly (as uvicorn's does).
+        # An idle connection closes at its keep-alive deadline, quietly.
         caplog.clear()
         proto, transport = server.connect()
         proto.data_received(b"GET /echo?q=1 HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -522,6 +515,25 @@ def test_deadlines_move_with_the_connection_and_close_it_when_they_pass(caplog: 
         assert "not complete within" not in caplog.text
         proto.connection_lost(None)
 
-    with caplog.at_level("INFO", logger="remoting.http_guard"):
+    with caplog.at_level("INFO", logger="remoting.http"):
         loop.run_until_complete(main())
     loop.close()
+
+
+def test_a_request_that_asks_for_an_upgrade_is_refused_unserved() -> None:
+    async def main() -> None:
+        server = _Server()
+        serve, served = server.router.serve, []
+
+        async def counted(*args: Any) -> Response:
+            served.append(args[1])
+            return await serve(*args)
+
+        server.router.serve = counted  # type: ignore[method-assign]
+        writes, transport = await _roundtrip(b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                                             b"Connection: Upgrade\r\nUpgrade: websocket\r\n\r\nabc", server=server)
+        assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 400 ") and b"upgrades" in writes[0]
+        assert served == [] and transport.closed  # not served first (with its body skipped), then refused
+        assert server.router.body_bytes_in_flight == 0
+
+    asyncio.run(main())

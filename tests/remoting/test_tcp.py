@@ -11,14 +11,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 import client._transport as transport_module
 from client._transport import AsyncTransport, SyncTransport
 from common.tcp import LOOPBACK_CONGESTION_CONTROL, tune_loopback
-from remoting.http_protocol import DirectHttpProtocol
+from remoting.http import HttpProtocol
 from remoting.router import Request, Response, Router
-from tests.waiting import poll_until
+from remoting.server import HttpServer
 
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", None)
 needs_tcp_congestion = pytest.mark.skipif(TCP_CONGESTION is None, reason="no TCP_CONGESTION on this platform")
@@ -111,10 +110,10 @@ async def _ok(request: Request) -> Response:
     return Response(b"ok")
 
 
-class _Recording(DirectHttpProtocol):
+class _Recording(HttpProtocol):
     seen: list[bytes] = []
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.seen.append(_congestion(transport.get_extra_info("socket")))
 
@@ -133,15 +132,25 @@ def test_the_sdk_and_the_broker_tune_their_loopback_connections(monkeypatch: pyt
     _Recording.seen = []
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
     port = listener.getsockname()[1]
-    _Recording.router = Router({("GET", "/ok"): _ok}, max_body_bytes=1024)
-    config = uvicorn.Config(_Recording.router, http=_Recording, lifespan="off", log_config=None,
-                            proxy_headers=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=asyncio.run, args=(server.serve(sockets=[listener]),), daemon=True)
+    server = HttpServer(Router({("GET", "/ok"): _ok}, max_body_bytes=1024))
+    server.service.protocol = lambda: _Recording(server.service)  # type: ignore[method-assign]
+    serving = threading.Event()
+    stop_from_here: list[Any] = []
+
+    async def serve() -> None:
+        loop, stop = asyncio.get_running_loop(), asyncio.Event()
+        await server.start(listener)
+        stop_from_here.append(lambda: loop.call_soon_threadsafe(stop.set))
+        serving.set()
+        await stop.wait()
+        await server.shutdown(5)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
     thread.start()
     try:
-        poll_until(lambda: server.started, 10, "the uvicorn server started")  # uvicorn has no start event
+        assert serving.wait(10), "the server did not start"
         sync = SyncTransport()
         try:
             assert sync.exchange("GET", "127.0.0.1", port, "/ok", timeout=5).content == b"ok"
@@ -157,7 +166,8 @@ def test_the_sdk_and_the_broker_tune_their_loopback_connections(monkeypatch: pyt
 
         assert asyncio.run(one_async()) == b"ok"
     finally:
-        server.should_exit = True
+        for stop in stop_from_here:
+            stop()
         thread.join(10)
         listener.close()
     assert client_ends == [LOOPBACK_CONGESTION_CONTROL] * 2
