@@ -1,6 +1,7 @@
 """Transactional messages against real servers (issue 17 acceptance): commit, rollback, unknown-then-commit and
 unknown-then-rollback by check (sync and async producers), a producer killed mid-transaction (another producer
-process of the group answers the check), and a broker SIGKILLed between prepare and commit.
+process of the group answers the check), a broker SIGKILLed between prepare and commit, and a check answered
+UNKNOW that leaves the transaction open for a later check.
 
 Each scenario ends with the consumer seeing exactly the committed messages, once each; a committed *sentinel*
 sent last to the same one-queue topic proves the earlier outcomes are final when it arrives. Half messages stay
@@ -212,6 +213,54 @@ def test_a_broker_killed_between_prepare_and_commit_resolves_by_check_after_rest
         (mq,) = consumer.fetch_subscribe_message_queues(topic)
         seen = drain(consumer, mq, "C-C-sentinel")
     assert seen == ["C-C-crashed", "C-C-sentinel"]
+
+
+class UnknowAtFirstCheck(Decisions):
+    """Undecided at the first check of a transaction, committed at the next one."""
+
+    def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
+        super().check_local_transaction(msg)
+        with self.lock:
+            return UNKNOW if self.checked[msg.body.decode()] == 1 else COMMIT
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_check_answered_unknow_leaves_the_transaction_open_for_a_later_check(
+        cluster_factory: Callable[..., LocalCluster], kind: str) -> None:
+    """UNKNOW at a check sends no end: the transaction stays open, the broker checks again, and the COMMIT given at
+    that later check delivers the message. A mutant that ended it as ROLLBACK at an UNKNOW check passed every
+    other test (none answered a check UNKNOW); here it loses the message, and no second check comes."""
+    cluster = cluster_factory(broker_groups=1, slaves_per_group=0, broker_config=FAST_CHECKS)
+    topic = f"TxnUnknowAtCheck{kind}"
+    one_queue_topic(cluster, topic)
+    decisions = UnknowAtFirstCheck()
+    body = "U-U-checked-twice"
+
+    def checked_twice_and_answered(answered: int) -> bool | None:
+        return (decisions.checked.get(body, 0) >= 2 and answered >= 1) or None
+
+    if kind == "sync":
+        with TransactionProducer("txn-unknow", cluster.namesrv_addr, decisions, topics=[topic],
+                                 check_poll_s=1.0) as producer:
+            assert producer.send_message_in_transaction(Message(topic, body.encode())).local_transaction_state \
+                is UNKNOW
+            poll_until(lambda: checked_twice_and_answered(producer.answered_checks), 20,
+                       "a second check after UNKNOW, answered COMMIT")
+            producer.send_message_in_transaction(Message(topic, b"C-C-sentinel"))
+    else:
+        async def scenario() -> None:
+            async with AsyncTransactionProducer("txn-unknow-async", cluster.namesrv_addr, decisions, topics=[topic],
+                                                check_poll_s=1.0) as ap:
+                r = await ap.send_message_in_transaction(Message(topic, body.encode()))
+                assert r.local_transaction_state is UNKNOW
+                await wait_until(lambda: checked_twice_and_answered(ap.answered_checks), 20,
+                                 "a second check after UNKNOW, answered COMMIT")
+                await ap.send_message_in_transaction(Message(topic, b"C-C-sentinel"))
+
+        asyncio.run(scenario())
+    with PullConsumer(f"txn-unknow-reader-{kind}", cluster.namesrv_addr) as consumer:
+        (mq,) = consumer.fetch_subscribe_message_queues(topic)
+        assert drain(consumer, mq, "C-C-sentinel") == [body, "C-C-sentinel"]
 
 
 class _NoChecks:
