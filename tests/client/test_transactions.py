@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import pytest
@@ -32,11 +33,13 @@ from client import (
     PullStatus,
     TransactionProducer,
 )
+from client._transaction import _TransactionCore
 from client.cluster import LocalCluster
 from client.errors import ClientClosedError, MessageIllegalError, NoPermissionError
 from client.lowlevel import BrokerClient
 from common.codec import decode_records
 from common.message import MessageQueue
+from common.transaction import EndTransactionRequest, TransactionCheck, TransactionResolution
 from tests.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -261,6 +264,27 @@ def test_a_check_answered_unknow_leaves_the_transaction_open_for_a_later_check(
     with PullConsumer(f"txn-unknow-reader-{kind}", cluster.namesrv_addr) as consumer:
         (mq,) = consumer.fetch_subscribe_message_queues(topic)
         assert drain(consumer, mq, "C-C-sentinel") == [body, "C-C-sentinel"]
+
+
+@pytest.mark.parametrize(("state", "resolution"), [(UNKNOW, None), (COMMIT, TransactionResolution.COMMIT),
+                                                  (ROLLBACK, TransactionResolution.ROLLBACK)])
+def test_a_check_is_answered_by_an_end_request_unless_unknow(state: LocalTransactionState,
+                                                             resolution: TransactionResolution | None) -> None:
+    """The rule both producers run (``_TransactionCore.answer_op``): COMMIT and ROLLBACK end the transaction
+    ``fromTransactionCheck``; UNKNOW makes no request at all."""
+    core = _TransactionCore("txn-unit", Decisions(), (), send_timeout_s=1.0, retries=0, check_poll_s=1.0,
+                            max_message_size=1024)
+    check = TransactionCheck("TX1", 4242, 7, "TxnUnit", 0, 1, b"")
+    op = core.answer_op("127.0.0.1:1", check, state)
+    if resolution is None:
+        with pytest.raises(StopIteration):
+            next(op)
+        assert core.answered_checks == 0
+        return
+    req = next(op)
+    end = EndTransactionRequest.from_query(dict(parse_qsl(urlsplit(req.target).query)))
+    assert (req.method, end.transaction_id, end.commit_log_offset, end.resolution, end.from_check) == \
+        ("POST", "TX1", 4242, resolution, True)
 
 
 class _NoChecks:

@@ -26,10 +26,12 @@ from client import (
     AsyncGroupConsumer,
     AsyncProducer,
     AsyncPullConsumer,
+    AsyncTransactionProducer,
     ClientInstance,
     GroupConsumer,
     Producer,
     PullConsumer,
+    TransactionProducer,
 )
 from client._async_group_consumer import AsyncEngine
 from client._group_consumer import SyncEngine
@@ -71,6 +73,12 @@ DIFFER_BY_NATURE: dict[tuple[str, str], str] = {
     ("SyncEngine", "_launch"): "a queue goes to the pull threads' scheduler vs gets a pull task of its own",
     ("SyncEngine", "_background"): "waits on a threading.Event vs asyncio.wait_for on an asyncio.Event",
     ("SyncEngine", "_pull_loop"): "a pull thread serves the scheduler's queues vs a task pulls its one queue",
+    ("TransactionProducer", "__init__"): _THREADS_TASKS,
+    ("TransactionProducer", "start"): "starts the supervisor thread under the lock vs its task",
+    ("TransactionProducer", "close"): "joins its threads (a held poll is left to end) vs cancels its tasks",
+    ("TransactionProducer", "_start_pollers"): "a poller thread per master, under the lock vs a task per master",
+    ("TransactionProducer", "_pause"): "waits on a threading.Event vs asyncio.wait_for on an asyncio.Event",
+    ("TransactionProducer", "_call"): "the async producer awaits a listener that is a coroutine function",
 }
 
 
@@ -99,6 +107,7 @@ TWINS = [
          plain_async=frozenset({"subscribe", "unsubscribe", "assign", "assignment", "pause", "resume"})),
     # The group consumers' engines: what both do is GroupEngine's (written once); the twins are how they wait.
     Twin(SyncEngine, AsyncEngine),
+    Twin(TransactionProducer, AsyncTransactionProducer, renames={"close": "aclose"}),
 ]
 
 _DUNDERS = {"__enter__": "__aenter__", "__exit__": "__aexit__", "__init__": "__init__"}
