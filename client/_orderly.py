@@ -1,7 +1,7 @@
 """The queue locks of an orderly push consumer (RocketMQ's ``RebalanceImpl.lock`` / ``lockAll`` / ``unlock`` and
 the locks of ``ConsumeMessageOrderlyService``), so two instances of a group never consume one queue at once.
 
-The protocol, on top of the group's rebalance (:class:`client._group_consumer.SyncEngine`):
+The protocol, on top of the group's rebalance (:class:`client._group_engine.GroupEngine`):
 
 * a queue the rebalance gives this instance is locked on the master of its broker group (``POST /queue/lock``)
   before it is held; a queue whose lock is refused (another instance still holds it) is left for the next
@@ -17,8 +17,9 @@ The protocol, on top of the group's rebalance (:class:`client._group_consumer.Sy
 * on close, after the final commit, every held queue is unlocked.
 
 :class:`LockView` is the local state as pure data (injected clock, table-tested); :class:`QueueLocker` adds the
-requests. Locks live on masters only (a slave refuses them): while a group has no master, its queues cannot be
-locked or renewed, and their consumption stops within 30 s.
+requests, as operations (:data:`client._requests.Op`) the engine's client instance runs. Locks live on masters
+only (a slave refuses them): while a group has no master, its queues cannot be locked or renewed, and their
+consumption stops within 30 s.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import httpx
-
 from client import _requests as rq
-from client._instance import ClientInstance
+from client._instance import _InstanceCore
+from client._requests import Op, call_op
 from common.errors import BrokerNotFoundError, ClientError
 from common.message import MessageQueue
 from common.queue_lock import LockBatchRequest, lock_response
@@ -96,7 +96,7 @@ class QueueLocker:
         view: the local lock state.
     """
 
-    def __init__(self, group: str, client: ClientInstance, view: LockView | None = None) -> None:
+    def __init__(self, group: str, client: _InstanceCore, view: LockView | None = None) -> None:
         self.group = group
         self._client = client
         self.view = view or LockView()
@@ -129,14 +129,14 @@ class QueueLocker:
 
     # --- requests ---
 
-    def lock(self, queues: Iterable[MessageQueue]) -> set[MessageQueue]:
+    def lock_op(self, queues: Iterable[MessageQueue]) -> Op[set[MessageQueue]]:
         """Lock (or renew) ``queues`` on their masters; returns those granted. A master that cannot be reached
         changes nothing (its queues' locks age until :meth:`holds` says no)."""
         granted: set[MessageQueue] = set()
         for broker, mqs in _by_broker(queues).items():
             try:
-                answer = lock_response(self._post(broker, "/queue/lock", mqs))
-            except (ClientError, httpx.HTTPError) as e:
+                answer = lock_response((yield from self._post_op(broker, "/queue/lock", mqs)))
+            except ClientError as e:
                 log.info("%s: locking %d queues on %s failed: %s", self.group, len(mqs), broker, e)
                 continue
             ok = {mq for mq in answer if mq in mqs}
@@ -148,7 +148,7 @@ class QueueLocker:
             granted |= ok
         return granted
 
-    def unlock(self, queues: Iterable[MessageQueue]) -> None:
+    def unlock_op(self, queues: Iterable[MessageQueue]) -> Op[None]:
         """Unlock ``queues`` on their masters (failures are logged: the broker's lock then expires in 60 s)."""
         for broker, mqs in _by_broker(queues).items():
             with self._lock:
@@ -156,21 +156,21 @@ class QueueLocker:
                     self.view.forget(mq)
                     self._consuming.pop(mq, None)
             try:
-                self._post(broker, "/queue/unlock", mqs)
-            except (ClientError, httpx.HTTPError) as e:
+                yield from self._post_op(broker, "/queue/unlock", mqs)
+            except ClientError as e:
                 log.warning("%s: unlocking %d queues on %s failed (they expire on the broker): %s", self.group,
                             len(mqs), broker, e)
 
-    def _post(self, broker: str, path: str, mqs: list[MessageQueue]) -> dict[str, Any]:
+    def _post_op(self, broker: str, path: str, mqs: list[MessageQueue]) -> Op[dict[str, Any]]:
         client = self._client
         addr = client.find_broker_address_in_publish(broker)
         if addr is None:
-            client.update_topic_route_from_nameserver(mqs[0].topic)
+            yield from client.update_route_op(mqs[0].topic)
             addr = client.find_broker_address_in_publish(broker)
         if addr is None:
             raise BrokerNotFoundError(f"The broker[{broker}] has no master to lock queues on")
         body = LockBatchRequest(self.group, client.client_id, tuple(mqs)).to_json()
-        return rq.json_of(client.http.post(f"http://{addr}{path}", content=body), addr)
+        return (yield from call_op("POST", addr, path, f"{path} of {self.group} at {addr}", rq.json_of, body))
 
 
 def _by_broker(queues: Iterable[MessageQueue]) -> dict[str, list[MessageQueue]]:

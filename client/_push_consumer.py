@@ -195,10 +195,7 @@ class PushConsumer:
 
     def subscribe(self, topic: str, sub_expression: str | MessageSelector = "*") -> None:
         """Consume ``topic``: ``*``, ``TagA || TagB``, or a :class:`MessageSelector` (``MessageSelector.sql(...)``)."""
-        flt = self._engine.core.subscribe(topic, sub_expression)
-        if self.state is ClientState.OPENED:
-            self.client.consumer_uses_topic(self.group, topic, flt.selector)
-            self._engine.wake_rebalance()
+        self._engine.subscribe(topic, sub_expression)
 
     def assignment(self) -> set[MessageQueue]:
         return self._engine.core.held()

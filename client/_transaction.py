@@ -18,19 +18,22 @@ answer: a producer that dies mid-transaction is covered by another of its group 
 ``topics`` so it polls those brokers from its start). The sync producer polls from one daemon thread per
 master; the async one from one task per master; both stop at close.
 
-The operations (prepare, end, poll) are written once as :data:`client._requests.Op` generators on
-:class:`_TransactionCore`; the two classes only run them and the callbacks.
+The operations (prepare, end, poll, answer) and every decision -- what ends a transaction, what answers a check
+(``UNKNOW``: nothing, so the broker checks again) -- are written once on :class:`_TransactionCore`, as
+:data:`client._requests.Op` generators; the two classes run them, call the listener (awaiting a coroutine
+listener on the async side) and keep their pollers alive, threads or tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import attrs
@@ -215,7 +218,8 @@ class _TransactionCore:
                                    rq.json_of))
 
     def masters_op(self, low: BrokerClient | AsyncBrokerClient) -> Op[list[str]]:
-        """The masters of the known routes (routes of ``topics`` are fetched first, when stale)."""
+        """The masters of the known routes (routes of ``topics`` are fetched first, when stale); a route that
+        cannot be read leaves its masters out this time."""
         for topic in sorted(self._topics):
             try:
                 yield from low._fetch_op(topic, False)
@@ -231,7 +235,29 @@ class _TransactionCore:
         return (yield from call_op("GET", addr, target, f"transaction check poll of {self._group} at {addr}",
                                    _parse_checks, timeout=self._check_poll_s + 5.0))
 
+    def settle_op(self, addr: str, result: TransactionSendResult, state: LocalTransactionState
+                  ) -> Op[TransactionSendResult]:
+        """End the transaction of ``result`` (stored by ``addr``) as its local transaction decided: COMMIT or
+        ROLLBACK; ``UNKNOW`` sends nothing and the broker checks back. A failed end is logged, not raised: the
+        broker's check resolves the transaction.
+
+        Returns:
+            ``result`` with its local transaction's state.
+        """
+        result = attrs.evolve(result, local_transaction_state=state)
+        req = self.end_request(result, state)
+        if req is not None:
+            try:
+                yield from self.end_op(addr, req)
+            except ClientError as e:
+                log.warning("end (%s) of transaction %s failed; the broker will check back: %s",
+                            req.resolution.value, result.transaction_id, e)
+        return result
+
     def answer(self, check: TransactionCheck, state: LocalTransactionState) -> EndTransactionRequest | None:
+        """The end request answering ``check`` with ``state``; None for ``UNKNOW``: the transaction stays open and
+        the broker checks it again later (a ROLLBACK here would lose a message the application may still
+        commit)."""
         resolution = _RESOLUTION.get(state)
         if resolution is None:
             log.info("transaction %s of group %s still UNKNOW at check %d", check.transaction_id, self._group,
@@ -240,8 +266,36 @@ class _TransactionCore:
         return EndTransactionRequest(self._group, check.topic, check.transaction_id, check.commit_log_offset,
                                      resolution, from_check=True)
 
+    def answer_op(self, addr: str, check: TransactionCheck, state: LocalTransactionState) -> Op[None]:
+        """Answer ``check`` (handed out by ``addr``) as the listener decided (see :meth:`answer`); a failed answer
+        is logged: the broker checks again."""
+        req = self.answer(check, state)
+        if req is None:
+            return
+        try:
+            yield from self.end_op(addr, req)
+            self.answered_checks += 1
+        except ClientError as e:
+            log.warning("answer (%s) to the check of %s failed: %s", req.resolution.value, check.transaction_id, e)
 
-class TransactionProducer:
+
+class _ProducerShell:
+    """What both transaction producers read from their core."""
+
+    _core: _TransactionCore
+
+    @property
+    def group(self) -> str:
+        """The producer group."""
+        return self._core.group
+
+    @property
+    def answered_checks(self) -> int:
+        """Checks this producer answered with COMMIT or ROLLBACK."""
+        return self._core.answered_checks
+
+
+class TransactionProducer(_ProducerShell):
     """Sends transactional messages; answers the brokers' check-backs from background threads.
 
     Args:
@@ -271,15 +325,6 @@ class TransactionProducer:
         self._started = False
         self._closed = False
         self._supervisor: threading.Thread | None = None
-
-    @property
-    def group(self) -> str:
-        return self._core.group
-
-    @property
-    def answered_checks(self) -> int:
-        """Checks this producer answered with COMMIT or ROLLBACK."""
-        return self._core.answered_checks
 
     def start(self) -> TransactionProducer:
         """Start polling for checks (``send_message_in_transaction`` starts it too). Idempotent until close.
@@ -332,42 +377,45 @@ class TransactionProducer:
             ClientClosedError: the producer is closed.
         """
         self.start()
-        result, addr = self._low._inst.drive(self._core.prepare_op(self._low, msg))
+        inst = self._low._inst
+        result, addr = inst.drive(self._core.prepare_op(self._low, msg))
+        state = self._local_state("execute_local_transaction", result.transaction_id,
+                                  lambda: self._listener.execute_local_transaction(msg, arg))
+        return inst.drive(self._core.settle_op(addr, result, state))
+
+    def _call(self, call: Callable[[], object]) -> object:
+        return call()
+
+    def _local_state(self, what: str, transaction_id: str, call: Callable[[], object]) -> LocalTransactionState:
+        """What the listener's ``what`` decided; UNKNOW when it raised (as RocketMQ) or answered no state."""
         try:
-            state = _as_state(self._listener.execute_local_transaction(msg, arg), "execute_local_transaction")
+            return _as_state(self._call(call), what)
         except Exception:
-            log.exception("local transaction of %s raised; its state is UNKNOW (the broker will check back)",
-                          result.transaction_id)
-            state = LocalTransactionState.UNKNOW
-        result = attrs.evolve(result, local_transaction_state=state)
-        req = self._core.end_request(result, state)
-        if req is not None:
-            try:
-                self._low._inst.drive(self._core.end_op(addr, req))
-            except ClientError as e:
-                log.warning("end (%s) of transaction %s failed; the broker will check back: %s",
-                            req.resolution.value, result.transaction_id, e)
-        return result
+            log.exception("%s of %s raised; its state is UNKNOW (the broker checks back)", what, transaction_id)
+            return LocalTransactionState.UNKNOW
 
     # --- check-backs ---
 
     def _supervise(self) -> None:
         while not self._stop.is_set():
-            try:
-                masters = self._low._inst.drive(self._core.masters_op(self._low))
-            except ClientError as e:
-                log.debug("transaction checks: masters unknown: %s", e)
-                masters = []
-            with self._lock:
-                if self._closed:
-                    return
-                for addr in masters:
-                    t = self._pollers.get(addr)
-                    if t is None or not t.is_alive():
-                        t = self._pollers[addr] = threading.Thread(target=self._poll, args=(addr,), daemon=True,
-                                                                    name=f"splitmq-txn-{self.group}-{addr}")
-                        t.start()
-            self._stop.wait(MASTERS_REFRESH_S)
+            self._start_pollers(self._low._inst.drive(self._core.masters_op(self._low)))
+            self._pause(MASTERS_REFRESH_S)
+
+    def _start_pollers(self, masters: list[str]) -> None:
+        """A poller for each of ``masters`` that has none running."""
+        with self._lock:
+            if self._closed:
+                return
+            for addr in masters:
+                t = self._pollers.get(addr)
+                if t is None or not t.is_alive():
+                    t = self._pollers[addr] = threading.Thread(target=self._poll, args=(addr,), daemon=True,
+                                                                name=f"splitmq-txn-{self.group}-{addr}")
+                    t.start()
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less when the producer closes; True when it did."""
+        return self._stop.wait(seconds)
 
     def _poll(self, addr: str) -> None:
         core, inst = self._core, self._low._inst
@@ -376,9 +424,9 @@ class TransactionProducer:
                 checks = inst.drive(core.poll_op(addr, self._client_id))
             except ClientClosedError:
                 return
-            except Exception as e:  # a broker down, or a bug: never end the thread silently or spin
+            except Exception as e:  # a broker down, or a bug: never end the poller silently or spin
                 log.debug("transaction check poll at %s failed: %s", addr, e, exc_info=not isinstance(e, ClientError))
-                if self._stop.wait(POLL_RETRY_S):
+                if self._pause(POLL_RETRY_S):
                     return
                 continue
             for check in checks:
@@ -387,22 +435,12 @@ class TransactionProducer:
                 self._answer(addr, check)
 
     def _answer(self, addr: str, check: TransactionCheck) -> None:
-        try:
-            state = _as_state(self._listener.check_local_transaction(check_message(check)), "check_local_transaction")
-        except Exception:
-            log.exception("check_local_transaction of %s raised; left UNKNOW", check.transaction_id)
-            return
-        req = self._core.answer(check, state)
-        if req is None:
-            return
-        try:
-            self._low._inst.drive(self._core.end_op(addr, req))
-            self._core.answered_checks += 1
-        except ClientError as e:
-            log.warning("answer (%s) to the check of %s failed: %s", req.resolution.value, check.transaction_id, e)
+        state = self._local_state("check_local_transaction", check.transaction_id,
+                                  lambda: self._listener.check_local_transaction(check_message(check)))
+        self._low._inst.drive(self._core.answer_op(addr, check, state))
 
 
-class AsyncTransactionProducer:
+class AsyncTransactionProducer(_ProducerShell):
     """The asyncio twin of :class:`TransactionProducer` (same arguments; the listener's methods may be
     coroutine functions; ``async with``; ``aclose``). Use it on one event loop."""
 
@@ -415,17 +453,10 @@ class AsyncTransactionProducer:
         self._listener = listener
         self._low = AsyncBrokerClient(namesrv_addr, config=client_config, credentials=credentials)
         self._client_id = f"{self._low._inst.client_id}@{group}"
+        self._stop = asyncio.Event()
         self._pollers: dict[str, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
-
-    @property
-    def group(self) -> str:
-        return self._core.group
-
-    @property
-    def answered_checks(self) -> int:
-        return self._core.answered_checks
 
     async def start(self) -> AsyncTransactionProducer:
         """See :meth:`TransactionProducer.start`."""
@@ -447,77 +478,76 @@ class AsyncTransactionProducer:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         tasks = [t for t in (self._supervisor, *self._pollers.values()) if t is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._low.aclose()
 
-    async def _call(self, value: LocalTransactionState | Awaitable[LocalTransactionState]) -> object:
-        return await value if inspect.isawaitable(value) else value
-
     async def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
         """See :meth:`TransactionProducer.send_message_in_transaction`."""
         await self.start()
-        result, addr = await self._low._inst.drive(self._core.prepare_op(self._low, msg))
+        inst = self._low._inst
+        result, addr = await inst.drive(self._core.prepare_op(self._low, msg))
+        state = await self._local_state("execute_local_transaction", result.transaction_id,
+                                        lambda: self._listener.execute_local_transaction(msg, arg))
+        return await inst.drive(self._core.settle_op(addr, result, state))
+
+    async def _call(self, call: Callable[[], object]) -> object:
+        value = call()
+        return await value if inspect.isawaitable(value) else value
+
+    async def _local_state(self, what: str, transaction_id: str, call: Callable[[], object]
+                           ) -> LocalTransactionState:
+        """See :meth:`TransactionProducer._local_state`."""
         try:
-            state = _as_state(await self._call(self._listener.execute_local_transaction(msg, arg)),
-                              "execute_local_transaction")
+            return _as_state(await self._call(call), what)
         except Exception:
-            log.exception("local transaction of %s raised; its state is UNKNOW (the broker will check back)",
-                          result.transaction_id)
-            state = LocalTransactionState.UNKNOW
-        result = attrs.evolve(result, local_transaction_state=state)
-        req = self._core.end_request(result, state)
-        if req is not None:
-            try:
-                await self._low._inst.drive(self._core.end_op(addr, req))
-            except ClientError as e:
-                log.warning("end (%s) of transaction %s failed; the broker will check back: %s",
-                            req.resolution.value, result.transaction_id, e)
-        return result
+            log.exception("%s of %s raised; its state is UNKNOW (the broker checks back)", what, transaction_id)
+            return LocalTransactionState.UNKNOW
+
+    # --- check-backs ---
 
     async def _supervise(self) -> None:
+        while not self._stop.is_set():
+            self._start_pollers(await self._low._inst.drive(self._core.masters_op(self._low)))
+            await self._pause(MASTERS_REFRESH_S)
+
+    def _start_pollers(self, masters: list[str]) -> None:
+        """See :meth:`TransactionProducer._start_pollers`."""
+        if self._closed:
+            return
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                masters = await self._low._inst.drive(self._core.masters_op(self._low))
-            except ClientError as e:
-                log.debug("transaction checks: masters unknown: %s", e)
-                masters = []
-            for addr in masters:
-                t = self._pollers.get(addr)
-                if t is None or t.done():
-                    self._pollers[addr] = loop.create_task(self._poll(addr), name=f"splitmq-txn-{addr}")
-            await asyncio.sleep(MASTERS_REFRESH_S)
+        for addr in masters:
+            t = self._pollers.get(addr)
+            if t is None or t.done():
+                self._pollers[addr] = loop.create_task(self._poll(addr), name=f"splitmq-txn-{self.group}-{addr}")
+
+    async def _pause(self, seconds: float) -> bool:
+        """See :meth:`TransactionProducer._pause`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        return self._stop.is_set()
 
     async def _poll(self, addr: str) -> None:
         core, inst = self._core, self._low._inst
-        while True:
+        while not self._stop.is_set():
             try:
                 checks = await inst.drive(core.poll_op(addr, self._client_id))
             except ClientClosedError:
                 return
-            except Exception as e:  # a broker down, or a bug: never end the task silently or spin
+            except Exception as e:  # a broker down, or a bug: never end the poller silently or spin
                 log.debug("transaction check poll at %s failed: %s", addr, e, exc_info=not isinstance(e, ClientError))
-                await asyncio.sleep(POLL_RETRY_S)
+                if await self._pause(POLL_RETRY_S):
+                    return
                 continue
             for check in checks:
+                if self._stop.is_set():
+                    return
                 await self._answer(addr, check)
 
     async def _answer(self, addr: str, check: TransactionCheck) -> None:
-        try:
-            state = _as_state(await self._call(self._listener.check_local_transaction(check_message(check))),
-                              "check_local_transaction")
-        except Exception:
-            log.exception("check_local_transaction of %s raised; left UNKNOW", check.transaction_id)
-            return
-        req = self._core.answer(check, state)
-        if req is None:
-            return
-        try:
-            await self._low._inst.drive(self._core.end_op(addr, req))
-            self._core.answered_checks += 1
-        except ClientError as e:
-            log.warning("answer (%s) to the check of %s failed: %s", req.resolution.value, check.transaction_id, e)
-
+        state = await self._local_state("check_local_transaction", check.transaction_id,
+                                        lambda: self._listener.check_local_transaction(check_message(check)))
+        await self._low._inst.drive(self._core.answer_op(addr, check, state))

@@ -24,6 +24,7 @@ from client._group_consumer import GroupConsumer
 from client.cluster import LocalCluster
 from client.errors import ClientClosedError, ClientError, InvalidParameterError
 from common.message import MessageQueue
+from tests.waiting import poll_until, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL_S = 1.0
@@ -246,7 +247,7 @@ def test_async_consumer_polls_commits_seeks_and_pauses(cluster: LocalCluster) ->
                 assert time.monotonic() < deadline, f"consumed {len(got)} of {len(sent)}"
             await c.commit()
             q0 = MessageQueue("GcAsync", "broker-a", 0)
-            assert await c._open()[1].fetch_consume_offset(q0) == await c._open()[1].max_offset(q0)
+            assert await c.pull_consumer.fetch_consume_offset(q0) == await c.pull_consumer.max_offset(q0)
             c.pause([MessageQueue("GcAsync", "broker-a", 1)])
             await c.seek_to_begin(q0)
             again = await c.poll(5)
@@ -279,3 +280,47 @@ def test_closing_a_group_or_push_consumer_leaves_other_clients_working(cluster: 
         sent = producer.send(Message("SharedInstance", b"still here"), mq)
         r = puller.pull(mq, offset=sent.queue_offset, max_nums=1)
         assert r.pull_status is PullStatus.FOUND and r.msg_found_list[0].body == b"still here"
+
+
+#: Long enough that only an out-of-period rebalance can pass the tests below in time (the async consumer also
+#: woke for each auto commit: that interval is as long).
+NEVER_S = 120.0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_subscribed_topic_created_late_is_taken_up_soon_not_a_period_later(cluster: LocalCluster,
+                                                                             kind: str) -> None:
+    """A round that cannot allocate a subscribed topic looks again about a second later (the gap doubling up to
+    the period), not a whole ``rebalance_interval_s`` later: when the brokers do not list this client yet (its
+    first heartbeat went out before it knew any route), and when the topic has no route yet. The async
+    consumer's copy of the rebalance lacked both (the sync one's ``_rebalance_soon``): it held nothing for a
+    whole period, and a topic created after it subscribed waited for the next period.
+
+    ``GcLateA`` sorts before ``GcLateB``: once the consumer holds B's queues, a round has already missed A, and
+    no other round is due for ``NEVER_S``."""
+    make_topic(cluster, "GcLateB", queues=2)
+    settings: dict[str, Any] = {"rebalance_interval_s": NEVER_S, "auto_commit_interval_s": NEVER_S,
+                                "consume_from_where": "FIRST_OFFSET"}
+
+    def topics_held(held: set[MessageQueue]) -> Counter[str]:
+        return Counter(mq.topic for mq in held)
+
+    if kind == "sync":
+        with GroupConsumer("g_late_sync", cluster.namesrv_addr, **settings) as c:
+            c.subscribe("GcLateA")
+            c.subscribe("GcLateB")
+            poll_until(lambda: topics_held(c.assignment())["GcLateB"] == 2, 15, "B's queues held")
+            make_topic(cluster, "GcLateA", queues=2)
+            poll_until(lambda: topics_held(c.assignment())["GcLateA"] == 2, 15, "A's queues held soon after")
+        return
+
+    async def scenario() -> None:
+        async with AsyncGroupConsumer("g_late_async", cluster.namesrv_addr, **settings) as a:
+            a.subscribe("GcLateA")
+            a.subscribe("GcLateB")
+            await wait_until(lambda: topics_held(a.assignment())["GcLateB"] == 2, 15, "B's queues held")
+            await asyncio.to_thread(make_topic, cluster, "GcLateA", 2)
+            await wait_until(lambda: topics_held(a.assignment())["GcLateA"] == 2, 15, "A's queues held soon after")
+
+    asyncio.run(scenario())

@@ -140,7 +140,7 @@ def test_async_engine_waits_after_a_refused_pull(fake, async_fake_instance) -> N
                                       pull_delay_on_error_s=2.5) as c:
             fake.script[A0] = ["connect"]
             fake.script[A1] = ["refuse"]
-            assert await c._pull_once(ProcessQueue(MQ, 0)) == 2.5
+            assert await c._engine._pull_once(ProcessQueue(MQ, 0)) == 2.5
             assert pulled_from(fake) == [A0, A1]
         await inst.release()
 

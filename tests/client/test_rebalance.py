@@ -25,6 +25,7 @@ from client._rebalance import (
     plan_start_offset,
     restore_retry_topic,
 )
+from client._rebalance_clock import Due, RebalanceClock
 from client._requests import PullResult
 from common.codes import PullStatus
 from common.message import MessageExt, MessageQueue
@@ -368,3 +369,40 @@ def test_core_subscribe_and_assign_are_exclusive() -> None:
 def test_config_validation(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         GroupConsumerConfig("g", **kwargs)  # type: ignore[arg-type]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rebalance_clock_periods_and_rebalances_out_of_period() -> None:
+    """Both engines wait for this clock: a rebalance at start, then once a period; out of period at once when
+    asked, after a gap doubling up to the period when a topic could not be allocated, at most once a second when
+    a send-back expects queues."""
+    t = _Clock()
+    cfg = GroupConsumerConfig("g", rebalance_interval_s=20, auto_commit_interval_s=60)
+    clock = RebalanceClock(cfg, lock_renewal=False, clock=t)
+    assert clock.take_due() == Due(rebalance=True, commit=False, lock=False)
+    assert clock.wait_s() == 20
+    gaps = []
+    for _ in range(6):  # a topic still without a route, round after round
+        clock.retry_soon()
+        gaps.append(clock.wait_s())
+        t.now += clock.wait_s()
+        assert clock.take_due() == Due(rebalance=True, commit=False, lock=False)
+    assert gaps == [1, 2, 4, 8, 16, 20]  # never beyond the period
+    t.now += 9
+    assert clock.take_due() == Due(rebalance=False, commit=True, lock=False)
+    clock.allocated_all()
+    clock.retry_soon()
+    assert clock.wait_s() == 1
+    clock.asked_now()
+    assert clock.take_due().rebalance  # a subscription changed: at once
+    clock.expect()
+    assert clock.wait_s() == 1  # a send-back: not within a second of the last rebalance out of period
+    t.now += 1
+    assert clock.take_due().rebalance

@@ -1,6 +1,7 @@
 """Transactional messages against real servers (issue 17 acceptance): commit, rollback, unknown-then-commit and
 unknown-then-rollback by check (sync and async producers), a producer killed mid-transaction (another producer
-process of the group answers the check), and a broker SIGKILLed between prepare and commit.
+process of the group answers the check), a broker SIGKILLed between prepare and commit, and a check answered
+UNKNOW that leaves the transaction open for a later check.
 
 Each scenario ends with the consumer seeing exactly the committed messages, once each; a committed *sentinel*
 sent last to the same one-queue topic proves the earlier outcomes are final when it arrives. Half messages stay
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import pytest
@@ -31,11 +33,13 @@ from client import (
     PullStatus,
     TransactionProducer,
 )
+from client._transaction import _TransactionCore
 from client.cluster import LocalCluster
 from client.errors import ClientClosedError, MessageIllegalError, NoPermissionError
 from client.lowlevel import BrokerClient
 from common.codec import decode_records
 from common.message import MessageQueue
+from common.transaction import EndTransactionRequest, TransactionCheck, TransactionResolution
 from tests.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -212,6 +216,75 @@ def test_a_broker_killed_between_prepare_and_commit_resolves_by_check_after_rest
         (mq,) = consumer.fetch_subscribe_message_queues(topic)
         seen = drain(consumer, mq, "C-C-sentinel")
     assert seen == ["C-C-crashed", "C-C-sentinel"]
+
+
+class UnknowAtFirstCheck(Decisions):
+    """Undecided at the first check of a transaction, committed at the next one."""
+
+    def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
+        super().check_local_transaction(msg)
+        with self.lock:
+            return UNKNOW if self.checked[msg.body.decode()] == 1 else COMMIT
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_check_answered_unknow_leaves_the_transaction_open_for_a_later_check(
+        cluster_factory: Callable[..., LocalCluster], kind: str) -> None:
+    """UNKNOW at a check sends no end: the transaction stays open, the broker checks again, and the COMMIT given at
+    that later check delivers the message. A mutant that ended it as ROLLBACK at an UNKNOW check passed every
+    other test (none answered a check UNKNOW); here it loses the message, and no second check comes."""
+    cluster = cluster_factory(broker_groups=1, slaves_per_group=0, broker_config=FAST_CHECKS)
+    topic = f"TxnUnknowAtCheck{kind}"
+    one_queue_topic(cluster, topic)
+    decisions = UnknowAtFirstCheck()
+    body = "U-U-checked-twice"
+
+    def checked_twice_and_answered(answered: int) -> bool | None:
+        return (decisions.checked.get(body, 0) >= 2 and answered >= 1) or None
+
+    if kind == "sync":
+        with TransactionProducer("txn-unknow", cluster.namesrv_addr, decisions, topics=[topic],
+                                 check_poll_s=1.0) as producer:
+            assert producer.send_message_in_transaction(Message(topic, body.encode())).local_transaction_state \
+                is UNKNOW
+            poll_until(lambda: checked_twice_and_answered(producer.answered_checks), 20,
+                       "a second check after UNKNOW, answered COMMIT")
+            producer.send_message_in_transaction(Message(topic, b"C-C-sentinel"))
+    else:
+        async def scenario() -> None:
+            async with AsyncTransactionProducer("txn-unknow-async", cluster.namesrv_addr, decisions, topics=[topic],
+                                                check_poll_s=1.0) as ap:
+                r = await ap.send_message_in_transaction(Message(topic, body.encode()))
+                assert r.local_transaction_state is UNKNOW
+                await wait_until(lambda: checked_twice_and_answered(ap.answered_checks), 20,
+                                 "a second check after UNKNOW, answered COMMIT")
+                await ap.send_message_in_transaction(Message(topic, b"C-C-sentinel"))
+
+        asyncio.run(scenario())
+    with PullConsumer(f"txn-unknow-reader-{kind}", cluster.namesrv_addr) as consumer:
+        (mq,) = consumer.fetch_subscribe_message_queues(topic)
+        assert drain(consumer, mq, "C-C-sentinel") == [body, "C-C-sentinel"]
+
+
+@pytest.mark.parametrize(("state", "resolution"), [(UNKNOW, None), (COMMIT, TransactionResolution.COMMIT),
+                                                  (ROLLBACK, TransactionResolution.ROLLBACK)])
+def test_a_check_is_answered_by_an_end_request_unless_unknow(state: LocalTransactionState,
+                                                             resolution: TransactionResolution | None) -> None:
+    """The rule both producers run (``_TransactionCore.answer_op``): COMMIT and ROLLBACK end the transaction
+    ``fromTransactionCheck``; UNKNOW makes no request at all."""
+    core = _TransactionCore("txn-unit", Decisions(), (), send_timeout_s=1.0, retries=0, check_poll_s=1.0,
+                            max_message_size=1024)
+    check = TransactionCheck("TX1", 4242, 7, "TxnUnit", 0, 1, b"")
+    op = core.answer_op("127.0.0.1:1", check, state)
+    if resolution is None:
+        with pytest.raises(StopIteration):
+            next(op)
+        assert core.answered_checks == 0
+        return
+    req = next(op)
+    end = EndTransactionRequest.from_query(dict(parse_qsl(urlsplit(req.target).query)))
+    assert (req.method, end.transaction_id, end.commit_log_offset, end.resolution, end.from_check) == \
+        ("POST", "TX1", 4242, resolution, True)
 
 
 class _NoChecks:

@@ -26,11 +26,15 @@ from client import (
     AsyncGroupConsumer,
     AsyncProducer,
     AsyncPullConsumer,
+    AsyncTransactionProducer,
     ClientInstance,
     GroupConsumer,
     Producer,
     PullConsumer,
+    TransactionProducer,
 )
+from client._async_group_consumer import AsyncEngine
+from client._group_consumer import SyncEngine
 from client._transport import AsyncTransport, SyncTransport
 from client.errors import BrokerError, ClientClosedError, ClientError
 from client.lowlevel import AsyncBrokerClient, BrokerClient
@@ -38,6 +42,7 @@ from client.lowlevel import AsyncBrokerClient, BrokerClient
 _WAITS = "threads wait on a lock and a Condition; tasks on futures of the loop"
 _LIFECYCLE = "a registry under a lock with a refresh thread vs one instance per event loop with a refresh task"
 _SOCKETS = "blocking sockets under a Condition vs asyncio protocols and futures"
+_THREADS_TASKS = "a lock, threads and threading.Events vs tasks and asyncio.Events of the loop"
 
 #: Twin methods whose bodies differ by nature, keyed by the sync class and method name. Keep it short: logic
 #: that is not about waiting or sockets belongs in an operation both twins run.
@@ -62,6 +67,18 @@ DIFFER_BY_NATURE: dict[tuple[str, str], str] = {
                                    "from it; a protocol receives into each response's parser",
     ("SyncTransport", "_put_back"): _SOCKETS,
     ("SyncTransport", "close"): _SOCKETS,
+    ("SyncEngine", "__init__"): _THREADS_TASKS,
+    ("SyncEngine", "start"): _THREADS_TASKS,
+    ("SyncEngine", "close"): "joins its threads (a parked pull is left to end) vs cancels its tasks",
+    ("SyncEngine", "_launch"): "a queue goes to the pull threads' scheduler vs gets a pull task of its own",
+    ("SyncEngine", "_background"): "waits on a threading.Event vs asyncio.wait_for on an asyncio.Event",
+    ("SyncEngine", "_pull_loop"): "a pull thread serves the scheduler's queues vs a task pulls its one queue",
+    ("TransactionProducer", "__init__"): _THREADS_TASKS,
+    ("TransactionProducer", "start"): "starts the supervisor thread under the lock vs its task",
+    ("TransactionProducer", "close"): "joins its threads (a held poll is left to end) vs cancels its tasks",
+    ("TransactionProducer", "_start_pollers"): "a poller thread per master, under the lock vs a task per master",
+    ("TransactionProducer", "_pause"): "waits on a threading.Event vs asyncio.wait_for on an asyncio.Event",
+    ("TransactionProducer", "_call"): "the async producer awaits a listener that is a coroutine function",
 }
 
 
@@ -85,16 +102,18 @@ TWINS = [
          plain_async=frozenset({"acquire"})),
     Twin(SyncTransport, AsyncTransport, renames={"close": "aclose", "handle_request": "handle_async_request"}),
     Twin(BrokerClient, AsyncBrokerClient, renames={"close": "aclose"}),
-    # The sync group consumer is a facade over SyncEngine's threads; the async one runs its tasks itself. Their
-    # bodies are not mirror copies (the shared decisions are GroupCore's), so only the surface is compared.
-    Twin(GroupConsumer, AsyncGroupConsumer, compare_bodies=False,
+    Twin(GroupConsumer, AsyncGroupConsumer,
          only_sync={"stats": "counters of the sync engine's pull threads; the async consumer has none"},
          plain_async=frozenset({"subscribe", "unsubscribe", "assign", "assignment", "pause", "resume"})),
+    # The group consumers' engines: what both do is GroupEngine's (written once); the twins are how they wait.
+    Twin(SyncEngine, AsyncEngine),
+    Twin(TransactionProducer, AsyncTransactionProducer, renames={"close": "aclose"}),
 ]
 
 _DUNDERS = {"__enter__": "__aenter__", "__exit__": "__aexit__", "__init__": "__init__"}
 _NAME_MAP = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__",
-             "handle_async_request": "handle_request", "aread": "read", "AsyncTransport": "SyncTransport"}
+             "handle_async_request": "handle_request", "aread": "read", "AsyncTransport": "SyncTransport",
+             "AsyncEngine": "SyncEngine"}
 _ASYNC_PREFIX = re.compile(r"\bAsync(?=[A-Z])")
 
 
