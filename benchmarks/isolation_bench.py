@@ -14,7 +14,9 @@ A history of 2.25 times the master's memory (8 KiB bodies, so RocketMQ's caps fo
 the rate it reached alone, and records each send's latency, while the phases of :func:`plan_phases` run in
 turn: no reader; a consumer group replaying the history from offset 0; a Spark batch job reading all of it. Each
 replay runs once pinned to the master (the group's ``whichBrokerWhenConsumeSlowly=0``; Spark ``pullFrom=master``)
-and once following the brokers' suggestions (``whichBrokerWhenConsumeSlowly=1``; ``pullFrom=auto``). Per phase:
+and once following the brokers' suggestions (``whichBrokerWhenConsumeSlowly=1``; ``pullFrom=auto``). A control
+phase keeps the other CPU busy copying memory with no reader at all: two "hosts" on one machine still share
+caches, memory and the hypervisor, and the control shows what that alone costs the producer. Per phase:
 the producer's p50 / p99 / p99.9 (the ratio: p99 over the no-reader phases' p99, all no-reader phases pooled),
 the bytes the master read from disk and its major page faults (``/proc/PID/io``, ``/proc/PID/stat``), the slave's
 disk reads, the share of the replay's messages the slave served (the brokers' ``splitmq_pull_served_total``) and
@@ -33,6 +35,7 @@ master. With fewer than two CPUs there is no pinning either. Latency figures nee
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import multiprocessing
@@ -99,29 +102,32 @@ QUICK = Profile(cgroup_bytes=256 * MIB, history_factor=2.0, body_bytes=8192, idl
 
 @attrs.frozen
 class Phase:
-    """One phase: a reader (``none``, ``group``, ``spark``) and, for a replay, whether it is pinned to the
-    master (else it follows the brokers' suggestions)."""
+    """One phase: a reader (``none``; ``busy``, the control: no reader, the other CPU kept busy copying memory;
+    ``group``, ``spark``) and, for a replay, whether it is pinned to the master (else it follows the brokers'
+    suggestions)."""
 
     reader: str
     pinned: bool = False
 
     @property
     def is_replay(self) -> bool:
-        return self.reader != "none"
+        return self.reader not in ("none", "busy")
 
     @property
     def label(self) -> str:
-        if not self.is_replay:
+        if self.reader == "none":
             return "no reader"
+        if self.reader == "busy":
+            return "no reader, the other CPU busy"
         who = {"group": "consumer group", "spark": "Spark job"}.get(self.reader, self.reader)
         return f"{who}, {'pinned to the master' if self.pinned else 'following suggestions'}"
 
 
-def plan_phases(readers: Sequence[str]) -> list[Phase]:
+def plan_phases(readers: Sequence[str], *, control: bool = True) -> list[Phase]:
     """No reader first and again after each reader's pair; each reader once pinned to the master and once
     following the suggestions, the order flipping from one reader to the next (drift over the run then favours
-    neither placement)."""
-    out = [Phase("none")]
+    neither placement). With ``control``, the busy-CPU control follows the first no-reader phase."""
+    out = [Phase("none"), *([Phase("busy")] if control else [])]
     for i, reader in enumerate(readers):
         pair = [Phase(reader, pinned=True), Phase(reader, pinned=False)]
         if i % 2:
@@ -157,6 +163,29 @@ def summarize(latencies_s: Sequence[float]) -> LatencySummary:
 def latencies_between(times: Sequence[float], latencies: Sequence[float], t0: float, t1: float) -> list[float]:
     """The latencies of the sends that started in ``[t0, t1)``."""
     return [lat for t, lat in zip(times, latencies, strict=True) if t0 <= t < t1]
+
+
+def quiet_windows(samples: Sequence[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
+    """The spans of ``[t0, t1)`` between two consecutive samples ``(time, messages the master served)`` in which
+    the count did not move: the master served none of the replay then."""
+    out = []
+    for (a, na), (b, nb) in itertools.pairwise(samples):
+        lo, hi = max(a, t0), min(b, t1)
+        if nb == na and lo < hi:
+            out.append((lo, hi))
+    return out
+
+
+def latencies_within(times: Sequence[float], latencies: Sequence[float], spans: Sequence[tuple[float, float]]
+                     ) -> list[float]:
+    """The latencies of the sends that started inside one of ``spans`` (ascending, not overlapping)."""
+    out, i = [], 0
+    for t, lat in zip(times, latencies, strict=True):
+        while i < len(spans) and spans[i][1] <= t:
+            i += 1
+        if i < len(spans) and spans[i][0] <= t:
+            out.append(lat)
+    return out
 
 
 def parse_proc_io(text: str) -> dict[str, int]:
@@ -268,6 +297,8 @@ class PhaseResult:
     rows: int = 0
     replay_s: float = 0.0
     residency: dict[str, float] = attrs.field(factory=dict)
+    quiet: list[tuple[float, float]] = attrs.field(factory=list)
+    """Spans in which the master served none of the replay (:func:`quiet_windows`)."""
 
 
 def _fill_history(namesrv: str, total_bytes: int, body_bytes: int) -> int:
@@ -330,6 +361,16 @@ def _replay_spark(spark: Any, namesrv: str, rows: int, body_bytes: int, pinned: 
     return rows, seconds
 
 
+def _sample_served(master: BrokerHandle, stop: threading.Event, out: list[tuple[float, float]]) -> None:
+    """Every 0.5 s, the messages the master has served by pulls (one small HTTP request to it each time)."""
+    url = f"http://{master.addr}/metrics"
+    with httpx.Client(timeout=10) as http:
+        while not stop.is_set():
+            t = time.monotonic()
+            out.append((t, prometheus_sum(http.get(url).text, "splitmq_pull_served_total")))
+            stop.wait(0.5)
+
+
 def _spark_session() -> Any:
     from benchmarks.spark_bench import _session
 
@@ -372,6 +413,17 @@ def _cgroup_memory_lines(cg: MemoryCgroup | None) -> str:
         return ""
     return f"anon {int(stat.get('rss', stat.get('anon', 0))) / MIB:.0f} MiB, " \
            f"page cache {int(stat.get('cache', stat.get('file', 0))) / MIB:.0f} MiB"
+
+
+def _busy_main(cpu: int | None, seconds: float) -> None:
+    """The control's load: copy a 32 MiB buffer over and over for ``seconds`` on ``cpu``, as a replay keeps
+    the slave's CPU and the memory it shares with the master's busy, without any reader."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    src, dst = bytearray(32 * MIB), bytearray(32 * MIB)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        dst[:] = src
 
 
 def _stop_process(proc: multiprocessing.process.BaseProcess, stop: Event) -> None:
@@ -463,12 +515,22 @@ def run(quick: bool) -> list[Row]:
         print(f"isolation: producer capacity {capacity:,.0f} sends/s alone; steady load {capacity / 2:,.0f}/s",
               flush=True)
         results: list[PhaseResult] = []
+        served: list[tuple[float, float]] = []
+        sampling = threading.Event()
+        sampler = threading.Thread(target=_sample_served, args=(master, sampling, served), daemon=True)
+        sampler.start()
+        stack.callback(sampler.join, 10)
+        stack.callback(sampling.set)
         for phase in plan_phases(readers):
             residency = _residency(master, history_end) if phase.is_replay else {}
             m0, s0, t0 = counters(master), counters(slave), time.monotonic()
             n, seconds = 0, 0.0
             if phase.reader == "none":
                 time.sleep(prof.idle_s)  # the phase's length: the producer's load runs on its own
+            elif phase.reader == "busy":
+                busy = ctx.Process(target=_busy_main, args=(other_cpu, prof.idle_s), daemon=True)
+                busy.start()
+                busy.join(prof.idle_s + 60)
             elif phase.reader == "group":
                 n, seconds = _replay_group(ns, rows, phase.pinned, prof.replay_timeout_s)
             else:
@@ -477,6 +539,10 @@ def run(quick: bool) -> list[Row]:
             results.append(PhaseResult(phase, t0, t1, counters(master) - m0, counters(slave) - s0, n, seconds,
                                        residency))
             print(f"isolation: {phase.label}: {t1 - t0:.1f} s", flush=True)
+        sampling.set()
+        sampler.join(10)
+        results = [attrs.evolve(r, quiet=quiet_windows(served, r.t0, r.t1)) if r.phase.is_replay else r
+                   for r in results]
         stop.set()
         times, lats, errors = (array("d", parent.recv_bytes()) for _ in range(3))
         mincore_us = {span: _mincore_cost_us(master, span) for span in (64 * 1024, 256 * 1024)}
@@ -487,12 +553,13 @@ def run(quick: bool) -> list[Row]:
 def _report(prof: Profile, results: list[PhaseResult], times: array[float], lats: array[float],
             errors: array[float], capacity: float, mincore_us: dict[int, float], cgroups: bool,
             cache_note: str) -> list[Row]:
-    idle = [lat for r in results if not r.phase.is_replay for lat in latencies_between(times, lats, r.t0, r.t1)]
+    idle = [lat for r in results if r.phase.reader == "none"
+            for lat in latencies_between(times, lats, r.t0, r.t1)]
     base = summarize(idle)
     where = (f"master cgroup {prof.cgroup_bytes // MIB} MiB, history {prof.history_factor}x" if cgroups
              else "no cgroup (CPU pinning only)")
-    head = ("phase", "sends", "p50 ms", "p99 ms", "p99.9 ms", "p99 vs none", "master disk MB", "master majflt",
-            "slave disk MB", "slave served", "replay rows/s", "errors")
+    head = ("phase", "sends", "p50 ms", "p99 ms", "p99.9 ms", "p99 vs none", "p99 vs none, replay off the master",
+            "master disk MB", "master majflt", "slave disk MB", "slave served", "replay rows/s", "errors")
     table = [head]
     rows: list[Row] = []
     for r in results:
@@ -501,14 +568,19 @@ def _report(prof: Profile, results: list[PhaseResult], times: array[float], lats
         served = r.master.served_messages + r.slave.served_messages
         share = f"{r.slave.served_messages / served:.0%}" if r.phase.is_replay and served else ""
         rate = r.rows / r.replay_s if r.replay_s else 0.0
+        off = summarize(latencies_within(times, lats, r.quiet))
+        off_text = f"{off.p99 / base.p99:.2f}x ({sum(b - a for a, b in r.quiet):.0f} s)" if off.count and base.p99 else ""
         table.append((r.phase.label, f"{s.count:,}", f"{s.p50:.2f}", f"{s.p99:.2f}", f"{s.p999:.2f}",
-                      f"{s.p99 / base.p99:.2f}x" if base.p99 else "", f"{r.master.read_bytes / 1e6:,.0f}",
+                      f"{s.p99 / base.p99:.2f}x" if base.p99 else "", off_text, f"{r.master.read_bytes / 1e6:,.0f}",
                       f"{r.master.major_faults:,}", f"{r.slave.read_bytes / 1e6:,.0f}", share,
                       f"{rate:,.0f}" if rate else "", str(errs)))
         target = "<= 1.2x" if r.phase.is_replay and not r.phase.pinned else ""
         rows.append(Row(f"{r.phase.label}: producer send p99 ({where})", s.p99, "ms", "no reader", base.p99,
                         target))
         rows.append(Row("  p99.9", s.p999, "ms", "no reader", base.p999))
+        if off.count:
+            rows.append(Row(f"  p99 while the master served none of the replay ({off.count:,} sends)", off.p99,
+                            "ms", "no reader", base.p99))
         rows.append(Row("  master disk reads", r.master.read_bytes / 1e6, "MB"))
         rows.append(Row("  master major faults", float(r.master.major_faults), "faults"))
         if r.phase.is_replay:

@@ -15,11 +15,13 @@ from benchmarks.isolation_bench import (
     QUICK,
     Phase,
     latencies_between,
+    latencies_within,
     parse_proc_io,
     parse_proc_stat,
     percentile,
     plan_phases,
     prometheus_sum,
+    quiet_windows,
     summarize,
 )
 
@@ -31,17 +33,19 @@ def test_registered() -> None:
 def test_plan_interleaves_and_flips_the_order() -> None:
     plan = plan_phases(["group", "spark"])
     assert [(p.reader, p.pinned) for p in plan] == [
-        ("none", False),
+        ("none", False), ("busy", False),
         ("group", True), ("group", False), ("none", False),
         ("spark", False), ("spark", True), ("none", False),
     ]
-    assert [p.label for p in plan[:3]] == ["no reader", "consumer group, pinned to the master",
+    assert [p.label for p in plan[:4]] == ["no reader", "no reader, the other CPU busy",
+                                          "consumer group, pinned to the master",
                                           "consumer group, following suggestions"]
-    assert plan_phases([]) == [Phase("none")]
+    assert [p.is_replay for p in plan[:3]] == [False, False, True]
+    assert plan_phases([], control=False) == [Phase("none")]
 
 
 def test_every_reader_runs_once_each_way_between_no_reader_phases() -> None:
-    plan = plan_phases(["a", "b", "c"])
+    plan = plan_phases(["a", "b", "c"], control=False)
     for reader in "abc":
         assert sorted(p.pinned for p in plan if p.reader == reader) == [False, True]
     assert all(plan[i].reader == "none" for i in range(0, len(plan), 3))
@@ -74,6 +78,19 @@ def test_latencies_between_takes_sends_started_in_the_window() -> None:
     times = [0.0, 1.0, 2.0, 3.0]
     lats = [0.1, 0.2, 0.3, 0.4]
     assert latencies_between(times, lats, 1.0, 3.0) == [0.2, 0.3]
+
+
+def test_quiet_windows_are_the_spans_the_masters_count_stood_still() -> None:
+    samples = [(0.0, 10.0), (1.0, 10.0), (2.0, 15.0), (3.0, 15.0), (4.0, 15.0), (5.0, 20.0)]
+    assert quiet_windows(samples, 0.5, 4.5) == [(0.5, 1.0), (2.0, 3.0), (3.0, 4.0)]
+    assert quiet_windows(samples[:1], 0.0, 9.0) == []
+
+
+def test_latencies_within_spans() -> None:
+    times = [0.1, 0.6, 1.5, 2.2, 3.9, 4.0]
+    lats = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert latencies_within(times, lats, [(0.5, 1.0), (2.0, 3.0), (3.0, 4.0)]) == [2.0, 4.0, 5.0]
+    assert latencies_within(times, lats, []) == []
 
 
 def test_parse_proc_files() -> None:
