@@ -491,8 +491,9 @@ def run(quick: bool) -> list[Row]:
         rows = _fill_history(ns, int(prof.cgroup_bytes * prof.history_factor), prof.body_bytes)
         history_end = int(master.runtime()["commitLogMaxOffset"])
         settle_group(cluster, "broker-a", 600)
+        held = _cgroup_memory_lines(cg_m)
         print(f"isolation: history {rows:,} x {prof.body_bytes} B = {history_end / MIB:,.0f} MiB written and "
-              f"replicated in {time.monotonic() - t_fill:.1f} s; master cgroup {_cgroup_memory_lines(cg_m)}",
+              f"replicated in {time.monotonic() - t_fill:.1f} s" + (f"; master cgroup {held}" if held else ""),
               flush=True)
         spark = None
         if "spark" in readers:
@@ -587,8 +588,8 @@ def _report(prof: Profile, results: list[PhaseResult], times: array[float], lats
             rows.append(Row(f"  replay rate ({r.rows:,} rows)", rate, "rows/s"))
     print("\n".join("| " + " | ".join(line) + " |" for line in [table[0], tuple("---" for _ in head), *table[1:]]))
     print(f"producer: 1 KiB sends one at a time at {capacity / 2:,.0f}/s (half its {capacity:,.0f}/s alone); "
-          f"baseline = the no-reader phases pooled ({base.count:,} sends). {where}; at the end the master's "
-          f"cgroup held {cache_note or 'n/a'}.", flush=True)
+          f"baseline = the no-reader phases pooled ({base.count:,} sends). {where}"
+          + (f"; at the end the master's cgroup held {cache_note}." if cache_note else "."), flush=True)
     replays = [r for r in results if r.phase.is_replay]
     if replays:
         print("| replay | history MiB | cached MiB | rule's memory MiB | warm by the rule, not cached MiB | "
