@@ -27,6 +27,7 @@ ENTRIES: dict[str, str] = {
     "dledger": "benchmarks.dledger_bench:run",
     "fresh": "benchmarks.fresh_bench:run",
     "fuzz": "benchmarks.fuzz_bench:run",
+    "isolation": "benchmarks.isolation_bench:run",
     "ha": "benchmarks.ha_bench:run_rows",
     "peers": "benchmarks.peers_bench:run",
     "replication": "benchmarks.replication_bench:run",

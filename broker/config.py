@@ -657,7 +657,7 @@ KEY_DOCS: dict[str, str] = {
     "slaveReadEnable": "Slaves serve pulls, and a master sends consumers that fall behind to a slave (false: RocketMQ's "
                        "default; `LocalCluster` and `splitmq cluster up` set true).",
     "enablePropertyFilter": "Accept SQL92 property filters (`MessageSelector.sql`) on pulls and heartbeats; false refuses them with NO_PERMISSION naming this key.",
-    "accessMessageInMemoryMaxRatio": "Percent of RAM: a pull further than this behind the newest message counts as cold (suggest a slave).",
+    "accessMessageInMemoryMaxRatio": "Percent of the broker's memory (RAM, or its memory cgroup's limit when smaller, re-read every 15 s): a pull further than this behind the newest message counts as cold (suggest a slave).",
     "syncFlushTimeout": "Milliseconds a send waits for a SYNC_FLUSH fsync or SYNC_MASTER slave acks before answering FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT.",
     "haSendHeartbeatInterval": "Milliseconds between a slave's idle offset reports and the master's heartbeat frames.",
     "haHousekeepingInterval": "Milliseconds without bytes from the other side after which an HA connection is dropped.",

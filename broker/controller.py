@@ -590,6 +590,7 @@ class BrokerController:
             "commitLogMinOffset": store.min_physical_offset,
             "flushedOffset": store.flushed_physical_offset,
             "dispatchBehindBytes": store.dispatch_behind_bytes,
+            "memoryForReadsBytes": store.memory_bytes_for_reads,
             "storeWriteable": cleaner.writeable,
             "storeNotWriteableReason": cleaner.state.reason,
             "diskUsedRatio": {"commitLog": usage.commitlog, "consumeQueue": usage.consume_queue,

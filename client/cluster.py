@@ -99,14 +99,15 @@ class _Process:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def spawn(self, args: list[str], cwd: Path, pass_fds: tuple[int, ...] = ()) -> None:
+    def spawn(self, args: list[str], cwd: Path, pass_fds: tuple[int, ...] = (), prefix: tuple[str, ...] = ()
+              ) -> None:
         self._ready.clear()
         self.match = None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = open(self.log_path, "ab")  # noqa: SIM115 - owned by the drain thread
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, *args], stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, cwd=cwd,
+            [*prefix, sys.executable, *args], stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, cwd=cwd,
             env=env, start_new_session=True, pass_fds=pass_fds,
         )
         assert self.proc.stdout is not None
@@ -232,6 +233,10 @@ class BrokerHandle:
         self.entry_module = "broker"
         """The module run as ``python -m``: a harness may set a wrapper of the broker's entry point (one that
         injects store faults, say) before the broker starts."""
+        self.command_prefix: list[str] = []
+        """Argv put before the interpreter on every (re)start: a program that sets something up and execs the rest
+        of its arguments in the same process (so :attr:`pid` stays the broker's), such as
+        :func:`client.confine.confine_prefix` (a memory cgroup and CPUs, to emulate a host of its own)."""
         self._cluster = cluster
         self._proc = _Process(f"{name}-{broker_id}", cluster.root_dir / "logs" / f"{name}-{broker_id}.log",
                               _BROKER_READY)
@@ -297,7 +302,7 @@ class BrokerHandle:
         if self.peer_sock is not None:
             fds = (self.peer_sock.fileno(),)
             args += ["--dledger-fd", str(fds[0])]
-        self._proc.spawn(args, self.dir, fds)
+        self._proc.spawn(args, self.dir, fds, tuple(self.command_prefix))
 
     def wait_ready(self) -> None:
         m = self._proc.wait_ready(self._cluster.start_timeout_s)

@@ -4,7 +4,8 @@
 
 Every pull answer carries ``suggestWhichBrokerId``: the broker's advice for the next pull of that queue. The
 master suggests the slave (id 1) when the consumer reads data that is probably no longer in the master's page
-cache -- more than ``accessMessageInMemoryMaxRatio`` % of RAM behind the newest message -- and the slave has
+cache -- more than ``accessMessageInMemoryMaxRatio`` % of its memory (RAM, or its memory cgroup's limit when
+smaller) behind the newest message -- and the slave has
 ``slaveReadEnable=true``. The SDK remembers the advice per queue (``pull_from_which_node_table``), so the next
 pull goes to the slave, and the master's memory and disk stay free for producers.
 

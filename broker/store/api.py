@@ -117,7 +117,8 @@ class GetMessageResult:
     queue_offsets: list[int] = attrs.field(factory=list)
     """Logical offset of each found record."""
     suggest_pulling_from_slave: bool = False
-    """``diff > memory`` with ``memory = total RAM * accessMessageInMemoryMaxRatio / 100`` (scan branch only)."""
+    """``diff > memory`` with ``memory = min(RAM, memory cgroup limit) * accessMessageInMemoryMaxRatio / 100``
+    (scan branch only; :mod:`broker.store.read_memory`)."""
 
     @property
     def msg_count(self) -> int:
@@ -288,6 +289,10 @@ class MessageStore(Protocol):
     def get_commitlog_data(self, physical_offset: int, max_bytes: int) -> memoryview | None:
         """Bytes of the commit log from ``physical_offset`` to the written end of the file holding it
         (at most ``max_bytes``); never crosses a file. None when nothing is there. Used by the HA master."""
+
+    @property
+    def memory_bytes_for_reads(self) -> int:
+        """How far behind the log's end a read still counts as in memory (``suggestPullingFromSlave``)."""
 
     @property
     def max_physical_offset(self) -> int: ...

@@ -11,6 +11,7 @@ import attrs
 
 from broker.store.retention import RetentionConfig
 from common.codes import BrokerRole, FlushDiskType
+from common.memory_cgroup import effective_memory_limit_bytes
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "StoreConfig", "parse_delay_levels", "total_physical_memory_bytes"]
 
@@ -64,8 +65,13 @@ class StoreConfig:
     flush_interval_consume_queue_ms: int = 1000
     max_message_size: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
     access_message_in_memory_max_ratio: int = attrs.field(default=40)
-    """Percent of RAM under which a reader counts as "in memory" (``suggestPullingFromSlave``)."""
+    """Percent of the broker's memory (RAM, or its memory cgroup's limit when smaller) under which a reader counts
+    as "in memory" (``suggestPullingFromSlave``; :mod:`broker.store.read_memory`)."""
     total_physical_memory_bytes: int = attrs.field(factory=total_physical_memory_bytes)
+    memory_limit_bytes: Callable[[], int | None] = effective_memory_limit_bytes
+    """Reads the memory cgroup's limit (None: unlimited); injected in tests."""
+    memory_limit_refresh_ms: int = attrs.field(default=15_000, validator=_positive)
+    """How long one reading of the limit is used (by ``clock_ms``) before it is read again."""
     max_transfer_bytes_on_message_in_memory: int = 256 * 1024
     max_transfer_count_on_message_in_memory: int = 32
     max_transfer_bytes_on_message_in_disk: int = 64 * 1024
@@ -99,8 +105,3 @@ class StoreConfig:
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:
         return parse_delay_levels(self.message_delay_level)
-
-    @property
-    def memory_bytes_for_reads(self) -> int:
-        """``memory`` of ``suggestPullingFromSlave`` (truncated like Java's long cast)."""
-        return int(self.total_physical_memory_bytes * (self.access_message_in_memory_max_ratio / 100.0))

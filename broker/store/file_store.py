@@ -36,6 +36,7 @@ from broker.store.dispatch import Dispatcher
 from broker.store.flush import FlushService, GroupCommitService
 from broker.store.index import IndexService
 from broker.store.io import FileIO
+from broker.store.read_memory import MemoryLimitCache, memory_bytes_for_reads
 from broker.store.writer import PutValidator
 from common.codec import BatchItem, batch_item
 from common.codes import BrokerRole, FlushDiskType
@@ -90,6 +91,10 @@ class FileMessageStore:
         self.dispatcher = Dispatcher(self.commitlog, self.cqs, self.index, self._delay_levels,
                                      self._dispatch_listeners)
         self.validator = PutValidator(config, self._delay_levels)
+        #: The memory cgroup's limit, re-read every ``memory_limit_refresh_ms`` (through ``self.config``, so a
+        #: test that swaps the config swaps the reader and the clock too).
+        self.memory_limit = MemoryLimitCache(lambda: self.config.memory_limit_bytes(),
+                                             lambda: self.config.clock_ms(), config.memory_limit_refresh_ms)
         #: Retention and the disk guard; the broker's cleaner task drives it (:mod:`broker.retention_driver`).
         self.cleaner = StoreCleaner(self.commitlog, self.cqs, self.index, self.dispatcher, config.retention,
                                     config.disk_used_ratio or self.io.used_ratio, config.clock_ms,
@@ -479,7 +484,8 @@ class FileMessageStore:
         # A slave keeps the consumer's offset unless offsetCheckInSlave (docs/SEMANTICS.md 3.1, nextOffsetCorrection).
         correct = self._role is not BrokerRole.SLAVE or self.config.offset_check_in_slave
         return reader.get_message(self.commitlog, self.cqs, self.config, topic, queue_id, offset, max_nums, max_bytes,
-                                  tag_filter, record_filter, correct_offsets=correct)
+                                  tag_filter, record_filter, correct_offsets=correct,
+                                  memory_bytes=self.memory_bytes_for_reads)
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.cqs.get(topic, queue_id)
@@ -503,6 +509,14 @@ class FileMessageStore:
 
     def get_commitlog_data(self, physical_offset: int, max_bytes: int) -> memoryview | None:
         return self.commitlog.get_data(physical_offset, max_bytes)
+
+    @property
+    def memory_bytes_for_reads(self) -> int:
+        """``memory`` of ``suggestPullingFromSlave``: a read further than this behind the log's end is cold
+        (:func:`broker.store.read_memory.memory_bytes_for_reads`)."""
+        cfg = self.config
+        return memory_bytes_for_reads(cfg.total_physical_memory_bytes, self.memory_limit.limit_bytes(),
+                                      cfg.access_message_in_memory_max_ratio)
 
     @property
     def max_physical_offset(self) -> int:

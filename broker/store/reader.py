@@ -44,12 +44,13 @@ def _file_holding(files: list[MappedFile], first_start: int, file_size: int, phy
 def get_message(
     cl: CommitLog, cqs: ConsumeQueueTable, cfg: StoreConfig, topic: str, queue_id: int, offset: int, max_nums: int,
     max_bytes: int, tag_filter: TagFilter | None, record_filter: RecordFilter | None = None, *,
-    correct_offsets: bool,
+    correct_offsets: bool, memory_bytes: int,
 ) -> GetMessageResult:
     """See :meth:`broker.store.api.MessageStore.get_message`.
 
     ``correct_offsets`` False (a slave without ``offsetCheckInSlave``) keeps the consumer's offset in every
-    answer: a lagging replica must not move it (nextOffsetCorrection).
+    answer: a lagging replica must not move it (nextOffsetCorrection). ``memory_bytes``: how far behind the log's
+    end a record still counts as in memory (the store's ``memory_bytes_for_reads``).
     """
     max_py = cl.max_offset
     cq = cqs.get(topic, queue_id)
@@ -72,16 +73,16 @@ def get_message(
         return _result(GetMessageStatus.OFFSET_FOUND_NULL, nxt if correct else offset, min_o, max_o)
     mf, pos = loc
     window = mf.mm[pos : min(mf.wrote, pos + max(_MIN_FILTER_BYTES, max_nums * UNIT_SIZE) // UNIT_SIZE * UNIT_SIZE)]
-    return _scan(cl, cfg, window, max_py, offset, max_nums, max_bytes, tag_filter, record_filter, min_o, max_o)
+    return _scan(cl, cfg, window, max_py, offset, max_nums, max_bytes, tag_filter, record_filter, min_o, max_o,
+                 memory_bytes)
 
 
 def _scan(
     cl: CommitLog, cfg: StoreConfig, window: bytes, max_py: int, offset: int, max_nums: int, max_bytes: int,
-    tag_filter: TagFilter | None, record_filter: RecordFilter | None, min_o: int, max_o: int,
+    tag_filter: TagFilter | None, record_filter: RecordFilter | None, min_o: int, max_o: int, memory: int,
 ) -> GetMessageResult:
     """Take the records of the consume-queue units in ``window`` (a copy of the units from ``offset`` on, at most
     max(16000, 20 * maxMsgNums) bytes, unpacked in one pass), within the caps, filters applied."""
-    memory = cfg.memory_bytes_for_reads
     # Caps after the first record: the request's and those of where the record is (RocketMQ checks each in turn).
     # A record more than ``memory`` behind the log's end (below on_disk_below) is on disk.
     on_disk_below = max_py - memory

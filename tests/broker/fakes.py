@@ -215,6 +215,10 @@ class FakeStore:
         return None
 
     @property
+    def memory_bytes_for_reads(self) -> int:
+        return 1 << 40
+
+    @property
     def max_physical_offset(self) -> int:
         return len(self.log)
 

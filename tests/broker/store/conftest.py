@@ -27,9 +27,15 @@ class FakeClock:
         return self.now_ms
 
 
+def no_memory_limit() -> None:
+    """A memory cgroup without a limit (the store's reads then count on RAM alone, whatever runs the tests)."""
+    return None
+
+
 def small_config(root: Path | str, **kw: Any) -> StoreConfig:
-    """64 KiB commit-log files, 50-unit consume-queue files, tiny index."""
+    """64 KiB commit-log files, 50-unit consume-queue files, tiny index, no memory-cgroup limit."""
     base: dict[str, Any] = dict(
+        memory_limit_bytes=no_memory_limit,
         store_path_root_dir=str(root),
         mapped_file_size_commitlog=64 * 1024,
         mapped_file_size_consume_queue=50 * 20,

@@ -99,6 +99,32 @@ def test_suggest_is_diff_greater_than_memory_exactly(make_store: StoreFactory) -
     assert store.get_message("g", "T", 0, 3, 32, 1 << 20).suggest_pulling_from_slave is False
 
 
+def test_a_memory_cgroup_limit_below_ram_makes_reads_cold_sooner(make_store: StoreFactory) -> None:
+    # 16 GiB of RAM, but a cgroup limit of 1000 bytes: memory = 400, as in the test above.
+    store = make_store(total_physical_memory_bytes=1 << 34, memory_limit_bytes=lambda: 1000,
+                       mapped_file_size_consume_queue=2000 * 20)
+    _fill(store, 100)
+    assert store.memory_bytes_for_reads == 400
+    r = store.get_message("g", "T", 0, 0, 32, 1 << 20)
+    assert (r.msg_count, r.suggest_pulling_from_slave) == (8, True)
+    tail = store.get_message("g", "T", 0, 99, 32, 1 << 20)
+    assert (tail.msg_count, tail.suggest_pulling_from_slave) == (1, False)
+
+
+def test_the_limit_is_read_again_once_the_refresh_interval_passed(make_store: StoreFactory) -> None:
+    clock = FakeClock()
+    limits = iter([1 << 20, 1000])
+    store = make_store(clock_ms=clock, memory_limit_bytes=lambda: next(limits), memory_limit_refresh_ms=15_000)
+    _fill(store, 100)
+    far = store.get_message("g", "T", 0, 0, 1, 1 << 20)  # 1 MiB limit: 400 KiB of memory, a ~15 KiB log
+    assert (store.memory_bytes_for_reads, far.suggest_pulling_from_slave) == (419_430, False)
+    clock.now_ms += 14_999
+    assert store.get_message("g", "T", 0, 0, 1, 1 << 20).suggest_pulling_from_slave is False  # not read again
+    clock.now_ms += 1
+    assert store.get_message("g", "T", 0, 0, 1, 1 << 20).suggest_pulling_from_slave is True  # 1000 now
+    assert store.memory_limit.reads == 2
+
+
 def test_scan_examines_at_most_800_units(make_store: StoreFactory) -> None:
     store = make_store(mapped_file_size_consume_queue=2000 * 20)
     _fill(store, 900, tags="Other")
