@@ -65,7 +65,8 @@ class FileMessageStore:
 
     Args:
         config: the store configuration.
-        io: the file layer (tests pass a :class:`~broker.store.io.FaultyIO`).
+        io: the file layer (default :class:`~broker.store.io.FileIO`; the tests and the chaos broker pass a
+            subclass that injects faults, ``benchmarks/chaos/faulty_io.py``).
     """
 
     def __init__(self, config: StoreConfig, io: FileIO | None = None) -> None:
