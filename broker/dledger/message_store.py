@@ -32,7 +32,7 @@ from broker.store.commitlog import Run
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from broker.store.dispatch import HANDOVER_MAX_MESSAGES, Dispatcher, DispatchListener
-from broker.store.file_store import FileMessageStore, _State
+from broker.store.file_store import FileMessageStore
 from broker.store.index import IndexService
 from broker.store.io import FileIO
 from common.codec import BatchItem, write_batch_records
@@ -156,7 +156,7 @@ class DLedgerMessageStore(FileMessageStore):
         config: the store configuration (``mapped_file_size_commitlog`` sizes the DLedger data files).
         self_id: this member's id (the log lives in ``<root>/dledger-<self_id>``).
         index_file_size: ``mappedFileSizeForEntryIndex``.
-        io: the file layer (tests pass a :class:`~broker.store.io.FaultyIO`).
+        io: the file layer (default :class:`~broker.store.io.FileIO`).
 
     The broker attaches the member with :meth:`attach` before it starts serving.
     """
@@ -167,8 +167,9 @@ class DLedgerMessageStore(FileMessageStore):
                                    data_file_size=config.mapped_file_size_commitlog, index_file_size=index_file_size,
                                    preallocate=config.preallocate_commitlog)
         self.commitlog = self.ledger.data
-        self.entries = CommittedDispatcher(self.ledger, self.cqs, self.index, self._delay_levels,
-                                           self._dispatch_listeners)
+        # The classic dispatcher's listener list itself: a listener added later (add_dispatch_listener) hears both.
+        self.entries = CommittedDispatcher(self.ledger, self.cqs, self.index, config.delay_levels_ms,
+                                           self.dispatcher.listeners)
         self.dispatcher = self.entries
         self.cleaner = StoreCleaner(self.commitlog, self.cqs, self.index, self.dispatcher, config.retention,
                                     config.disk_used_ratio or self.io.used_ratio, config.clock_ms,
@@ -224,7 +225,7 @@ class DLedgerMessageStore(FileMessageStore):
         return flushed
 
     def _close_files(self, *, crashed: bool = False) -> None:
-        if not crashed and self._state is not _State.CREATED:
+        if not crashed and self.loaded:
             try:
                 self.ledger.write_checkpoint()
             except OSError as e:

@@ -283,6 +283,11 @@ class FileMessageStore:
     def broker_role(self) -> BrokerRole:
         return self._role
 
+    @property
+    def loaded(self) -> bool:
+        """:meth:`load` completed and the store is not shut down (its files are open and recovered)."""
+        return self._state in (_State.LOADED, _State.RUNNING)
+
     def rebuild_topic_queue_table(self) -> None:
         self.topic_queue_table = {k: cq.max_offset for k, cq in self.cqs.queues.items()}
 
