@@ -23,8 +23,9 @@ import logging
 import os
 from collections.abc import Sequence
 
+from broker.dledger.config import AppendError
 from broker.dledger.entry import BODY_OFFSET
-from broker.dledger.node import AppendError, DLedgerNode
+from broker.dledger.server import DLedgerServer
 from broker.dledger.store import DLedgerStore
 from broker.store.api import AppendResult, PutMessageStatus, StoreError
 from broker.store.cleaner import StoreCleaner
@@ -174,11 +175,11 @@ class DLedgerMessageStore(FileMessageStore):
         self.cleaner = StoreCleaner(self.commitlog, self.cqs, self.index, self.dispatcher, config.retention,
                                     config.disk_used_ratio or self.io.used_ratio, config.clock_ms,
                                     config.destroy_mapped_file_interval_forcibly_ms)
-        self.node: DLedgerNode | None = None
+        self.node: DLedgerServer | None = None
         self._checkpointed = (-2, -2)
         self._checkpointed_at = 0
 
-    def attach(self, node: DLedgerNode) -> None:
+    def attach(self, node: DLedgerServer) -> None:
         """The member that appends for this store (built on :attr:`ledger`)."""
         self.node = node
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from broker.dledger.dispatcher import EntryDispatcher, PushKind, PushState, Send
-from broker.dledger.follower import EntryHandler, FollowerCode
+from broker.dledger.follower import FollowerCode, ParkedAppends
 from broker.dledger.quorum import AckCode, Completion, QuorumTracker, quorum_index
 
 
@@ -174,7 +174,7 @@ def test_commit_when_caught_up_and_idle() -> None:
 # -- the follower ----------------------------------------------------------------------------------------------
 
 def test_parked_appends_are_taken_in_log_order() -> None:
-    h = EntryHandler()
+    h = ParkedAppends()
     assert h.park("b", 5, 8, now_ms=0) is None
     assert h.park("a", 1, 4, now_ms=0) is None
     assert h.park("a2", 1, 4, now_ms=0) is FollowerCode.REPEATED_PUSH
@@ -185,27 +185,27 @@ def test_parked_appends_are_taken_in_log_order() -> None:
 
 
 def test_a_re_pushed_batch_overlapping_the_log_end_continues_it() -> None:
-    h = EntryHandler()
+    h = ParkedAppends()
     h.park("again", 5, 8, now_ms=0)
     assert h.take_next(ledger_end=6).token == "again"  # type: ignore[union-attr]
 
 
 def test_compare_and_truncate_clear_parked_appends() -> None:
-    h = EntryHandler()
+    h = ParkedAppends()
     h.park("a", 3, 3, 0)
     h.park("b", 4, 4, 0)
     assert [p.token for p in h.clear()] == ["a", "b"] and len(h) == 0
 
 
 def test_parked_appends_are_bounded() -> None:
-    h = EntryHandler(max_parked=2)
+    h = ParkedAppends(max_parked=2)
     h.park("a", 3, 3, 0)
     h.park("b", 4, 4, 0)
     assert h.park("c", 5, 5, 0) is FollowerCode.PUSH_REQUEST_IS_FULL
 
 
 def test_sweep_answers_appends_behind_the_log_and_times_out_the_gap() -> None:
-    h = EntryHandler(gap_timeout_ms=1000)
+    h = ParkedAppends(gap_timeout_ms=1000)
     h.park("behind", 2, 3, now_ms=0)
     h.park("diverged", 4, 4, now_ms=0)
     h.park("gap", 9, 9, now_ms=0)
@@ -220,7 +220,7 @@ def test_sweep_answers_appends_behind_the_log_and_times_out_the_gap() -> None:
 
 
 def test_no_gap_timeout_while_the_next_append_is_parked() -> None:
-    h = EntryHandler(gap_timeout_ms=1000)
+    h = ParkedAppends(gap_timeout_ms=1000)
     h.park("next", 6, 6, now_ms=0)
     h.park("after", 7, 7, now_ms=0)
     assert h.sweep(5000, ledger_end=5, holds=lambda p: True) == []
