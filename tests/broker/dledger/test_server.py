@@ -246,6 +246,42 @@ def test_an_old_leaders_unacknowledged_tail_is_cut_when_it_rejoins(tmp_path: Pat
     run(tmp_path, scenario)
 
 
+def test_a_healed_old_leader_whose_log_ends_at_the_compared_index_catches_up(tmp_path: Path) -> None:
+    """The old leader took one entry nobody else got, then was cut off; the others elected a leader, whose empty
+    entry (another term, another size) sits at that index, and which took one more entry. Healed, the old leader's
+    log ends exactly at an index the new leader compares: only a COMPARE that looks at the entry there sends the
+    new leader one further back, to truncate there. One answering SUCCESS for any entry there would have it push
+    from the next index for ever, each push refused ("append from N refused": placed after the wrong entry)."""
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        committed, _ = await lead.append(b"shared")
+        for n in g.nodes.values():
+            await wait_until(lambda n=n: n.store.committed_index >= committed, 5, f"{n.state.self_id} committing")
+        old = lead.state.self_id
+        others = [p for p in g.peers if p != old]
+        g.faults(lead).block(*others)
+        for p in others:
+            g.faults(g.nodes[p]).block(old)
+        lonely = asyncio.ensure_future(lead.append(b"lost"))
+        await wait_until(lambda: lead.store.end_index == committed + 1, 5, "the lonely entry in the old leader's log")
+        new = await wait_until(lambda: next((g.nodes[p] for p in others if g.nodes[p].state.role is Role.LEADER),
+                                            None), 10, "the majority electing a new leader")
+        index, _ = await new.append(b"majority")
+        assert index == committed + 2 and new.store.unit(committed + 1)[2] == new.state.term  # type: ignore[index]
+        with pytest.raises(AppendError):
+            await lonely
+        assert lead.store.end_index == committed + 1  # it ends at the index of the new leader's empty entry
+        g.faults(lead).heal()
+        for p in others:
+            g.faults(g.nodes[p]).heal()
+        await wait_until(lambda: lead.state.role is Role.FOLLOWER and lead.store.committed_index >= index, 10,
+                         "the old leader following and catching up")
+        assert entries(lead, index) == entries(new, index)
+        assert b"lost" not in b"".join(e or b"" for e in entries(lead, lead.store.end_index))
+
+    run(tmp_path, scenario)
+
+
 def test_pre_vote_keeps_an_isolated_follower_from_deposing_the_leader(tmp_path: Path) -> None:
     async def scenario(g: Group) -> None:
         lead = await g.wait_leader()
