@@ -213,35 +213,6 @@ class EntryPusher:
             self.check_quorum()
         return index, pos, fut
 
-    def check_quorum(self) -> None:
-        """Commit what a majority holds (an entry of this term only) and complete or time out the waiting
-        appends (on every ack, and on the state loop's tick for the timeouts)."""
-        tracker, st, store = self._tracker, self._state, self._store
-        if tracker is None or st.role is not Role.LEADER:
-            return
-        idx, done = tracker.check(st.term, self._clock())
-        if idx > store.committed_index:
-            unit = store.unit(idx)
-            committed = unit is not None and unit[2] == st.term and store.update_committed(st.term, idx, st.term)
-            if committed and self._on_commit is not None:
-                self._on_commit(store.committed_index, store.committed_pos)
-        for c in done:
-            entry = self._futures.get(c.index)
-            if entry is None:
-                continue
-            fut, pos = entry
-            del self._futures[c.index]
-            if fut.done():
-                continue
-            if c.code is AckCode.SUCCESS:
-                fut.set_result((c.index, pos))
-            else:
-                fut.set_exception(AppendError(c.code.value, f"entry {c.index} was not stored by a quorum within "
-                                              f"{self._config.max_wait_ack_ms} ms (maxWaitAckTimeMs)"
-                                              if c.code is AckCode.WAIT_QUORUM_ACK_TIMEOUT else
-                                              f"the term moved on before entry {c.index} reached a quorum",
-                                              st.leader_id))
-
     # -- one follower ---------------------------------------------------------------------------------------
     async def _replicate(self, peer: str, term: int, buffers: PushBuffers) -> None:
         """The push loop of one follower while this member leads ``term`` (``buffers``: this leadership's)."""
@@ -371,6 +342,36 @@ class EntryPusher:
         elif r.code is PushCode.INCONSISTENT_STATE:
             disp.on_append(False, first, last, inconsistent=True)
             self._new_data[peer].set()
+
+    # -- the quorum -----------------------------------------------------------------------------------------
+    def check_quorum(self) -> None:
+        """Commit what a majority holds (an entry of this term only) and complete or time out the waiting
+        appends (on every ack, and on the state loop's tick for the timeouts)."""
+        tracker, st, store = self._tracker, self._state, self._store
+        if tracker is None or st.role is not Role.LEADER:
+            return
+        idx, done = tracker.check(st.term, self._clock())
+        if idx > store.committed_index:
+            unit = store.unit(idx)
+            committed = unit is not None and unit[2] == st.term and store.update_committed(st.term, idx, st.term)
+            if committed and self._on_commit is not None:
+                self._on_commit(store.committed_index, store.committed_pos)
+        for c in done:
+            entry = self._futures.get(c.index)
+            if entry is None:
+                continue
+            fut, pos = entry
+            del self._futures[c.index]
+            if fut.done():
+                continue
+            if c.code is AckCode.SUCCESS:
+                fut.set_result((c.index, pos))
+            else:
+                fut.set_exception(AppendError(c.code.value, f"entry {c.index} was not stored by a quorum within "
+                                              f"{self._config.max_wait_ack_ms} ms (maxWaitAckTimeMs)"
+                                              if c.code is AckCode.WAIT_QUORUM_ACK_TIMEOUT else
+                                              f"the term moved on before entry {c.index} reached a quorum",
+                                              st.leader_id))
 
     def _larger_term(self, r: PushReply) -> bool:
         """A follower answered with a larger term: the leadership is over. True when it did."""
