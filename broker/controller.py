@@ -35,10 +35,11 @@ from broker.acl import build_gate
 from broker.clients import ClientTable, LastPulls
 from broker.config import BrokerConfig
 from broker.dispatch_driver import DispatchDriver
+from broker.dledger.config import AppendError, DLedgerConfig
 from broker.dledger.election import ElectionTimings
 from broker.dledger.message_store import DLedgerMessageStore
-from broker.dledger.node import AppendError, DLedgerNode, NodeConfig
 from broker.dledger.roles import RoleHandler
+from broker.dledger.server import DLedgerServer
 from broker.durability import Durability, DurabilityWaiter, QuorumWait
 from broker.ha import HAClient, HAService
 from broker.ha.api import HAClientAPI, HAServiceAPI
@@ -130,7 +131,7 @@ class BrokerController:
         self._clock_ms = clock_ms or _wall_clock_ms
         self.role = RoleState(config.broker_role, config.broker_id)
         """The current role and id, read by the processors (DLedger mode: they follow the election)."""
-        self.dledger: DLedgerNode | None = None
+        self.dledger: DLedgerServer | None = None
         self.tls = config.tls_contexts()
         """The TLS contexts with ``tlsEnable`` (HTTP, HA and DLedger ports, outbound calls), else None."""
         cfg_dir = config.config_dir
@@ -231,22 +232,21 @@ class BrokerController:
                                   max_heartbeat_leak=cfg.max_heart_beat_leak,
                                   min_vote_interval_ms=cfg.min_vote_interval_ms,
                                   max_vote_interval_ms=cfg.max_vote_interval_ms)
-        node_config = NodeConfig(group=cfg.dledger_group, self_id=cfg.dleger_self_id, peers=dict(cfg.dleger_peers),
-                                 timings=timings, pre_vote=cfg.dleger_pre_vote,
-                                 max_pending=cfg.max_pending_requests_num, max_wait_ack_ms=cfg.max_wait_ack_time_ms,
-                                 max_push_timeout_ms=cfg.max_push_time_out_ms,
-                                 preferred_leader_id=cfg.preferred_leader_id or None,
-                                 auth_secret=cfg.ha_auth_secret.encode(),
-                                 tls_server=self.tls.peer_server if self.tls is not None else None,
-                                 tls_client=self.tls.client if self.tls is not None else None)
+        dledger_config = DLedgerConfig(
+            group=cfg.dledger_group, self_id=cfg.dleger_self_id, peers=dict(cfg.dleger_peers), timings=timings,
+            pre_vote=cfg.dleger_pre_vote, max_pending=cfg.max_pending_requests_num,
+            max_wait_ack_ms=cfg.max_wait_ack_time_ms, max_push_timeout_ms=cfg.max_push_time_out_ms,
+            preferred_leader_id=cfg.preferred_leader_id or None, auth_secret=cfg.ha_auth_secret.encode(),
+            tls_server=self.tls.peer_server if self.tls is not None else None,
+            tls_client=self.tls.client if self.tls is not None else None)
         roles = self.dledger_roles = RoleHandler(
             role=self.role, follower_id=cfg.dledger_broker_id,
             leading=lambda term: self.dledger is not None and self.dledger.leads(term),
             caught_up=lambda: self.dispatch.catch_up() and store.ledger_caught_up,
             set_store_role=store.set_broker_role,
             become_master=self._became_master, become_slave=self._became_slave)
-        node = self.dledger = DLedgerNode(node_config, store.ledger, on_role_change=roles.changed,
-                                          on_commit=store.committed_moved)
+        node = self.dledger = DLedgerServer(dledger_config, store.ledger, on_role_change=roles.changed,
+                                            on_commit=store.committed_moved)
         store.attach(node)
         store.add_append_listener(lambda _end: roles.poke())
         self.durability = QuorumWait(group=cfg.dledger_group, max_wait_ack_ms=cfg.max_wait_ack_time_ms)

@@ -1,6 +1,6 @@
 """``python -m benchmarks.chaos.faulty_broker -c FILE [...]``: the broker's own entry point, with the store's file
-layer (:class:`broker.store.io.FaultyIO`) in place of the real one, so the chaos nemesis can fill the disk of a
-broker it may not mount a small file system for (it is not root).
+layer replaced by :class:`benchmarks.chaos.faulty_io.FaultyIO`, so the chaos nemesis can fill the disk of a broker
+it may not mount a small file system for (it is not root).
 
 * SIGUSR1: the disk is full -- every file allocation and every write of the store fails with ENOSPC (nothing is
   written), from the commit log and consume queues to the files a slave appends replicated bytes to;
@@ -20,8 +20,8 @@ import sys
 from types import FrameType
 
 import broker.__main__ as broker_main
+from benchmarks.chaos.faulty_io import FaultyIO
 from broker.store.file_store import FileMessageStore
-from broker.store.io import FaultyIO
 
 __all__ = ["DISK_FULL", "DISK_ROOM", "main"]
 

@@ -23,8 +23,9 @@ import logging
 import os
 from collections.abc import Sequence
 
+from broker.dledger.config import AppendError
 from broker.dledger.entry import BODY_OFFSET
-from broker.dledger.node import AppendError, DLedgerNode
+from broker.dledger.server import DLedgerServer
 from broker.dledger.store import DLedgerStore
 from broker.store.api import AppendResult, PutMessageStatus, StoreError
 from broker.store.cleaner import StoreCleaner
@@ -32,7 +33,7 @@ from broker.store.commitlog import Run
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from broker.store.dispatch import HANDOVER_MAX_MESSAGES, Dispatcher, DispatchListener
-from broker.store.file_store import FileMessageStore, _State
+from broker.store.file_store import FileMessageStore
 from broker.store.index import IndexService
 from broker.store.io import FileIO
 from common.codec import BatchItem, write_batch_records
@@ -156,7 +157,7 @@ class DLedgerMessageStore(FileMessageStore):
         config: the store configuration (``mapped_file_size_commitlog`` sizes the DLedger data files).
         self_id: this member's id (the log lives in ``<root>/dledger-<self_id>``).
         index_file_size: ``mappedFileSizeForEntryIndex``.
-        io: the file layer (tests pass a :class:`~broker.store.io.FaultyIO`).
+        io: the file layer (default :class:`~broker.store.io.FileIO`).
 
     The broker attaches the member with :meth:`attach` before it starts serving.
     """
@@ -167,17 +168,18 @@ class DLedgerMessageStore(FileMessageStore):
                                    data_file_size=config.mapped_file_size_commitlog, index_file_size=index_file_size,
                                    preallocate=config.preallocate_commitlog)
         self.commitlog = self.ledger.data
-        self.entries = CommittedDispatcher(self.ledger, self.cqs, self.index, self._delay_levels,
-                                           self._dispatch_listeners)
+        # The classic dispatcher's listener list itself: a listener added later (add_dispatch_listener) hears both.
+        self.entries = CommittedDispatcher(self.ledger, self.cqs, self.index, config.delay_levels_ms,
+                                           self.dispatcher.listeners)
         self.dispatcher = self.entries
         self.cleaner = StoreCleaner(self.commitlog, self.cqs, self.index, self.dispatcher, config.retention,
                                     config.disk_used_ratio or self.io.used_ratio, config.clock_ms,
                                     config.destroy_mapped_file_interval_forcibly_ms)
-        self.node: DLedgerNode | None = None
+        self.node: DLedgerServer | None = None
         self._checkpointed = (-2, -2)
         self._checkpointed_at = 0
 
-    def attach(self, node: DLedgerNode) -> None:
+    def attach(self, node: DLedgerServer) -> None:
         """The member that appends for this store (built on :attr:`ledger`)."""
         self.node = node
 
@@ -224,7 +226,7 @@ class DLedgerMessageStore(FileMessageStore):
         return flushed
 
     def _close_files(self, *, crashed: bool = False) -> None:
-        if not crashed and self._state is not _State.CREATED:
+        if not crashed and self.loaded:
             try:
                 self.ledger.write_checkpoint()
             except OSError as e:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from broker.dledger.member import Role
-from broker.dledger.node import Wakeup
+from broker.dledger.wakeup import Wakeup
 from broker.role import RoleState
 from common.codes import BrokerRole
 

@@ -154,7 +154,7 @@ class DLedgerStore:
     """One peer's log.
 
     Args:
-        io: the file layer (tests pass a :class:`~broker.store.io.FaultyIO`).
+        io: the file layer (the store's; a subclass may inject faults, see :mod:`broker.store.io`).
         directory: ``<storePathRootDir>/dledger-<selfId>``.
         data_file_size: ``mappedFileSizeForEntryData`` (RocketMQ: ``mappedFileSizeCommitLog``).
         index_file_size: ``mappedFileSizeForEntryIndex`` (a multiple of 32).

@@ -11,7 +11,9 @@
   every request goes to the handler and its answer back. Garbage, truncated frames, absurd sizes: a log line and
   a closed connection. Connections that have not passed HELLO yet are *pending*: at most ``max_pending`` at once
   (a newcomer closes the oldest) and each closed after ``pending_timeout_s``, so junk cannot lock a peer out.
-* :class:`FaultLayer` -- for tests: drop or delay this member's traffic to and from chosen peers.
+* :class:`PeerChannel` -- what a member's roles use of a :class:`PeerClient`; the member is handed a factory of
+  them, so whoever builds it decides what carries its requests (the tests wrap a client to drop or delay traffic,
+  in ``tests/broker/dledger/faults.py``; nothing here knows of faults).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import secrets
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from broker.dledger.protocol import (
     Frame,
@@ -51,7 +53,7 @@ from broker.peer_auth import (
 from common.tcp import tune_loopback
 from common.tls import describe_tls_failure
 
-__all__ = ["FaultLayer", "PeerClient", "PeerError", "PeerServer", "RequestHandler", "serve_peers"]
+__all__ = ["ChannelFactory", "PeerChannel", "PeerClient", "PeerError", "PeerServer", "RequestHandler", "serve_peers"]
 
 log = logging.getLogger(__name__)
 
@@ -69,30 +71,28 @@ class PeerError(ConnectionError):
     """A request to a peer failed: not connected, timed out, dropped, or the connection broke."""
 
 
-class FaultLayer:
-    """Drops or delays this member's traffic to and from peers (tests only; the default lets everything pass)."""
-
-    def __init__(self) -> None:
-        self.blocked: set[str] = set()
-        self.delay_s: dict[str, float] = {}
-
-    def block(self, *peer_ids: str) -> None:
-        self.blocked.update(peer_ids)
-
-    def heal(self, *peer_ids: str) -> None:
-        for p in peer_ids or tuple(self.blocked):
-            self.blocked.discard(p)
+class PeerChannel(Protocol):
+    """This member's requests to one peer, as the roles use them (:class:`PeerClient` is the real one)."""
 
     @property
-    def active(self) -> bool:
-        """Whether any fault is set: when not, traffic skips :meth:`passes` (an await per request and answer)."""
-        return bool(self.blocked or self.delay_s)
+    def peer_id(self) -> str: ...
 
-    async def passes(self, peer_id: str) -> bool:
-        delay = self.delay_s.get(peer_id)
-        if delay:
-            await asyncio.sleep(delay)
-        return peer_id not in self.blocked
+    async def request(self, msg_type: MsgType, body: bytes, timeout_s: float,
+                      tail: bytes | memoryview = b"") -> Frame:
+        """Send one request and wait for its answer (see :meth:`PeerClient.request`)."""
+        ...
+
+    def send(self, msg_type: MsgType, body: bytes, timeout_s: float,
+             tail: bytes | memoryview = b"") -> asyncio.Future[Frame] | None:
+        """Write one request now and return the future of its answer, or None when it cannot go at once (see
+        :meth:`PeerClient.send`)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+#: ``peer id -> channel`` to that peer: how a member gets its connections (made once per peer, at construction).
+ChannelFactory = Callable[[str], PeerChannel]
 
 
 class PeerClient:
@@ -100,7 +100,6 @@ class PeerClient:
 
     Args:
         group, self_id, peer_id, addr: who talks to whom (``addr`` is ``host:port``).
-        faults: the fault layer.
         connect_timeout_s: bound of a connection attempt.
         max_in_flight: requests waiting at once at most.
         max_frame_bytes: largest answer accepted.
@@ -111,7 +110,7 @@ class PeerClient:
             TCP). The TLS handshake counts against ``connect_timeout_s``.
     """
 
-    def __init__(self, group: str, self_id: str, peer_id: str, addr: str, faults: FaultLayer, *,
+    def __init__(self, group: str, self_id: str, peer_id: str, addr: str, *,
                  connect_timeout_s: float = 1.0, max_in_flight: int = 1024, max_frame_bytes: int = 32 << 20,
                  secret: bytes = b"", auth_timeout_s: float = 3.0, nonces: NonceSource = secrets.token_bytes,
                  tls: ssl.SSLContext | None = None) -> None:
@@ -119,7 +118,6 @@ class PeerClient:
         self._tls = tls
         self._secret, self._auth_timeout_s, self._nonces = secret, auth_timeout_s, nonces
         self._auth_failures = RateLimitedLog(log)
-        self._faults = faults
         self._connect_timeout_s = connect_timeout_s
         self._max_in_flight = max_in_flight
         self._max_frame_bytes = max_frame_bytes
@@ -212,24 +210,18 @@ class PeerClient:
         (one ``writev`` under uvloop; the transport keeps a view of what the socket did not take yet), so one
         buffer of entries can be pushed to every follower. It must not change until the answer (bytes do not).
 
-        On the common path (no fault set, connected) this awaits nothing but the answer: the leader makes two of
-        these per batch of entries, and each await, lock and ``wait_for`` was CPU on the leader's one loop.
+        Connected, this awaits nothing but the answer: the leader makes two of these per batch of entries, and
+        each await, lock and ``wait_for`` was CPU on the leader's one loop.
 
         Raises:
-            PeerError: dropped by the fault layer, not connected, too many in flight, timed out, or lost.
+            PeerError: not connected, too many in flight, timed out, or lost.
         """
-        faults = self._faults
-        if faults.active and not await faults.passes(self.peer_id):
-            raise PeerError(f"traffic to peer {self.peer_id} is blocked (fault layer)")
         if len(self._waiting) >= self._max_in_flight:
             raise PeerError(f"{len(self._waiting)} requests to peer {self.peer_id} already wait (max_in_flight)")
         writer = self._writer
         if writer is None or writer.is_closing():
             writer = await self._connect()
-        answer = await self._write(writer, msg_type, body, timeout_s, tail)
-        if faults.active and not await faults.passes(self.peer_id):
-            raise PeerError(f"traffic from peer {self.peer_id} is blocked (fault layer)")
-        return answer
+        return await self._write(writer, msg_type, body, timeout_s, tail)
 
     def send(self, msg_type: MsgType, body: bytes, timeout_s: float,
              tail: bytes | memoryview = b"") -> asyncio.Future[Frame] | None:
@@ -237,14 +229,11 @@ class PeerClient:
         written now and its answer arrives in the returned future -- a :class:`PeerError` in it when the peer does
         not answer within ``timeout_s`` or the connection is lost; cancelling it forgets the request.
 
-        None when it cannot go at once: a fault is set (:meth:`request` waits and drops as the fault layer says),
-        not connected, or ``max_in_flight`` requests wait. The answer is not held against the fault layer here:
-        a caller that finds a fault set by then does that itself (:meth:`FaultLayer.passes`).
+        None when it cannot go at once: not connected, or ``max_in_flight`` requests wait (the caller then uses
+        :meth:`request`, which connects or fails).
         """
-        faults = self._faults
         writer = self._writer
-        if (faults.active or writer is None or writer.is_closing()
-                or len(self._waiting) >= self._max_in_flight):
+        if writer is None or writer.is_closing() or len(self._waiting) >= self._max_in_flight:
             return None
         return self._write(writer, msg_type, body, timeout_s, tail)
 
@@ -310,7 +299,7 @@ class PeerServer:
 
 
 async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: Mapping[str, str],
-                      handler: RequestHandler, faults: FaultLayer, max_frame_bytes: int = 32 << 20,
+                      handler: RequestHandler, max_frame_bytes: int = 32 << 20,
                       max_connections: int = 64, max_pending: int = 16, pending_timeout_s: float = 3.0,
                       secret: bytes = b"", nonces: NonceSource = secrets.token_bytes,
                       sock: socket.socket | None = None, tls: ssl.SSLContext | None = None) -> PeerServer:
@@ -351,17 +340,15 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
         counted = False  # one of the ``established``
         tasks: set[asyncio.Task[None]] = set()
 
-        async def answer(f: Frame, who: str, result: tuple[MsgType, bytes] | Awaitable[tuple[MsgType, bytes]]
-                         ) -> None:
-            """Write the answer once it is known and the fault layer lets it pass."""
-            if not isinstance(result, tuple):
-                try:
-                    result = await result
-                except Exception:
-                    log.exception("handling %s from peer %s failed", f.type.name, who)
-                    return
-            if await faults.passes(who) and not writer.is_closing():
-                writer.write(encode_frame(result[0], f.request_id, result[1]))
+        async def answer(f: Frame, who: str, result: Awaitable[tuple[MsgType, bytes]]) -> None:
+            """Write the answer once it is known."""
+            try:
+                msg_type, body = await result
+            except Exception:
+                log.exception("handling %s from peer %s failed", f.type.name, who)
+                return
+            if not writer.is_closing():
+                writer.write(encode_frame(msg_type, f.request_id, body))
 
         async def write(data: bytes) -> None:
             writer.write(data)
@@ -394,7 +381,7 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                     except Exception:
                         log.exception("handling %s from peer %s failed", f.type.name, peer)
                         continue
-                    if isinstance(r, tuple) and not faults.active:
+                    if isinstance(r, tuple):
                         if not writer.is_closing():  # answered now: no task, no loop turn
                             writer.write(encode_frame(r[0], f.request_id, r[1]))
                         continue

@@ -66,7 +66,8 @@ class FileMessageStore:
 
     Args:
         config: the store configuration.
-        io: the file layer (tests pass a :class:`~broker.store.io.FaultyIO`).
+        io: the file layer (default :class:`~broker.store.io.FileIO`; the tests and the chaos broker pass a
+            subclass that injects faults, ``benchmarks/chaos/faulty_io.py``).
     """
 
     def __init__(self, config: StoreConfig, io: FileIO | None = None) -> None:
@@ -286,6 +287,11 @@ class FileMessageStore:
     @property
     def broker_role(self) -> BrokerRole:
         return self._role
+
+    @property
+    def loaded(self) -> bool:
+        """:meth:`load` completed and the store is not shut down (its files are open and recovered)."""
+        return self._state in (_State.LOADED, _State.RUNNING)
 
     def rebuild_topic_queue_table(self) -> None:
         self.topic_queue_table = {k: cq.max_offset for k, cq in self.cqs.queues.items()}

@@ -1,29 +1,23 @@
-"""The one layer every store file operation goes through, so tests can fault it.
+"""The one layer every store file operation goes through: the store is handed one (``io=``), so whoever builds it
+decides what its files do.
 
 :class:`FileIO` is the real thing and costs nothing extra: mapped files write straight into their mmap and
-only consult the layer when ``FileIO.hooked`` is true. :class:`FaultyIO` (tests) injects:
-
-* ``fsync_delay_s``: every flush sleeps first (slow disk; drives SYNC_FLUSH timeouts);
-* ``enospc_on_allocate`` / ``enospc_on_write``: the next allocation / write fails with ENOSPC, nothing written;
-* ``crash_after_bytes``: writes land until the budget is spent, the write that crosses it lands only partly and
-  :class:`SimulatedCrash` is raised (a process killed mid-``memcpy``);
-* :meth:`FaultyIO.drop_unsynced`: after the store is abandoned, every file goes back to its last flushed
-  content (the page cache lost at power failure).
+only consult the layer's write hooks when ``FileIO.hooked`` is true (a subclass that overrides them says so).
+The fault-injecting subclass the tests and the chaos broker use lives with them, in
+``benchmarks/chaos/faulty_io.py``; no store module knows of it.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import mmap
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import ClassVar
 
-__all__ = ["FaultyIO", "FileIO", "SimulatedCrash"]
+__all__ = ["FileIO", "msync", "prefault"]
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +125,6 @@ def prefault(
         off += length
 
 
-class SimulatedCrash(BaseException):
-    """Raised by :class:`FaultyIO` to stop the store as if the process died (not an Exception on purpose:
-    no store code path may catch it and carry on)."""
-
-
 class FileIO:
     """Real file operations. Subclasses may override any method; ``hooked`` turns on the write hooks."""
 
@@ -239,81 +228,3 @@ class FileIO:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-class FaultyIO(FileIO):
-    """:class:`FileIO` with injectable faults (tests only; see the module docstring)."""
-
-    hooked: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        *,
-        fsync_delay_s: float = 0.0,
-        crash_after_bytes: int | None = None,
-        track_unsynced: bool = False,
-    ) -> None:
-        self.fsync_delay_s = fsync_delay_s
-        self.crash_after_bytes = crash_after_bytes
-        self.enospc_on_allocate = False
-        self.enospc_on_write = False
-        self.track_unsynced = track_unsynced
-        self.bytes_written = 0
-        self.flush_count = 0
-        #: path -> content as of the last flush (what survives a power failure).
-        self._durable: dict[str, bytearray] = {}
-
-    def allocate(self, fd: int, path: str, offset: int, length: int) -> None:
-        if self.enospc_on_allocate:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        super().allocate(fd, path, offset, length)
-
-    def opened(self, path: str, mm: mmap.mmap, *, created: bool) -> None:
-        if self.track_unsynced and path not in self._durable:
-            # A file found on open is durable as it is; a new one is durable as zeros.
-            self._durable[path] = bytearray(len(mm)) if created else bytearray(mm[:])
-
-    def flush(self, mm: mmap.mmap, path: str, start: int, end: int) -> None:
-        if self.fsync_delay_s:
-            time.sleep(self.fsync_delay_s)
-        super().flush(mm, path, start, end)
-        self.flush_count += 1
-        if self.track_unsynced and end > start:
-            snap = self._durable.setdefault(path, bytearray(len(mm)))
-            aligned = start - start % PAGE_SIZE
-            snap[aligned:end] = mm[aligned:end]
-
-    def before_write(self, path: str, pos: int, length: int) -> None:
-        if self.enospc_on_write:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-
-    def after_write(self, path: str, mm: mmap.mmap, pos: int, length: int) -> None:
-        self.bytes_written += length
-        if self.crash_after_bytes is None:
-            return
-        self.crash_after_bytes -= length
-        if self.crash_after_bytes < 0:
-            lost = min(length, -self.crash_after_bytes)
-            mm[pos + length - lost : pos + length] = bytes(lost)
-            self.crash_after_bytes = None
-            raise SimulatedCrash(f"simulated crash: last {lost} bytes of a {length}-byte write to {path} lost")
-
-    def remove(self, path: str) -> None:
-        self._durable.pop(path, None)
-        super().remove(path)
-
-    def drop_unsynced(self) -> int:
-        """Put every tracked file back to its last flushed content; returns the files touched.
-
-        Call only after the store was abandoned (its maps closed).
-        """
-        touched = 0
-        for path, snap in self._durable.items():
-            if not os.path.exists(path):
-                continue
-            with open(path, "r+b") as f:
-                if f.read() != snap:
-                    f.seek(0)
-                    f.write(snap)
-                    touched += 1
-        return touched

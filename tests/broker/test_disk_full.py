@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from benchmarks.chaos.faulty_io import FaultyIO
 from broker.store.config import StoreConfig
 from broker.store.file_store import FileMessageStore
-from broker.store.io import FaultyIO
 from common.codec import encode_batch
 from common.message import Message
 from tests.broker.fakes import run_with_broker

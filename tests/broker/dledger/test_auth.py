@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from broker.dledger.member import Role
-from broker.dledger.node import DLedgerNode
 from broker.dledger.protocol import Frame, Hello, MsgType, encode_frame, encode_hello
-from broker.dledger.transport import FaultLayer, PeerClient, serve_peers
+from broker.dledger.server import DLedgerServer
+from broker.dledger.transport import PeerClient, serve_peers
 from broker.peer_auth import CHALLENGE_SIZE, MAGIC, ChannelKind
-from tests.broker.dledger.test_node import Group, entries
+from tests.broker.dledger.test_server import Group, entries
 from tests.waiting import wait_until
 
 SECRET = b"the group's cluster secret 0123"
@@ -31,7 +31,7 @@ class AuthGroup(Group):
         super().__init__(root)
         self.wrong = set(wrong)
 
-    async def start(self, peer: str) -> DLedgerNode:
+    async def start(self, peer: str) -> DLedgerServer:
         self.cfg = {"auth_secret": b"a guess" if peer in self.wrong else SECRET}
         return await super().start(peer)
 
@@ -87,7 +87,7 @@ def test_a_member_with_a_wrong_secret_gets_no_entry_and_the_others_go_on(
     async def scenario(g: AuthGroup) -> None:
         intruder = g.nodes["n2"]
 
-        def good_leader() -> DLedgerNode | None:  # n0 and n1 are a majority of three; n2 follows nobody
+        def good_leader() -> DLedgerServer | None:  # n0 and n1 are a majority of three; n2 follows nobody
             a, b = g.nodes["n0"], g.nodes["n1"]
             for lead, other in ((a, b), (b, a)):
                 if lead.state.role is Role.LEADER and other.state.leader_id == lead.state.self_id:
@@ -147,16 +147,14 @@ def test_a_flood_of_unfinished_handshakes_does_not_keep_a_peer_out(junk: bytes, 
     real peer still gets in and is answered, and the port holds no more than the pending cap of them."""
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        faults = FaultLayer()
-
         async def handler(peer: str, f: Frame) -> tuple[MsgType, bytes]:
             return MsgType.HB_REPLY, b"ok " + peer.encode()
 
         server = await serve_peers("127.0.0.1", 0, group="g", self_id="n0", peers={"n0": "x:1", "n1": "x:2"},
-                                   handler=handler, faults=faults, max_connections=64, max_pending=16,
+                                   handler=handler, max_connections=64, max_pending=16,
                                    pending_timeout_s=3.0, secret=secret)
         flood: list[socket.socket] = []
-        client = PeerClient("g", "n1", "n0", f"127.0.0.1:{server.port}", faults, secret=secret)
+        client = PeerClient("g", "n1", "n0", f"127.0.0.1:{server.port}", secret=secret)
         try:
             for _ in range(100):
                 s = socket.socket()

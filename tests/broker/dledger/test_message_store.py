@@ -10,14 +10,16 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from broker.dledger.config import DLedgerConfig
 from broker.dledger.election import ElectionTimings
 from broker.dledger.entry import BODY_OFFSET
 from broker.dledger.member import Role
 from broker.dledger.message_store import DLedgerMessageStore
-from broker.dledger.node import DLedgerNode, NodeConfig
+from broker.dledger.server import DLedgerServer, peer_clients
 from broker.store.api import GetMessageStatus, PutMessageStatus
 from common.codec import decode_records
 from common.codes import BrokerRole
+from tests.broker.dledger.faults import Faults, FaultyNetwork
 from tests.broker.store.conftest import FakeClock, batch, small_config
 from tests.waiting import wait_until
 
@@ -41,7 +43,12 @@ class Members:
             s.bind(("127.0.0.1", 0))
         self.peers = {f"n{i}": f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(self.socks)}
         self.stores: dict[str, DLedgerMessageStore] = {}
-        self.nodes: dict[str, DLedgerNode] = {}
+        self.nodes: dict[str, DLedgerServer] = {}
+        self.net = FaultyNetwork()
+        """The faults between the members (every member's requests pass them)."""
+
+    def faults(self, node: DLedgerServer) -> Faults:
+        return self.net[node.state.self_id]
 
     def open(self, peer: str) -> DLedgerMessageStore:
         extra = {"clock_ms": self.clock} if self.clock is not None else {}
@@ -54,18 +61,19 @@ class Members:
     async def start(self) -> None:
         for peer in self.peers:
             store = self.stores[peer] = self.open(peer)
-            cfg = NodeConfig(group="g", self_id=peer, peers=self.peers, timings=TIMINGS, max_wait_ack_ms=1000)
-            node = self.nodes[peer] = DLedgerNode(cfg, store.ledger, on_commit=store.committed_moved)
+            cfg = DLedgerConfig(group="g", self_id=peer, peers=self.peers, timings=TIMINGS, max_wait_ack_ms=1000)
+            node = self.nodes[peer] = DLedgerServer(cfg, store.ledger, on_commit=store.committed_moved,
+                                                    channels=self.net.channels(peer, peer_clients(cfg)))
             store.attach(node)
             await node.start(sock=self.socks[int(peer[1:])])
 
-    async def leader(self) -> tuple[DLedgerNode, DLedgerMessageStore]:
+    async def leader(self) -> tuple[DLedgerServer, DLedgerMessageStore]:
         node = await wait_until(lambda: next((n for n in self.nodes.values() if n.state.role is Role.LEADER
                                          and all(m.state.leader_id == n.state.self_id for m in self.nodes.values()
-                                                 if m is not n and not m.faults.blocked)), None), 10, "a leader")
+                                                 if m is not n and not self.faults(m).blocked)), None), 10, "a leader")
         return node, await self.serve(node)
 
-    async def serve(self, node: DLedgerNode) -> DLedgerMessageStore:
+    async def serve(self, node: DLedgerServer) -> DLedgerMessageStore:
         """What the broker's role handler does for a new leader: once its whole log is committed, it rebuilds the
         queue offsets from the dispatched queues and takes writes."""
         store = self.stores[node.state.self_id]
@@ -131,9 +139,9 @@ def test_a_partitioned_leaders_unacknowledged_sends_never_reach_a_consumer(tmp_p
         await ok.committed  # type: ignore[misc]
         old = node.state.self_id
         others = [p for p in m.peers if p != old]
-        node.faults.block(*others)
+        m.faults(node).block(*others)
         for p in others:
-            m.nodes[p].faults.block(old)
+            m.faults(m.nodes[p]).block(old)
         lost = [store.append_batch("T", 0, batch("T", 1, body=b"lost%d" % i), born_host=HOST) for i in range(4)]
         assert all(r.status is PutMessageStatus.PUT_OK for r in lost)
         new = await wait_until(lambda: next((m.nodes[p] for p in others if m.nodes[p].state.role is Role.LEADER), None),
@@ -146,9 +154,9 @@ def test_a_partitioned_leaders_unacknowledged_sends_never_reach_a_consumer(tmp_p
             await asyncio.wait([r.committed])
             assert r.committed.exception() is not None
         assert queue_bodies(store) == [b"shared"]  # the lonely leader never dispatched its tail
-        node.faults.heal()
+        m.faults(node).heal()
         for p in others:
-            m.nodes[p].faults.heal()
+            m.faults(m.nodes[p]).heal()
         await wait_until(lambda: node.state.role is Role.FOLLOWER and queue_bodies(store) == [b"shared", b"majority"],
                     10, "the old leader following, its tail cut, the majority's message dispatched")
         assert all(b"lost" not in (node.store.get(i) or b"") for i in range(node.store.end_index + 1))
@@ -187,12 +195,12 @@ def test_retention_deletes_the_oldest_entries_and_a_follower_far_behind_restarts
     async def scenario(m: Members) -> None:
         node, store = await m.leader()
         laggard = next(p for p in m.peers if p != node.state.self_id)
-        node.faults.block(laggard)
-        m.nodes[laggard].faults.block(node.state.self_id)
+        m.faults(node).block(laggard)
+        m.faults(m.nodes[laggard]).block(node.state.self_id)
         for p in m.peers:  # the third member must not elect the laggard meanwhile
             if p not in (laggard, node.state.self_id):
-                m.nodes[p].faults.block(laggard)
-                m.nodes[laggard].faults.block(p)
+                m.faults(m.nodes[p]).block(laggard)
+                m.faults(m.nodes[laggard]).block(p)
         for i in range(150):  # ~2 KiB entries in 64 KiB data files: 5 files
             r = store.append_batch("T", 0, batch("T", 10, body=b"m%03d" % i + b"x" * 100), born_host=HOST)
             await r.committed  # type: ignore[misc]
@@ -216,7 +224,7 @@ def test_retention_deletes_the_oldest_entries_and_a_follower_far_behind_restarts
         kept = queue_bodies(store)
         assert kept == before[lo:]  # the newest messages stay, in order, from the queue's new min offset
         for f in m.nodes.values():
-            f.faults.heal()
+            m.faults(f).heal()
         after = store.append_batch("T", 0, batch("T", 1, body=b"after"), born_host=HOST)
         await after.committed  # type: ignore[misc]
         far = m.stores[laggard]

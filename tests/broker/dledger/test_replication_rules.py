@@ -1,13 +1,14 @@
-"""The leader's quorum wait, its per-follower dispatcher and the follower's parked appends (docs/SEMANTICS.md 9.4-9.5),
-as tables: the quorum index, completions and timeouts, LEADER_PENDING_FULL, TERM_CHANGED, each dispatcher
-transition, re-push, and the follower's gap timeout."""
+"""The leader's quorum wait, its per-follower dispatcher and the follower's rules (docs/SEMANTICS.md 9.4-9.5), as
+tables: the quorum index, completions and timeouts, LEADER_PENDING_FULL, TERM_CHANGED, each dispatcher
+transition, re-push, the follower's COMPARE answer, its commit bound and its gap timeout; and the dispatcher
+against a follower answering by those rules, from logs that diverge in every way, until both logs are one."""
 
 from __future__ import annotations
 
 import pytest
 
 from broker.dledger.dispatcher import EntryDispatcher, PushKind, PushState, Send
-from broker.dledger.follower import EntryHandler, FollowerCode
+from broker.dledger.follower import Agreement, FollowerCode, ParkedAppends, compare_answer
 from broker.dledger.quorum import AckCode, Completion, QuorumTracker, quorum_index
 
 
@@ -173,8 +174,83 @@ def test_commit_when_caught_up_and_idle() -> None:
 
 # -- the follower ----------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize(("held", "leaders", "code"), [
+    (b"t2:m", b"t2:m", FollowerCode.SUCCESS),  # the very entry
+    (None, b"t2:m", FollowerCode.INCONSISTENT_STATE),  # the follower's log does not reach the index
+    (b"t1:lost", b"t2:", FollowerCode.INCONSISTENT_STATE),  # an old leader's own entry there: not the same
+    (b"t1:x", b"t2:y", FollowerCode.INCONSISTENT_STATE),  # another term, the same size
+    (b"t2:m", memoryview(b"t2:m"), FollowerCode.SUCCESS),  # the push's entry arrives as a view of the frame
+])
+def test_compare_succeeds_only_on_the_leaders_very_entry(held: bytes | None, leaders: bytes,
+                                                         code: FollowerCode) -> None:
+    assert compare_answer(held, leaders) is code
+
+
+@pytest.mark.parametrize(("steps", "bound"), [
+    ([], -1),  # nothing proven: commits nothing, whatever the leader says
+    ([("agree", 2, 7)], 7),  # a COMPARE, TRUNCATE or APPEND proved up to 7: the leader's 9 is capped there
+    ([("agree", 2, 7), ("agree", 2, 5)], 7),  # a late answer of an earlier batch does not lower it
+    ([("agree", 1, 8)], -1),  # proven to the leader of term 1 only: says nothing of term 2's leader
+    ([("agree", 2, 8), ("term", 3, 0)], -1),  # a new leader: from nothing again
+    ([("agree", 2, 20)], 9),  # never past what the leader says is committed
+])
+def test_a_follower_commits_no_further_than_it_agrees_with_its_leader(steps: list[tuple[str, int, int]],
+                                                                       bound: int) -> None:
+    a = Agreement()
+    for op, term, index in steps:
+        a.agree(term, index) if op == "agree" else a.leader_term(term)
+    term = steps[-1][1] if steps and steps[-1][0] == "term" else 2
+    assert a.commit_bound(term, leader_committed=9, end_index=15) == bound
+
+
+LEADER = [b"t1:a", b"t1:b", b"t2:", b"t2:m"]
+"""A leader of term 2 whose first entry of its term (index 2) is its empty entry."""
+
+
+def replicate(follower: list[bytes], leader: list[bytes] = LEADER, max_polls: int = 40) -> list[bytes]:
+    """The leader's dispatcher against a follower that answers by the follower's rules: COMPARE by
+    :func:`compare_answer`, TRUNCATE by ending its log with the leader's entry, APPEND by continuing its log (the
+    real store refuses an entry placed after another of a different size; one of the same size it takes). Returns
+    the follower's log once the dispatcher is appending with nothing left to push, or after ``max_polls``."""
+    log = list(follower)
+    d = EntryDispatcher("n1")
+    end = len(leader) - 1
+    for now in range(max_polls):
+        for s in d.poll(0, end, now):
+            if s.kind is PushKind.COMPARE:
+                held = log[s.index] if s.index < len(log) else None
+                ok = compare_answer(held, leader[s.index]) is FollowerCode.SUCCESS
+                d.on_compare(ok, 0 if log else -1, len(log) - 1, 0, end)
+            elif s.kind is PushKind.TRUNCATE:
+                log[s.index:] = [leader[s.index]]
+                d.on_truncate(True)
+            elif s.kind is PushKind.APPEND:
+                last = s.index + s.count - 1
+                if s.index != len(log):
+                    d.on_append(False, s.index, last, inconsistent=True)
+                    continue
+                log += leader[s.index : last + 1]
+                d.on_append(True, s.index, last)
+        if d.state is PushState.APPEND and d.watermark == end:
+            break
+    return log
+
+
+@pytest.mark.parametrize("follower", [
+    pytest.param([b"t1:a", b"t1:b", b"t1:lost"], id="an old leader ending at the compared index"),
+    pytest.param([b"t1:a", b"t1:b", b"t1:x"], id="the same, its entry the size of the leader's"),
+    pytest.param([b"t1:a", b"t1:b", b"t1:lost", b"t1:more", b"t1:and more"], id="a longer divergent tail"),
+    pytest.param([b"t1:a", b"t1:b"], id="behind"),
+    pytest.param([b"t1:a", b"t1:b", b"t2:", b"t2:m"], id="the same log"),
+    pytest.param([], id="empty"),
+    pytest.param([b"t0:z"], id="nothing in common"),
+])
+def test_a_follower_answering_by_the_rules_ends_with_the_leaders_log(follower: list[bytes]) -> None:
+    assert replicate(follower) == LEADER
+
+
 def test_parked_appends_are_taken_in_log_order() -> None:
-    h = EntryHandler()
+    h = ParkedAppends()
     assert h.park("b", 5, 8, now_ms=0) is None
     assert h.park("a", 1, 4, now_ms=0) is None
     assert h.park("a2", 1, 4, now_ms=0) is FollowerCode.REPEATED_PUSH
@@ -185,27 +261,27 @@ def test_parked_appends_are_taken_in_log_order() -> None:
 
 
 def test_a_re_pushed_batch_overlapping_the_log_end_continues_it() -> None:
-    h = EntryHandler()
+    h = ParkedAppends()
     h.park("again", 5, 8, now_ms=0)
     assert h.take_next(ledger_end=6).token == "again"  # type: ignore[union-attr]
 
 
 def test_compare_and_truncate_clear_parked_appends() -> None:
-    h = EntryHandler()
+    h = ParkedAppends()
     h.park("a", 3, 3, 0)
     h.park("b", 4, 4, 0)
     assert [p.token for p in h.clear()] == ["a", "b"] and len(h) == 0
 
 
 def test_parked_appends_are_bounded() -> None:
-    h = EntryHandler(max_parked=2)
+    h = ParkedAppends(max_parked=2)
     h.park("a", 3, 3, 0)
     h.park("b", 4, 4, 0)
     assert h.park("c", 5, 5, 0) is FollowerCode.PUSH_REQUEST_IS_FULL
 
 
 def test_sweep_answers_appends_behind_the_log_and_times_out_the_gap() -> None:
-    h = EntryHandler(gap_timeout_ms=1000)
+    h = ParkedAppends(gap_timeout_ms=1000)
     h.park("behind", 2, 3, now_ms=0)
     h.park("diverged", 4, 4, now_ms=0)
     h.park("gap", 9, 9, now_ms=0)
@@ -220,7 +296,7 @@ def test_sweep_answers_appends_behind_the_log_and_times_out_the_gap() -> None:
 
 
 def test_no_gap_timeout_while_the_next_append_is_parked() -> None:
-    h = EntryHandler(gap_timeout_ms=1000)
+    h = ParkedAppends(gap_timeout_ms=1000)
     h.park("next", 6, 6, now_ms=0)
     h.park("after", 7, 7, now_ms=0)
     assert h.sweep(5000, ledger_end=5, holds=lambda p: True) == []

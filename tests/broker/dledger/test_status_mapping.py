@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from broker.dledger.config import AppendError
 from broker.dledger.message_store import put_status
-from broker.dledger.node import AppendError
 from broker.durability import QuorumWait
 from broker.store.api import AppendResult, PutMessageStatus
 from client.errors import ServiceNotAvailableError, SystemBusyError

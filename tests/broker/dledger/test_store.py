@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.chaos.faulty_io import FaultyIO
 from broker.dledger.entry import BODY_OFFSET, read_entry_header
 from broker.dledger.store import DLedgerStore, EntryRefused
-from broker.store.io import FaultyIO, FileIO
+from broker.store.io import FileIO
 
 DATA = 1024
 INDEX = 32 * 16

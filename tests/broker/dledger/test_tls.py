@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from broker.dledger.protocol import MsgType
-from broker.dledger.transport import FaultLayer, PeerClient, PeerError
+from broker.dledger.transport import PeerClient, PeerError
 from client import ClientConfig, Message, Producer, SendStatus
 from client.cluster import LocalCluster
 from client.tls import LocalTlsFiles, generate_local_tls_files
 from common.tls import client_context, server_context
 from tests.broker.dledger.test_auth import SECRET
-from tests.broker.dledger.test_node import Group, entries
+from tests.broker.dledger.test_server import Group, entries
 from tests.waiting import wait_until
 
 
@@ -64,7 +64,7 @@ def test_a_member_that_distrusts_the_certificate_asks_nothing_and_says_why(
         try:
             await g.start_all()
             lead = await g.wait_leader()
-            distrusting = PeerClient("g", "n9", lead.state.self_id, g.peers[lead.state.self_id], FaultLayer(),
+            distrusting = PeerClient("g", "n9", lead.state.self_id, g.peers[lead.state.self_id],
                                      tls=client_context(other_ca.ca_file, ca_option="tlsCaFile"))
             with pytest.raises(PeerError, match="TLS verification") as info:
                 await distrusting.request(MsgType.HEARTBEAT, b"", 2.0)

@@ -12,7 +12,7 @@ import pytest
 import uvloop
 
 from broker.dledger.protocol import Frame, MsgType
-from broker.dledger.transport import FaultLayer, PeerClient, PeerError, PeerServer, serve_peers
+from broker.dledger.transport import PeerClient, PeerError, PeerServer, serve_peers
 from tests.waiting import wait_until
 
 PEERS = {"n0": "x:1", "n1": "x:2", "n2": "x:3"}
@@ -32,8 +32,7 @@ async def digest_server(self_id: str, gate: asyncio.Event) -> PeerServer:
         await gate.wait()
         return MsgType.PUSH_REPLY, hashlib.sha256(f.body).digest()
 
-    return await serve_peers("127.0.0.1", 0, group="g", self_id=self_id, peers=PEERS, handler=handler,
-                             faults=FaultLayer())
+    return await serve_peers("127.0.0.1", 0, group="g", self_id=self_id, peers=PEERS, handler=handler)
 
 
 @pytest.mark.parametrize("loop", list(LOOPS))
@@ -46,7 +45,7 @@ def test_one_tail_buffer_reaches_two_peers_whole_through_partial_writes(loop: st
     async def main() -> None:
         gate = asyncio.Event()
         servers = [await digest_server(p, gate) for p in ("n1", "n2")]
-        clients = [PeerClient("g", "n0", p, f"127.0.0.1:{s.port}", FaultLayer())
+        clients = [PeerClient("g", "n0", p, f"127.0.0.1:{s.port}")
                    for p, s in zip(("n1", "n2"), servers, strict=True)]
         try:
             for c in clients:  # connected first, so the write below is the request itself
@@ -84,7 +83,7 @@ def test_a_request_times_out_and_a_lost_connection_fails_the_waiting_ones(loop: 
     async def main() -> None:
         gate = asyncio.Event()
         server = await digest_server("n1", gate)
-        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", FaultLayer())
+        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}")
         try:
             with pytest.raises(PeerError, match=r"did not answer PUSH within 0\.1 s"):
                 await client.request(MsgType.PUSH, b"h", 0.1, b"entries")
@@ -99,44 +98,18 @@ def test_a_request_times_out_and_a_lost_connection_fails_the_waiting_ones(loop: 
     LOOPS[loop](main())
 
 
-def test_a_blocked_peer_gets_nothing() -> None:
-    async def main() -> None:
-        gate = asyncio.Event()
-        gate.set()
-        server = await digest_server("n1", gate)
-        faults = FaultLayer()
-        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", faults)
-        try:
-            assert bytes((await client.request(MsgType.PUSH, b"h", 5.0, b"e")).body) == hashlib.sha256(b"he").digest()
-            faults.block("n1")
-            with pytest.raises(PeerError, match="blocked"):
-                await client.request(MsgType.PUSH, b"h", 5.0, b"e")
-            faults.heal()
-            faults.delay_s["n1"] = 0.01
-            assert bytes((await client.request(MsgType.PUSH, b"h", 5.0, b"e")).body) == hashlib.sha256(b"he").digest()
-        finally:
-            await client.close()
-            await server.close()
-
-    asyncio.run(main())
-
-
 @pytest.mark.parametrize("loop", list(LOOPS))
 def test_send_writes_at_once_and_its_future_ends_like_a_request(loop: str) -> None:
-    """:meth:`PeerClient.send` (the leader's pushes, no task): None when it cannot go at once (not connected, a
-    fault set: the caller uses ``request``); else the answer, a timeout or a lost connection in its future, and
-    the request forgotten in every case (cancelled too)."""
+    """:meth:`PeerClient.send` (the leader's pushes, no task): None when it cannot go at once (not connected: the
+    caller uses ``request``); else the answer, a timeout or a lost connection in its future, and the request
+    forgotten in every case (cancelled too)."""
     async def main() -> None:
         gate = asyncio.Event()
         server = await digest_server("n1", gate)
-        faults = FaultLayer()
-        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", faults)
+        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}")
         try:
             assert client.send(MsgType.PUSH, b"h", 5.0, b"e") is None  # not connected yet
             await client._connect()
-            faults.delay_s["n1"] = 0.01
-            assert client.send(MsgType.PUSH, b"h", 5.0, b"e") is None
-            faults.delay_s.clear()
             timing_out = client.send(MsgType.PUSH, b"h", 0.1, b"e")
             assert timing_out is not None
             with pytest.raises(PeerError, match=r"did not answer PUSH within 0\.1 s"):
@@ -166,7 +139,7 @@ def test_send_writes_at_once_and_its_future_ends_like_a_request(loop: str) -> No
 def test_a_handler_answers_at_once_later_or_by_raising_and_the_connection_serves_on(loop: str) -> None:
     """A handler may return its answer (written in the same read step, no task), an awaitable of it (answered when
     it completes, after later requests), or raise (logged; the request goes unanswered and the connection keeps
-    serving); a fault set on the peer still holds the at-once answers back."""
+    serving)."""
     async def main() -> None:
         later: asyncio.Future[tuple[MsgType, bytes]] = asyncio.get_running_loop().create_future()
         seen: list[bytes] = []
@@ -180,10 +153,8 @@ def test_a_handler_answers_at_once_later_or_by_raising_and_the_connection_serves
                 raise RuntimeError("handler bug")
             return MsgType.PUSH_REPLY, b"now:" + body
 
-        faults = FaultLayer()
-        server = await serve_peers("127.0.0.1", 0, group="g", self_id="n1", peers=PEERS, handler=handler,
-                                   faults=faults)
-        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}", FaultLayer())
+        server = await serve_peers("127.0.0.1", 0, group="g", self_id="n1", peers=PEERS, handler=handler)
+        client = PeerClient("g", "n0", "n1", f"127.0.0.1:{server.port}")
         try:
             waiting = asyncio.get_running_loop().create_task(client.request(MsgType.PUSH, b"later", 5.0))
             assert bytes((await client.request(MsgType.PUSH, b"a", 5.0)).body) == b"now:a"
@@ -192,12 +163,8 @@ def test_a_handler_answers_at_once_later_or_by_raising_and_the_connection_serves
                 await client.request(MsgType.PUSH, b"boom", 0.2)
             later.set_result((MsgType.PUSH_REPLY, b"done later"))
             assert bytes((await waiting).body) == b"done later"
-            faults.block("n0")
-            with pytest.raises(PeerError, match="did not answer"):
-                await client.request(MsgType.PUSH, b"b", 0.2)
-            faults.heal()
             assert bytes((await client.request(MsgType.PUSH, b"c", 5.0)).body) == b"now:c"
-            assert sorted(seen) == [b"a", b"b", b"boom", b"c", b"later"]
+            assert sorted(seen) == [b"a", b"boom", b"c", b"later"]
         finally:
             await client.close()
             await server.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import wait
 
-from broker.store.io import FaultyIO
+from benchmarks.chaos.faulty_io import FaultyIO
 from common.codes import FlushDiskType
 from tests.waiting import poll_until
 

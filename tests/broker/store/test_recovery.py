@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
+from benchmarks.chaos.faulty_io import FaultyIO, SimulatedCrash
 from broker.store.api import PutMessageStatus, StoreCorruptError, StoreError
 from broker.store.file_store import FileMessageStore
-from broker.store.io import FaultyIO, SimulatedCrash
 from common.codec import decode_records
 from common.message import MessageExt
 

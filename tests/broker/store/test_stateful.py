@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from benchmarks.chaos.faulty_io import FaultyIO
 from broker.store.api import GetMessageStatus, PutMessageStatus
 from broker.store.file_store import FileMessageStore
-from broker.store.io import FaultyIO
 from common.codec import decode_records
 from common.codes import FlushDiskType
 

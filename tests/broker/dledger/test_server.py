@@ -15,21 +15,14 @@ from typing import TypeVar
 import attrs
 import pytest
 
-from broker.dledger.election import ElectionTimings, Verdict, VoteResult
+from broker.dledger.config import AppendError, DLedgerConfig
+from broker.dledger.election import ElectionTimings
 from broker.dledger.member import Role
-from broker.dledger.node import AppendError, DLedgerNode, NodeConfig
-from broker.dledger.protocol import (
-    Frame,
-    Hello,
-    MsgType,
-    Vote,
-    decode_vote_reply,
-    encode_frame,
-    encode_hello,
-    encode_vote,
-)
+from broker.dledger.protocol import Hello, MsgType, encode_frame, encode_hello
+from broker.dledger.server import DLedgerServer, peer_clients
 from broker.dledger.store import DLedgerStore
 from broker.store.io import FileIO
+from tests.broker.dledger.faults import Faults, FaultyNetwork
 from tests.waiting import wait_until
 
 FAST = ElectionTimings(heartbeat_interval_ms=100, max_heartbeat_leak=3, min_vote_interval_ms=50,
@@ -48,7 +41,9 @@ class Group:
             s.bind(("127.0.0.1", 0))
         self.peers = {f"n{i}": f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(self.socks)}
         self.cfg = cfg
-        self.nodes: dict[str, DLedgerNode] = {}
+        self.net = FaultyNetwork()
+        """The faults between the members (every member's requests pass them)."""
+        self.nodes: dict[str, DLedgerServer] = {}
         self.commits: dict[str, list[int]] = {p: [] for p in self.peers}
 
     def _store(self, peer: str) -> DLedgerStore:
@@ -57,10 +52,15 @@ class Group:
         s.load()
         return s
 
-    async def start(self, peer: str) -> DLedgerNode:
-        cfg = NodeConfig(group="g", self_id=peer, peers=self.peers, timings=FAST, max_wait_ack_ms=1000,
-                         **self.cfg)  # type: ignore[arg-type]
-        node = DLedgerNode(cfg, self._store(peer), on_commit=lambda i, _p: self.commits[peer].append(i))
+    def faults(self, node: DLedgerServer) -> Faults:
+        """What ``node`` drops or holds of its traffic with each peer."""
+        return self.net[node.state.self_id]
+
+    async def start(self, peer: str) -> DLedgerServer:
+        cfg = DLedgerConfig(group="g", self_id=peer, peers=self.peers, timings=FAST, max_wait_ack_ms=1000,
+                            **self.cfg)  # type: ignore[arg-type]
+        node = DLedgerServer(cfg, self._store(peer), channels=self.net.channels(peer, peer_clients(cfg)),
+                             on_commit=lambda i, _p: self.commits[peer].append(i))
         i = int(peer[1:])
         sock = self.socks[i]
         if sock.fileno() == -1:  # restarted: bind the same port again
@@ -85,17 +85,17 @@ class Group:
         for p in list(self.nodes):
             await self.stop(p)
 
-    def leader(self) -> DLedgerNode | None:
+    def leader(self) -> DLedgerServer | None:
         leaders = [n for n in self.nodes.values() if n.state.role is Role.LEADER]
         if len(leaders) != 1:
             return None
         lead = leaders[0]
-        followers = [n for n in self.nodes.values() if n is not lead and not lead.faults.blocked]
+        followers = [n for n in self.nodes.values() if n is not lead and not self.faults(lead).blocked]
         ok = all(n.state.role is Role.FOLLOWER and n.state.leader_id == lead.state.self_id
-                 and n.state.term == lead.state.term for n in followers if not n.faults.blocked)
+                 and n.state.term == lead.state.term for n in followers if not self.faults(n).blocked)
         return lead if ok else None
 
-    async def wait_leader(self, timeout_s: float = 10.0) -> DLedgerNode:
+    async def wait_leader(self, timeout_s: float = 10.0) -> DLedgerServer:
         return await wait_until(self.leader, timeout_s, f"one leader among {sorted(self.nodes)}")
 
 
@@ -112,7 +112,7 @@ def run(root: Path, scenario: Callable[[Group], Awaitable[None]], **cfg: object)
     asyncio.run(main())
 
 
-def entries(node: DLedgerNode, upto: int) -> list[bytes | None]:
+def entries(node: DLedgerServer, upto: int) -> list[bytes | None]:
     return [node.store.get(i) for i in range(upto + 1)]
 
 
@@ -189,9 +189,9 @@ def test_no_commit_without_a_quorum_and_pending_full(tmp_path: Path) -> None:
     async def scenario(g: Group) -> None:
         lead = await g.wait_leader()
         others = [p for p in g.peers if p != lead.state.self_id]
-        lead.faults.block(*others)
+        g.faults(lead).block(*others)
         for p in others:
-            g.nodes[p].faults.block(lead.state.self_id)
+            g.faults(g.nodes[p]).block(lead.state.self_id)
         t0 = time.monotonic()
         with pytest.raises(AppendError) as e:
             await lead.append(b"lonely")
@@ -206,7 +206,7 @@ def test_pending_full_answers_at_once(tmp_path: Path) -> None:
         lead = await g.wait_leader()
         for p in g.peers:
             if p != lead.state.self_id:
-                lead.faults.block(p)
+                g.faults(lead).block(p)
         waiting = [asyncio.ensure_future(lead.append(b"w%d" % i)) for i in range(4)]
         await asyncio.sleep(0)
         with pytest.raises(AppendError, match="LEADER_PENDING_FULL"):
@@ -224,9 +224,9 @@ def test_an_old_leaders_unacknowledged_tail_is_cut_when_it_rejoins(tmp_path: Pat
         committed, _ = await lead.append(b"shared")
         old = lead.state.self_id
         others = [p for p in g.peers if p != old]
-        lead.faults.block(*others)
+        g.faults(lead).block(*others)
         for p in others:
-            g.nodes[p].faults.block(old)
+            g.faults(g.nodes[p]).block(old)
         lonely = [asyncio.ensure_future(lead.append(b"lost%d" % i)) for i in range(5)]
         new = await wait_until(lambda: next((g.nodes[p] for p in others if g.nodes[p].state.role is Role.LEADER), None),
                           10, "the majority electing a new leader")
@@ -234,9 +234,9 @@ def test_an_old_leaders_unacknowledged_tail_is_cut_when_it_rejoins(tmp_path: Pat
         for f in lonely:
             with pytest.raises(AppendError):
                 await f
-        lead.faults.heal()
+        g.faults(lead).heal()
         for p in others:
-            g.nodes[p].faults.heal()
+            g.faults(g.nodes[p]).heal()
         await wait_until(lambda: lead.state.role is Role.FOLLOWER and lead.store.committed_index >= index, 10,
                     "the old leader following and catching up")
         assert entries(lead, index) == entries(new, index)
@@ -246,19 +246,55 @@ def test_an_old_leaders_unacknowledged_tail_is_cut_when_it_rejoins(tmp_path: Pat
     run(tmp_path, scenario)
 
 
+def test_a_healed_old_leader_whose_log_ends_at_the_compared_index_catches_up(tmp_path: Path) -> None:
+    """The old leader took one entry nobody else got, then was cut off; the others elected a leader, whose empty
+    entry (another term, another size) sits at that index, and which took one more entry. Healed, the old leader's
+    log ends exactly at an index the new leader compares: only a COMPARE that looks at the entry there sends the
+    new leader one further back, to truncate there. One answering SUCCESS for any entry there would have it push
+    from the next index for ever, each push refused ("append from N refused": placed after the wrong entry)."""
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        committed, _ = await lead.append(b"shared")
+        for n in g.nodes.values():
+            await wait_until(lambda n=n: n.store.committed_index >= committed, 5, f"{n.state.self_id} committing")
+        old = lead.state.self_id
+        others = [p for p in g.peers if p != old]
+        g.faults(lead).block(*others)
+        for p in others:
+            g.faults(g.nodes[p]).block(old)
+        lonely = asyncio.ensure_future(lead.append(b"lost"))
+        await wait_until(lambda: lead.store.end_index == committed + 1, 5, "the lonely entry in the old leader's log")
+        new = await wait_until(lambda: next((g.nodes[p] for p in others if g.nodes[p].state.role is Role.LEADER),
+                                            None), 10, "the majority electing a new leader")
+        index, _ = await new.append(b"majority")
+        assert index == committed + 2 and new.store.unit(committed + 1)[2] == new.state.term  # type: ignore[index]
+        with pytest.raises(AppendError):
+            await lonely
+        assert lead.store.end_index == committed + 1  # it ends at the index of the new leader's empty entry
+        g.faults(lead).heal()
+        for p in others:
+            g.faults(g.nodes[p]).heal()
+        await wait_until(lambda: lead.state.role is Role.FOLLOWER and lead.store.committed_index >= index, 10,
+                         "the old leader following and catching up")
+        assert entries(lead, index) == entries(new, index)
+        assert b"lost" not in b"".join(e or b"" for e in entries(lead, lead.store.end_index))
+
+    run(tmp_path, scenario)
+
+
 def test_pre_vote_keeps_an_isolated_follower_from_deposing_the_leader(tmp_path: Path) -> None:
     async def scenario(g: Group) -> None:
         lead = await g.wait_leader()
         term = lead.state.term
         loner = next(n for n in g.nodes.values() if n is not lead)
-        loner.faults.block(*(p for p in g.peers if p != loner.state.self_id))
+        g.faults(loner).block(*(p for p in g.peers if p != loner.state.self_id))
         for n in g.nodes.values():
             if n is not loner:
-                n.faults.block(loner.state.self_id)
+                g.faults(n).block(loner.state.self_id)
         await asyncio.sleep(10 * FAST.election_timeout_ms / 1000)  # the fault lasts 10 election timeouts
-        loner.faults.heal()
+        g.faults(loner).heal()
         for n in g.nodes.values():
-            n.faults.heal()
+            g.faults(n).heal()
         await wait_until(lambda: loner.state.role is Role.FOLLOWER and loner.state.leader_id == lead.state.self_id,
                     5, "the healed member following the same leader")
         assert lead.state.role is Role.LEADER and lead.state.term == term
@@ -275,10 +311,11 @@ def test_a_vote_round_does_not_wait_for_the_silent_leader_once_the_others_answer
         lead = await g.wait_leader()
         lone = next(n for n in g.nodes.values() if n is not lead)
         # A long heartbeat interval (the round's deadline) but the usual election timeout for this member.
-        lone.config = attrs.evolve(lone.config, timings=attrs.evolve(FAST, heartbeat_interval_ms=1000,
-                                                                      max_heartbeat_leak=1))
+        elector = lone.elector
+        elector.config = attrs.evolve(elector.config, timings=attrs.evolve(FAST, heartbeat_interval_ms=1000,
+                                                                            max_heartbeat_leak=1))
         rounds: list[float] = []
-        collect = lone._collect_votes
+        collect = elector._collect_votes
 
         async def timed(*args: object) -> object:
             t0 = time.monotonic()
@@ -287,53 +324,18 @@ def test_a_vote_round_does_not_wait_for_the_silent_leader_once_the_others_answer
             finally:
                 rounds.append(time.monotonic() - t0)
 
-        lone._collect_votes = timed  # type: ignore[method-assign,assignment]
-        lead.faults.block(lone.state.self_id)  # the leader's heartbeats and pushes never reach it
-        lone.faults.delay_s[lead.state.self_id] = 30.0  # and its requests to the leader are never answered
+        elector._collect_votes = timed  # type: ignore[method-assign,assignment]
+        g.faults(lead).block(lone.state.self_id)  # the leader's heartbeats and pushes never reach it
+        g.faults(lone).delay_s[lead.state.self_id] = 30.0  # and its requests to the leader are never answered
         await wait_until(lambda: len(rounds) >= 2, 10, "two pre-vote rounds of the cut-off member")
         # The other follower still hears the leader and refuses at once; without the rule each round would last
         # the 1 s deadline.
         assert max(rounds) < 0.5, rounds
         assert lead.state.role is Role.LEADER  # pre-vote: nobody was deposed
-        lone.faults.delay_s.clear()
-        lead.faults.heal()
+        g.faults(lone).delay_s.clear()
+        g.faults(lead).heal()
 
     run(tmp_path, scenario)
-
-
-@pytest.mark.parametrize(("asker", "raises"), [("n0", False), ("n2", True)])
-def test_of_two_candidates_whose_pre_votes_crossed_only_the_smaller_id_raises_the_term(
-        tmp_path: Path, asker: str, raises: bool) -> None:
-    """``n1`` grants ``asker``'s pre-vote while its own pre-vote round runs: both would raise the term and split
-    the vote, so ``n1`` leaves the term to a smaller id (``n0``) and campaigns against a larger one (``n2``)."""
-    socks = [socket.socket() for _ in range(3)]  # bound, not listening: requests to them fail at once
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    peers = {f"n{i}": f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(socks)}
-    store = DLedgerStore(FileIO(), str(tmp_path / "dledger-n1"), data_file_size=1 << 16, index_file_size=32 * 1024)
-    store.load()
-    node = DLedgerNode(NodeConfig(group="g", self_id="n1", peers=peers, timings=FAST), store)
-    term = node.state.term
-
-    async def crossed_pre_vote(for_term: int) -> bool:
-        body = encode_vote(Vote(for_term, -1, -1, True))
-        assert decode_vote_reply(node._on_vote(asker, Frame(MsgType.VOTE, 1, memoryview(body))))[0] is VoteResult.ACCEPT
-        return True  # our own pre-vote passed too
-
-    async def main() -> None:
-        node._last_verdict = Verdict.WAIT_TO_VOTE_NEXT
-        node._pre_vote = crossed_pre_vote  # type: ignore[method-assign]
-        await node._campaign()
-        for c in node._clients.values():
-            await c.close()
-
-    try:
-        asyncio.run(main())
-    finally:
-        store.close()
-        for s in socks:
-            s.close()
-    assert (node.state.term, node.state.vote_for) == ((term + 1, "n1") if raises else (term, None))
 
 
 def test_all_members_restart_with_every_committed_entry_and_their_votes(tmp_path: Path) -> None:
@@ -405,31 +407,29 @@ def test_bad_hellos_and_frames_are_logged_and_closed_and_the_log_is_untouched(
 
 
 def test_entries_appended_while_pushes_are_out_go_to_a_follower_in_few_frames(tmp_path: Path) -> None:
-    """With ``max_pushes_in_flight`` pushes out to a follower (held 30 ms each way by the fault layer), entries
+    """With ``max_pushes_in_flight`` pushes out to a follower (held 30 ms each way by the faults), entries
     appended one by one meanwhile wait and go together: far fewer APPEND frames than entries, and every follower
     still holds every entry."""
     async def scenario(g: Group) -> None:
         async def all_hold(index: int) -> None:
             for n in g.nodes.values():
-                def holds(n: DLedgerNode = n) -> bool:
+                def holds(n: DLedgerServer = n) -> bool:
                     return n.store.end_index >= index
                 await wait_until(holds, 5, f"{n.state.self_id} holding {index}")
 
         lead = await g.wait_leader()
         first, _ = await lead.append(b"first")  # every follower past COMPARE: pushing entries as they come
         await all_hold(first)
-        frames: dict[str, list[int]] = {}
-        for peer, client in lead._clients.items():
-            frames[peer] = []
+        leader_id = lead.state.self_id
+        frames: dict[str, list[int]] = {p: [] for p in g.peers if p != leader_id}
 
-            async def counting(msg_type: MsgType, body: bytes, timeout_s: float, tail: bytes = b"", *,
-                               peer: str = peer, inner: Callable[..., Awaitable[Frame]] = client.request) -> Frame:
-                if msg_type is MsgType.PUSH and tail:
-                    frames[peer].append(len(tail))
-                return await inner(msg_type, body, timeout_s, tail)
+        def counting(sender: str, to: str, msg_type: MsgType, entry_bytes: int) -> None:
+            if sender == leader_id and msg_type is MsgType.PUSH and entry_bytes:
+                frames[to].append(entry_bytes)  # an APPEND (COMPARE and TRUNCATE travel in the body)
 
-            client.request = counting  # type: ignore[method-assign]
-            lead.faults.delay_s[peer] = 0.03
+        g.net.tap = counting
+        for peer in frames:
+            g.faults(lead).delay_s[peer] = 0.03
         pending = []
         for i in range(40):
             pending.append(asyncio.ensure_future(lead.append(b"e%02d" % i)))
