@@ -1,5 +1,5 @@
-"""What the replication benchmarks share: polling a cluster with a deadline, letting a group settle between
-rounds, and ``send_batch`` from one or several threads for a fixed time."""
+"""What the benchmarks share: polling a cluster with a deadline, letting a group settle between rounds, work on
+several threads, and ``send_batch`` from one or several threads for a fixed time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from client import Message, Producer
 from client.cluster import LocalCluster
 
-__all__ = ["send_batch_rate", "settle_group", "wait_for"]
+__all__ = ["in_threads", "send_batch_rate", "settle_group", "wait_for"]
 
 
 def wait_for(pred: Callable[[], object], timeout_s: float, what: str, *, interval_s: float = 0.02) -> None:
@@ -30,6 +30,26 @@ def settle_group(cluster: LocalCluster, group: str, timeout_s: float) -> None:
     members = cluster.members(group)
     wait_for(lambda: all(int(b.runtime()["dispatchBehindBytes"]) == 0 for b in members), timeout_s,
              f"dispatch caught up on every member of {group}")
+
+
+def in_threads(work: Callable[[int], object], threads: int) -> None:
+    """Run ``work(0)`` .. ``work(threads - 1)`` on threads of their own and wait for all; the first exception any
+    of them raised is raised here."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as e:  # re-raised below, in the caller's thread
+            errors.append(e)
+
+    workers = [threading.Thread(target=run, args=(i,), name=f"bench-work-{i}") for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def send_batch_rate(p: Producer, msgs: list[Message], seconds: float, threads: int = 1) -> float:

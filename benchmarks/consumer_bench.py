@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import Row
+from benchmarks._load import in_threads
 from client import (
     Admin,
     ConsumeStatus,
@@ -58,22 +59,12 @@ def fill_topic(namesrv_addr: str, prefix: str, messages: int, *, queue_nums: int
         admin.create_topic(topic, queue_nums=queue_nums)
     body = b"x" * body_bytes
     batches = [min(batch, messages - i) for i in range(0, messages, batch)]
-    errors: list[BaseException] = []
     with Producer(f"{prefix}_p", namesrv_addr) as p:
-        def send(part: list[int]) -> None:
-            try:
-                for n in part:
-                    p.send_batch([Message(topic, body) for _ in range(n)])
-            except BaseException as e:  # re-raised in the caller
-                errors.append(e)
+        def send(k: int) -> None:
+            for n in batches[k::4]:
+                p.send_batch([Message(topic, body) for _ in range(n)])
 
-        threads = [threading.Thread(target=send, args=(batches[i::4],)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        raise errors[0]
+        in_threads(send, 4)
     return topic
 
 

@@ -55,7 +55,7 @@ import attrs
 import httpx
 
 from benchmarks import Row
-from benchmarks._load import settle_group
+from benchmarks._load import in_threads, settle_group
 from benchmarks._mincore import FileResidency, resident_map
 from client import Admin, GroupConsumer, Message, MessageQueue, Producer
 from client.cluster import BrokerHandle, LocalCluster
@@ -306,23 +306,13 @@ def _fill_history(namesrv: str, total_bytes: int, body_bytes: int) -> int:
     per_batch = 32
     batches = max(1, total_bytes // (per_batch * body_bytes))
     body = b"h" * body_bytes
-    errors: list[BaseException] = []
     with Producer("iso-history-writer", namesrv) as p:
         def send(k: int) -> None:
-            try:
-                for i in range(k, batches, 4):
-                    p.send_batch([Message(HISTORY, body) for _ in range(per_batch)],
-                                 queue=MessageQueue(HISTORY, "broker-a", i % QUEUES))
-            except BaseException as e:  # re-raised below
-                errors.append(e)
+            for i in range(k, batches, 4):
+                p.send_batch([Message(HISTORY, body) for _ in range(per_batch)],
+                             queue=MessageQueue(HISTORY, "broker-a", i % QUEUES))
 
-        threads = [threading.Thread(target=send, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        raise errors[0]
+        in_threads(send, 4)
     return batches * per_batch
 
 

@@ -7,52 +7,5 @@ code (``code``), whether a retry may help (``retriable``) and whether the route 
 
 from __future__ import annotations
 
-from common.errors import (
-    AccessDeniedError,
-    BrokerConnectError,
-    BrokerError,
-    BrokerNotFoundError,
-    BrokerSystemError,
-    ClientClosedError,
-    ClientError,
-    InvalidParameterError,
-    MessageIllegalError,
-    NoPermissionError,
-    ProtocolViolationError,
-    QueryNotFoundError,
-    RequestCodeNotSupportedError,
-    RequestTimeoutError,
-    RouteNotFoundError,
-    SendFailedError,
-    ServiceNotAvailableError,
-    SubscriptionGroupNotExistError,
-    SystemBusyError,
-    TlsError,
-    TopicNotExistError,
-    TransportError,
-)
-
-__all__ = [
-    "AccessDeniedError",
-    "BrokerConnectError",
-    "BrokerError",
-    "BrokerNotFoundError",
-    "BrokerSystemError",
-    "ClientClosedError",
-    "ClientError",
-    "InvalidParameterError",
-    "MessageIllegalError",
-    "NoPermissionError",
-    "ProtocolViolationError",
-    "QueryNotFoundError",
-    "RequestCodeNotSupportedError",
-    "RequestTimeoutError",
-    "RouteNotFoundError",
-    "SendFailedError",
-    "ServiceNotAvailableError",
-    "SubscriptionGroupNotExistError",
-    "SystemBusyError",
-    "TlsError",
-    "TopicNotExistError",
-    "TransportError",
-]
+from common.errors import *  # noqa: F403 - the whole tree, under the name users import
+from common.errors import __all__ as __all__
