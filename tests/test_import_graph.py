@@ -148,7 +148,7 @@ def private_imports(name: str, path: Path, source: str) -> list[str]:
             continue
         if any(p.startswith("_") and p != "__main__" for p in parts[1:]):
             bad.append(f"{name}: {module}")
-        elif imported is not None and imported.startswith("_") and imported != "*":
+        elif imported is not None and imported.startswith("_") and not imported.endswith("__"):
             bad.append(f"{name}: {module}.{imported}")
     return sorted(set(bad))
 
@@ -231,6 +231,7 @@ def test_a_layer_break_is_found(tmp_path: Path, name: str, source: str, expected
     ("client.x", "import common._lazy\n", ["client.x: common._lazy"]),
     ("client.x", "from common import _lazy\n", ["client.x: common._lazy"]),
     ("broker.x", "from nameserver.__main__ import main\n", []),
+    ("client.errors", "from common.errors import __all__ as __all__\n", []),  # a dunder is not private
 ])
 def test_a_private_import_is_found(tmp_path: Path, name: str, source: str, expected: list[str]) -> None:
     assert private_imports(name, tmp_path / "x.py", source) == expected
