@@ -28,6 +28,7 @@ from common.errors import (
     QueryNotFoundError,
     RequestTimeoutError,
     ServiceNotAvailableError,
+    TlsError,
 )
 from common.message import MessageExt, MessageQueue
 from common.properties import validate_group, validate_topic
@@ -128,17 +129,18 @@ class Admin:
 
     def _namesrv_get(self, path: str) -> dict[str, Any]:
         client = self.client
-        last: ClientError | None = None
+        unreachable: dict[str, ClientError] = {}
         for addr in client.nameservers.rotation():
             try:
                 obj = rq.json_of(client.http.get(f"http://{addr}{path}"), addr)
             except httpx.HTTPError as e:
-                last = rq.map_transport_error(e, addr, f"nameserver {addr} {path}")
+                unreachable[addr] = rq.map_transport_error(e, addr, f"nameserver {addr} {path}")
+                if isinstance(unreachable[addr], TlsError):
+                    raise unreachable[addr] from None  # a setting to fix: the other nameservers would say the same
                 continue
             client.nameservers.settle(addr)
             return obj
-        assert last is not None
-        raise last
+        raise rq.nameservers_unavailable(unreachable)
 
     def cluster_info(self) -> ClusterInfo:
         """Brokers and clusters as the nameserver knows them."""

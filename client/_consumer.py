@@ -39,7 +39,7 @@ from client._metrics import ClientMetrics
 from client._ops import member_call_op, pull_op
 from client._rebalance import TagFilter
 from client._requests import Answer, Op, PullResult
-from client._routing import PullNodeTable, pull_refused
+from client._routing import PullNodeTable, normalize_namesrv_addr, pull_refused
 from common.codes import MASTER_ID
 from common.errors import InvalidParameterError, QueryNotFoundError
 from common.message import MessageQueue
@@ -109,7 +109,7 @@ class _ConsumerBase:
     def __init__(self, group: str, namesrv_addr: str, *, connect_broker_by_user: bool, default_broker_id: int,
                  client_config: ClientConfig | None, **kwargs: Any) -> None:
         self.config = ConsumerConfig(group, connect_broker_by_user, default_broker_id, **kwargs)
-        self.namesrv_addr = namesrv_addr
+        self.namesrv_addr = normalize_namesrv_addr(namesrv_addr)  # a bad address fails here, not at a send
         self._client_config = client_config
         self._nodes = PullNodeTable(connect_broker_by_user=connect_broker_by_user,
                                     default_broker_id=default_broker_id)

@@ -36,6 +36,7 @@ from client._orderly import QueueLocker
 from client._rebalance import MessageModel, ProcessQueue, plan_start_offset, retry_topic
 from client._rebalance_clock import RebalanceClock
 from client._requests import Answer, Op, PullResult, call_op
+from client._routing import normalize_namesrv_addr
 from common.codes import MASTER_ID, PullStatus
 from common.errors import (
     ClientClosedError,
@@ -149,7 +150,7 @@ class GroupEngine(Generic[ClientT, PullerT]):
                  on_locked: Callable[[], None] | None = None) -> None:
         clustering = config.message_model is MessageModel.CLUSTERING
         self.config = config
-        self.namesrv_addr = namesrv_addr
+        self.namesrv_addr = normalize_namesrv_addr(namesrv_addr)  # a bad address fails here, not at a send
         self.core = GroupCore(config)
         self._client_config = instance_config(config, client_config)
         self._deliver = deliver

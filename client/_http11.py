@@ -12,7 +12,7 @@ import httpx
 
 __all__ = [
     "Conn", "HostPool", "Incomplete", "RawResponse", "ResponseParser", "Timeouts", "TlsHandshakeError", "check_target",
-    "encode_head", "origin_of", "raw_head", "retry_or_raise", "timeouts_of",
+    "closed_unanswered", "encode_head", "origin_of", "plain_to_tls_error", "raw_head", "retry_or_raise", "timeouts_of",
 ]
 
 _CRLF2 = b"\r\n\r\n"
@@ -258,6 +258,19 @@ def origin_of(request: httpx.Request) -> tuple[str, int]:
 class TlsHandshakeError(httpx.ConnectError):
     """The TLS handshake with a server failed (its message says why and which option fixes it); the SDK maps it
     to :class:`client.errors.TlsError`, which is not retried."""
+
+
+def closed_unanswered(e: Incomplete, reused: bool) -> bool:
+    """A new connection the server closed before a byte of its answer: what a TLS server does with plain HTTP
+    (the transport then asks whether it speaks TLS)."""
+    return not reused and not e.got_bytes
+
+
+def plain_to_tls_error(origin: tuple[str, int]) -> TlsHandshakeError:
+    """The error of a plain client that dialled a server speaking TLS."""
+    return TlsHandshakeError(
+        f"{origin[0]}:{origin[1]} speaks TLS and this client connects without it: give the client the cluster's "
+        "CA (ClientConfig(tls_ca_file=...), the CLI's --tls-ca or SPLITMQ_TLS_CA)")
 
 
 def retry_or_raise(e: Incomplete, reused: bool, attempt: int, origin: tuple[str, int]) -> None:

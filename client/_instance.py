@@ -45,9 +45,17 @@ from client._routing import (
     NameServerSelector,
     RouteCache,
     TopicPublishInfo,
+    normalize_namesrv_addr,
 )
 from client._transport import AsyncTransport, SyncTransport
-from common.errors import AccessDeniedError, ClientClosedError, ClientError, RouteNotFoundError, TlsError
+from common.errors import (
+    AccessDeniedError,
+    ClientClosedError,
+    ClientError,
+    NameServerUnavailableError,
+    RouteNotFoundError,
+    TlsError,
+)
 from common.message import MessageQueue
 from common.route import TopicRouteData
 from common.selector import MessageSelector
@@ -173,10 +181,7 @@ def _instance_key(namesrv_addr: str, config: ClientConfig | None) -> tuple[str, 
 
 
 def _registry_key(namesrv_addr: str) -> str:
-    addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
-    if not addrs:
-        raise ValueError(f"namesrv_addr {namesrv_addr!r} names no nameserver (expected 'host:port;host:port')")
-    return ";".join(addrs)
+    return normalize_namesrv_addr(namesrv_addr)
 
 
 class _InstanceCore:
@@ -274,9 +279,14 @@ class _InstanceCore:
         if self.state is not ClientState.OPENED:
             raise ClientClosedError(f"client instance for {self.namesrv_addr} is closed")
 
-    def no_route_error(self, topic: str) -> RouteNotFoundError:
-        """The error of a topic without a route, naming the last nameserver error."""
-        why = f" (last nameserver error: {self.last_nameserver_error})" if self.last_nameserver_error else ""
+    def no_route_error(self, topic: str) -> ClientError:
+        """The error of a topic without a route: :class:`NameServerUnavailableError` when no nameserver answered
+        the last time (a dead or wrong nameserver is not a missing topic), else RouteNotFoundError naming the last
+        nameserver error."""
+        last = self.last_nameserver_error
+        if isinstance(last, NameServerUnavailableError):
+            return last
+        why = f" (last nameserver error: {last})" if last else ""
         return RouteNotFoundError(f"No route info of this topic: {topic}, nameservers {self.namesrv_addr}{why}")
 
     # --- operations (run by drive) ---
@@ -284,11 +294,13 @@ class _InstanceCore:
     def fetch_route_op(self, topic: str) -> Op[TopicRouteData | None]:
         """``topic``'s route from the first nameserver that answers, starting with the current one; None when
         none does or one says TOPIC_NOT_EXIST (docs/SEMANTICS.md 6.6: the caller keeps what it knew)."""
+        unreachable: dict[str, ClientError] = {}
         for addr in self.nameservers.rotation():
             try:
                 route = rq.parse_route((yield Exchange("GET", addr, rq.route_target(topic))), addr)
             except httpx.HTTPError as e:
-                self.last_nameserver_error = rq.map_transport_error(e, addr, f"nameserver {addr} route of {topic}")
+                self.last_nameserver_error = unreachable[addr] = rq.map_transport_error(
+                    e, addr, f"nameserver {addr} route of {topic}")
                 log.info("%s; trying the next nameserver", self.last_nameserver_error)
                 continue
             except AccessDeniedError:
@@ -301,6 +313,8 @@ class _InstanceCore:
             return route
         if isinstance(self.last_nameserver_error, TlsError):
             raise self.last_nameserver_error  # a TLS setting to fix, not a route to wait for: say so at once
+        if len(unreachable) == len(self.nameservers.addrs):
+            self.last_nameserver_error = rq.nameservers_unavailable(unreachable)
         return None
 
     def update_route_op(self, topic: str) -> Op[bool]:

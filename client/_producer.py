@@ -56,7 +56,13 @@ from client._producer_core import (
     validate_message,
 )
 from client._requests import Answer, Exchange, Op, SendResult
-from client._routing import DEFAULT_TOPIC, LatencyFaultTolerance, QueueSelector, TopicPublishInfo
+from client._routing import (
+    DEFAULT_TOPIC,
+    LatencyFaultTolerance,
+    QueueSelector,
+    TopicPublishInfo,
+    normalize_namesrv_addr,
+)
 from common import codec
 from common.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
 from common.message import Message, MessageQueue
@@ -139,7 +145,7 @@ class _ProducerBase:
     def __init__(self, group: str, namesrv_addr: str, *, client_config: ClientConfig | None,
                  start_index: int | None, **kwargs: Any) -> None:
         self.config = ProducerConfig(group, **kwargs)
-        self.namesrv_addr = namesrv_addr
+        self.namesrv_addr = normalize_namesrv_addr(namesrv_addr)  # a bad address fails here, not at a send
         self._client_config = client_config
         self._selector = QueueSelector(start_index=start_index)
         self._fault = LatencyFaultTolerance(enabled=self.config.latency_fault_enable,

@@ -26,6 +26,7 @@ from common.errors import (
     BrokerConnectError,
     BrokerError,
     ClientError,
+    NameServerUnavailableError,
     ProtocolViolationError,
     RequestTimeoutError,
     TlsError,
@@ -148,6 +149,14 @@ def map_transport_error(exc: httpx.HTTPError, addr: str, what: str) -> ClientErr
     if isinstance(exc, TlsHandshakeError):
         return TlsError(f"{what}: {exc}", broker_addr=addr)
     return BrokerConnectError(f"{what}: {type(exc).__name__}: {exc}", broker_addr=addr)
+
+
+def nameservers_unavailable(failures: Mapping[str, ClientError]) -> NameServerUnavailableError:
+    """The error when no nameserver answered: each one and why, and what to check first."""
+    each = "; ".join(f"{addr}: {e.message}" for addr, e in failures.items())
+    return NameServerUnavailableError(
+        f"no nameserver answered at {';'.join(failures)}: is a nameserver running there? (a local cluster prints "
+        f"its address as namesrv=...). {each}")
 
 
 def raise_for_status(resp: Answer, addr: str) -> None:

@@ -26,6 +26,7 @@ import attrs
 
 from client._requests import PullResult
 from common.codes import MASTER_ID, Perm, PullStatus
+from common.errors import ConfigError
 from common.message import MessageQueue
 from common.route import QueueData, TopicRouteData
 
@@ -45,6 +46,8 @@ __all__ = [
     "choose_pull_broker_id",
     "default_route_for",
     "find_broker_address_in_subscribe",
+    "normalize_namesrv_addr",
+    "parse_namesrv_addr",
     "plan_pull",
     "pull_refused",
     "topic_route_to_publish_info",
@@ -569,19 +572,41 @@ def plan_pull(broker_name: str, members: Mapping[int, str] | None, wanted_id: in
                     pinned=pinned)
 
 
+def parse_namesrv_addr(namesrv_addr: str) -> list[str]:
+    """The ``host:port`` entries of a ``;``-separated nameserver list, each checked.
+
+    Raises:
+        ConfigError: the list is empty, or an entry has no port or a port outside 1-65535 (a bare ``localhost``
+            would otherwise be dialled at port 80).
+    """
+    addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
+    if not addrs:
+        raise ConfigError(f"namesrv_addr {namesrv_addr!r} names no nameserver: write 'host:port', several "
+                          "separated by ';' (a local cluster prints its own: namesrv=...)")
+    for addr in addrs:
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"namesrv_addr entry {addr!r} is not 'host:port' with a port in 1-65535: write it "
+                              f"as e.g. '{(host or addr).strip(':') or 'localhost'}:9876' (RocketMQ's default port)")
+    return addrs
+
+
+def normalize_namesrv_addr(namesrv_addr: str) -> str:
+    """``namesrv_addr`` checked (:func:`parse_namesrv_addr`) and rejoined without blanks: what a client keeps."""
+    return ";".join(parse_namesrv_addr(namesrv_addr))
+
+
 class NameServerSelector:
     """Which nameserver to ask: one at a time, random start, the next one on failure (docs/SEMANTICS.md 6.6)."""
 
     def __init__(self, addrs: Iterable[str], *, rng: random.Random | None = None) -> None:
-        self.addrs = [a.strip() for a in addrs if a.strip()]
-        if not self.addrs:
-            raise ValueError("namesrv_addr names no nameserver")
+        self.addrs = parse_namesrv_addr(";".join(addrs))
         self._index = (rng or random.Random()).randrange(999)
 
     @classmethod
     def parse(cls, namesrv_addr: str, *, rng: random.Random | None = None) -> NameServerSelector:
-        """From a ``;``-separated list."""
-        return cls(namesrv_addr.split(";"), rng=rng)
+        """From a ``;``-separated list (see :func:`parse_namesrv_addr`)."""
+        return cls(parse_namesrv_addr(namesrv_addr), rng=rng)
 
     def current(self) -> str:
         return self.addrs[self._index % len(self.addrs)]

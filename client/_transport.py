@@ -49,8 +49,10 @@ from client._http11 import (
     Timeouts,
     TlsHandshakeError,
     check_target,
+    closed_unanswered,
     encode_head,
     origin_of,
+    plain_to_tls_error,
     raw_head,
     retry_or_raise,
     timeouts_of,
@@ -310,6 +312,8 @@ class SyncTransport(httpx.BaseTransport):
                 parser = conn.roundtrip(head, body, timeouts, no_body)
             except Incomplete as e:
                 self._put_back(pool, conn, False)
+                if self._ssl is None and closed_unanswered(e, reused) and speaks_tls(origin):
+                    raise plain_to_tls_error(origin) from None
                 retry_or_raise(e, reused, attempt, origin)
                 continue
             except BaseException:
@@ -328,6 +332,42 @@ class SyncTransport(httpx.BaseTransport):
             with pool.cond:
                 pool.close_idle()
                 pool.cond.notify_all()
+
+
+#: Bound on the probe that tells a plain client its server speaks TLS (:func:`speaks_tls`).
+TLS_PROBE_TIMEOUT_S = 2.0
+
+
+def _probe_context() -> ssl.SSLContext:
+    """A context that completes any handshake: the probe only asks whether the server speaks TLS, and sends
+    nothing over the connection."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def speaks_tls(origin: tuple[str, int]) -> bool:
+    """Whether ``origin`` completes a TLS handshake: asked only when a plain connection to it was closed before
+    any answer, which is what a TLS server does to plain HTTP (and what little else does)."""
+    try:
+        with socket.create_connection(origin, timeout=TLS_PROBE_TIMEOUT_S) as raw, \
+                _probe_context().wrap_socket(raw, server_hostname=origin[0]):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+async def speaks_tls_async(origin: tuple[str, int]) -> bool:
+    """:func:`speaks_tls` on the running loop."""
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(origin[0], origin[1], ssl=_probe_context(), server_hostname=origin[0]),
+            TLS_PROBE_TIMEOUT_S)
+    except (OSError, ValueError, TimeoutError):
+        return False
+    writer.transport.abort()  # nothing was sent: no TLS close to wait for (a close would outlive the call)
+    return True
 
 
 # --- async -----------------------------------------------------------------------------------------------
@@ -534,6 +574,8 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 parser = await conn.roundtrip(head, body, timeouts, no_body)
             except Incomplete as e:
                 self._put_back(pool, conn, False)
+                if self._ssl is None and closed_unanswered(e, reused) and await speaks_tls_async(origin):
+                    raise plain_to_tls_error(origin) from None
                 retry_or_raise(e, reused, attempt, origin)
                 continue
             except BaseException:

@@ -6,10 +6,13 @@ same classes inside a handler and the router turns them into the coded error ans
 ::
 
     ClientError                      code, retriable, broker_addr, broker_role
+    ├── ConfigError                  a setting the caller passed cannot work (also a ValueError; never retried)
+    │   └── TlsConfigError           a certificate, key or CA file cannot be used (common.tls)
     ├── ClientClosedError            the client was closed (or never started)
     ├── RouteNotFoundError           no route for a topic / no master for a broker group    (refresh route)
     ├── BrokerNotFoundError          "The broker[<name>] not exist"                         (refresh route)
     ├── TransportError               connection refused, reset, or timed out               (retriable)
+    │   ├── NameServerUnavailableError   no nameserver answered at all (each one's failure named)
     │   ├── BrokerConnectError
     │   ├── RequestTimeoutError
     │   └── TlsError                 the TLS handshake failed: wrong CA, name, or TLS on one side only (never retried)
@@ -39,8 +42,10 @@ __all__ = [
     "BrokerSystemError",
     "ClientClosedError",
     "ClientError",
+    "ConfigError",
     "InvalidParameterError",
     "MessageIllegalError",
+    "NameServerUnavailableError",
     "NoPermissionError",
     "ProtocolViolationError",
     "QueryNotFoundError",
@@ -89,6 +94,12 @@ class ClientClosedError(ClientError):
     """The client, producer or consumer is closed."""
 
 
+class ConfigError(ClientError, ValueError):
+    """A setting the caller passed cannot work (a nameserver address without a port, a TLS file that is not one);
+    the message names the setting and what to write instead. Raised when the client is made, before any request;
+    it is a ValueError too, as Python's own argument errors are."""
+
+
 class RouteNotFoundError(ClientError):
     """No route information for a topic (``No route info of this topic``)."""
 
@@ -108,6 +119,11 @@ class TransportError(ClientError):
     """The request did not get an answer: connection refused or reset, or a timeout."""
 
     retriable = True
+
+
+class NameServerUnavailableError(TransportError):
+    """No nameserver answered at all: each was refused, reset or timed out (the message names each one and its
+    failure). A nameserver that answered "no such topic" gives :class:`RouteNotFoundError` instead."""
 
 
 class BrokerConnectError(TransportError):

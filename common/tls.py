@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import ssl
 
+from common.errors import ConfigError
+
 __all__ = [
     "TlsConfigError",
     "client_context",
@@ -28,8 +30,9 @@ __all__ = [
 _MIN_VERSION = ssl.TLSVersion.TLSv1_2
 
 
-class TlsConfigError(ValueError):
-    """A certificate, key or CA file cannot be used (the message names the file and the option)."""
+class TlsConfigError(ConfigError):
+    """A certificate, key or CA file cannot be used (the message names the file and the option). A
+    :class:`~common.errors.ClientError` and a ValueError."""
 
 
 def _check_file(path: str, option: str) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from client.cli._common import check_namesrv, credentials_of
 from client.cli._output import Output
 from client.cli._parser import build_parser
-from common.errors import BrokerNotFoundError, ClientError, RouteNotFoundError, TransportError
+from common.errors import BrokerNotFoundError, ClientError, ConfigError, RouteNotFoundError, TransportError
 
 __all__ = ["build_parser", "main"]
 
@@ -46,6 +46,9 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             credentials_of(args)  # a half or malformed account is a usage error before anything is sent
             check_namesrv(args, out)
         return int(args.func(args, out))
+    except ConfigError as e:  # a setting given on the command line cannot work: a usage error
+        _fail(out, str(e), debug)
+        return 2
     except ClientError as e:
         _fail(out, str(e) + _hint(e), debug)
     except BrokenPipeError:

@@ -14,6 +14,7 @@ import httpx
 
 from client._admin import Admin
 from client._instance import ClientConfig
+from client._routing import parse_namesrv_addr
 from client.cli._output import Output
 from common.errors import ClientError
 from common.signing import Credentials
@@ -101,7 +102,7 @@ def check_namesrv(args: argparse.Namespace, out: Output) -> None:
     Raises:
         ClientError: no nameserver answered; one line per the reason (refused, silent), naming each address.
     """
-    addrs = [a.strip() for a in namesrv_of(args).split(";") if a.strip()]
+    addrs = parse_namesrv_addr(namesrv_of(args))  # ConfigError naming an entry without a port: dial nothing
     timeout_s: float = args.timeout
     started = time.monotonic()
     answers: queue.Queue[tuple[str, BaseException | None]] = queue.Queue(maxsize=len(addrs))

@@ -106,6 +106,14 @@ def test_os_value_and_interrupt_errors() -> None:
     assert _run(_args(_raise(BrokerError.for_code(1, "disk full"))), out) == 1
 
 
+def test_a_nameserver_without_a_port_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    # Exit 2 (usage), nothing dialled: 'localhost' used to be tried at port 80 and reported as refused.
+    assert main(["topic", "list", "-n", "127.0.0.1:9876;localhost"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("splitmq: error: namesrv_addr entry 'localhost' is not 'host:port'"), err
+    assert "'localhost:9876'" in err
+
+
 def test_table_is_aligned_and_splits_into_columns() -> None:
     out, o, _ = _out()
     out.table(("NAME", "ID", "NOTE"), [("broker-a", 0, "two words"), ("b", 12, None), ("c", True, 1.25)])

@@ -131,9 +131,20 @@ def test_a_client_with_another_ca_fails_at_once_naming_tls_and_the_option(
 
 def test_a_plain_client_of_a_tls_cluster_is_told_about_tls(cluster: LocalCluster, config: ClientConfig,
                                                            topic: str) -> None:
+    # A TlsError (not retried), not a RouteNotFoundError to wait on: the client asks the port whether it speaks TLS
+    # once a new plain connection was closed before any answer.
     plain = ClientConfig(credentials=config.credentials)
     with Producer("tls_pg_plain", cluster.namesrv_addr, client_config=plain) as p:
-        _fails_clearly(lambda: p.send(Message(topic, b"nope")), "TLS", "tls_ca_file")
+        err = _fails_clearly(lambda: p.send(Message(topic, b"nope")), "speaks TLS", "tls_ca_file")
+    assert isinstance(err, TlsError) and not err.retriable
+    with Admin(cluster.namesrv_addr, client_config=plain) as adm:
+        assert isinstance(_fails_clearly(adm.cluster_info, "speaks TLS"), TlsError)
+
+    async def async_send() -> None:
+        async with AsyncProducer("tls_apg_plain", cluster.namesrv_addr, client_config=plain) as p:
+            await p.send(Message(topic, b"nope"))
+
+    assert isinstance(_fails_clearly(lambda: asyncio.run(async_send()), "speaks TLS", "tls_ca_file"), TlsError)
 
 
 def test_a_tls_client_of_a_plain_server_is_told_it_does_not_speak_tls(cluster: LocalCluster) -> None:
