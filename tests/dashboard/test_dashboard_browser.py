@@ -77,13 +77,25 @@ class Page:
         except Exception as e:  # the message of a failed wait must not fail itself
             return f"<no text: {e}>"
 
-    def shot(self, name: str, *must_show: Any) -> bytes:
-        """Photograph the viewport; every element of ``must_show`` must be displayed inside it."""
+    def _placed(self, name: str, must_show: tuple[Any, ...]) -> bool:
         height = self.driver.execute_script("return window.innerHeight")
-        for el in must_show:
-            assert el.is_displayed(), f"{name}: {el.text!r} is not displayed"
-            top = el.rect["y"] - self.driver.execute_script("return window.scrollY")
-            assert top >= 0 and top + el.rect["height"] <= height, f"{name}: {el.text[:80]!r} is outside the shot"
+        for item in must_show:
+            els = self.find(item) if isinstance(item, str) else [item]
+            assert els, f"{name}: nothing matches {item!r}"
+            for el in els:
+                assert el.is_displayed(), f"{name}: {el.text!r} is not displayed"
+                top = el.rect["y"] - self.driver.execute_script("return window.scrollY")
+                assert top >= 0 and top + el.rect["height"] <= height, f"{name}: {el.text[:80]!r} is outside the shot"
+        return True
+
+    def shot(self, name: str, *must_show: Any) -> bytes:
+        """Photograph the viewport; every element of ``must_show`` (an element, or a CSS selector: each element it
+        matches) must be displayed inside it. A live view is drawn again every second: give it selectors, found
+        afresh when a redraw made the elements stale."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        poll_until(lambda: self._placed(name, must_show), 5.0, f"{name}: the elements to show, not redrawn meanwhile",
+                   interval_s=0.05, ignore=(StaleElementReferenceException,))
         data: bytes = self.driver.get_screenshot_as_png()
         width, h = _png_size(data)
         assert width >= 800 and h >= 600, f"{name}: screenshot of {width}x{h}"
@@ -158,12 +170,12 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
         groups = page.find(".card[data-group]")
         assert [g.get_attribute("data-group") for g in groups] == ["broker-a", "broker-b"]
         assert "ASYNC_MASTER" in page.text() and "SLAVE" in page.text()
-        page.shot("cluster", *groups)
+        page.shot("cluster", ".card[data-group]")
 
         # Consumers, caught up: every queue's last pulls served by the master.
         page.go("consumers")
         rows = page.wait("tr[data-served-by]", "last pulls served by 0", lambda els: _served_by(els, "0"))
-        page.shot("consumers-caught-up", *rows)
+        page.shot("consumers-caught-up", "tr[data-served-by]")
 
         # The producer sends a burst; the consumer reads a little of it and falls behind.
         special = producer.send(Message(TOPIC, b'{"order": "special"}', tags="vip", keys="order-special"))
@@ -187,13 +199,13 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
         assert all("0 at" in r.text and "→ 1 at" in r.text for r in rows), [r.text for r in rows]
         total_lag = 321 - sum(offsets.values())
         assert f"lag {total_lag:,}" in card.text, card.text
-        page.shot("consumers", card)
+        page.shot("consumers", ".card[data-consumer]")
 
         # Topics: min/max offsets per queue.
         page.go("topics")
         topic_card = page.wait(f'.card[data-topic="{TOPIC}"]', "the topic card")[0]
         assert "broker-a" in topic_card.text and "broker-b" in topic_card.text and "msgs/s" in topic_card.text
-        page.shot("topics", topic_card)
+        page.shot("topics", f'.card[data-topic="{TOPIC}"]')
 
         # Message browser: by key, by msgId, by queue and offset.
         page.go(f"messages?topic={TOPIC}&key=order-special")
@@ -230,7 +242,7 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
                                 lambda els: int(els[0].get_attribute("data-diff") or 0) > 40_000
                                 and float(els[0].get_attribute("data-lag-s") or 0) > 0)
             assert "NOT ANSWERING" in lagging[0].text and "KiB" in lagging[0].text
-            page.shot("replication", *page.find(".card[data-slave]"))
+            page.shot("replication", ".card[data-slave]")
         finally:
             slave_b.resume()
 
@@ -254,7 +266,7 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
         color = browser.execute_script(
             "return getComputedStyle(document.querySelector('tr[data-up=\"false\"] .badge.down')).backgroundColor")
         assert color == "rgb(207, 34, 46)", color
-        page.shot("cluster-master-down", down[0])
+        page.shot("cluster-master-down", 'tr[data-member="broker-a/0"][data-up="false"]')
 
         # The nameserver goes away: a clear error on the page, not a stale view.
         for handle in cluster.nameserver_handles:
