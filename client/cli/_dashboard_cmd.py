@@ -23,7 +23,8 @@ def cmd_dashboard(args: argparse.Namespace, out: Output) -> int:
     server = DashboardServer(namesrv_of(args), args.listen, interval_s=args.interval,
                              request_timeout_s=min(args.timeout, PROBE_TIMEOUT_MAX_S),
                              credentials=credentials_of(args),  # with the ACL on: an admin account
-                             tls_ca_file=getattr(args, "tls_ca", None) or None, read_only=args.read_only)
+                             tls_ca_file=getattr(args, "tls_ca", None) or None, read_only=args.read_only,
+                             allowed_hosts=args.allow_host or ())
     out.out.write(f"dashboard={server.url}\n")
     out.out.flush()
     try:
@@ -62,5 +63,8 @@ def add_dashboard(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="address to serve on; port 0 picks a free one (default: 127.0.0.1:8080)")
     p.add_argument("--read-only", action="store_true",
                    help="refuse every action (topic and group updates, offset resets): the page only shows")
+    p.add_argument("--allow-host", action="append", metavar="NAME",
+                   help="a host name the page may be opened by, besides IP addresses, localhost and the --listen "
+                        "host (repeatable; other names are refused, a guard against DNS rebinding)")
     p.add_argument("--interval", type=_interval, default=1.0, metavar="S",
                    help="seconds between two sweeps of the cluster (default: 1)")

@@ -287,3 +287,29 @@ def test_state_answers_a_longer_range_from_the_downsampled_totals(offline: Any) 
     assert answer.status == 200
     answer = asyncio.run(app.serve("GET", "/api/state", b"range=-1", b"", ("t", 1), None, None))
     assert answer.status == 400 and b"range" in answer.body
+
+
+def test_the_server_serves_the_page_by_ip_and_allowed_names_only() -> None:
+    import threading
+
+    import httpx
+
+    from client.dashboard import DashboardServer
+
+    server = DashboardServer(_refused_addr(), "127.0.0.1:0", interval_s=60.0, allowed_hosts=["dash.example"])
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.url.rstrip("/").rsplit(":", 1)[1]
+    try:
+        with httpx.Client(timeout=5, trust_env=False) as client:
+            for host, status in ((f"127.0.0.1:{port}", 200), (f"localhost:{port}", 200),
+                                 (f"dash.example:{port}", 200), (f"rebound.example:{port}", 403)):
+                page = client.get(server.url, headers={"Host": host})
+                assert page.status_code == status, (host, page.text[:200])
+            assert "DNS rebinding" in page.json()["remark"]
+    finally:
+        server.shutdown()
+        thread.join(10)
+        for s in _HELD:
+            s.close()
+        _HELD.clear()
