@@ -67,8 +67,7 @@ def _check_strategy(_: Any, attribute: Any, value: object) -> None:
 class RebalanceListener:
     """Told when a rebalance changes the queues a group consumer holds (Kafka's ``ConsumerRebalanceListener``,
     named for RocketMQ's queues). Subclass it and override either method; pass an instance as
-    ``rebalance_listener=`` to :class:`client.GroupConsumer`, :class:`client.AsyncGroupConsumer` (or
-    :class:`client.PushConsumer`).
+    ``rebalance_listener=`` to :class:`client.GroupConsumer` or :class:`client.AsyncGroupConsumer`.
 
     The order, for each rebalance round: the queues leaving this instance are committed (their consumed offset),
     then :meth:`on_queues_revoked` gets them, then the new queues are held (``assignment()`` includes them; their
