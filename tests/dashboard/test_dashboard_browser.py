@@ -71,6 +71,14 @@ class Page:
         return poll_until(check, timeout_s, f"{what} ({css}); page text: {self.text()[:600]!r}", interval_s=0.05,
                           ignore=(StaleElementReferenceException,))
 
+    def texts(self, css: str) -> list[str]:
+        """The text of each element ``css`` matches now, found afresh when a redraw (a live view is drawn again
+        every second) made them stale."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        return poll_until(lambda: [str(e.text) for e in self.find(css)] or None, 5.0, f"the text of {css}",
+                          interval_s=0.05, ignore=(StaleElementReferenceException,))
+
     def text(self) -> str:
         try:
             return str(self.driver.execute_script("return document.body.innerText"))
@@ -193,18 +201,20 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
                 consumer.update_consume_offset(mq, offsets[mq])
         assert served[:4] == [0, 0, 0, 0] and served[4:] == [1, 1, 1, 1], f"served by {served}"
 
-        rows = page.wait("tr[data-served-by]", "last pulls served by 1", lambda els: _served_by(els, "1"))
-        card = page.find(".card[data-consumer]")[0]
-        assert f"{GROUP}" in card.text and "1 slave" in card.text
-        assert all("0 at" in r.text and "→ 1 at" in r.text for r in rows), [r.text for r in rows]
+        page.wait("tr[data-served-by]", "last pulls served by 1", lambda els: _served_by(els, "1"))
+        card = page.texts(".card[data-consumer]")[0]
+        assert f"{GROUP}" in card and "1 slave" in card
+        rows_text = page.texts("tr[data-served-by]")
+        assert all("0 at" in r and "→ 1 at" in r for r in rows_text), rows_text
         total_lag = 321 - sum(offsets.values())
-        assert f"lag {total_lag:,}" in card.text, card.text
+        assert f"lag {total_lag:,}" in card, card
         page.shot("consumers", ".card[data-consumer]")
 
         # Topics: min/max offsets per queue.
         page.go("topics")
-        topic_card = page.wait(f'.card[data-topic="{TOPIC}"]', "the topic card")[0]
-        assert "broker-a" in topic_card.text and "broker-b" in topic_card.text and "msgs/s" in topic_card.text
+        page.wait(f'.card[data-topic="{TOPIC}"]', "the topic card")
+        topic_card = page.texts(f'.card[data-topic="{TOPIC}"]')[0]
+        assert "broker-a" in topic_card and "broker-b" in topic_card and "msgs/s" in topic_card
         page.shot("topics", f'.card[data-topic="{TOPIC}"]')
 
         # Message browser: by key, by msgId, by queue and offset.
@@ -238,10 +248,11 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
                 producer.send_batch([Message(TOPIC, b"x" * 1000, keys=f"late-{i}-{j}") for j in range(20)],
                                     MessageQueue(TOPIC, "broker-b", i % 2))
             page.go("replication")
-            lagging = page.wait('.card[data-slave="broker-b/1"]', "broker-b's slave lagging",
+            page.wait('.card[data-slave="broker-b/1"]', "broker-b's slave lagging",
                                 lambda els: int(els[0].get_attribute("data-diff") or 0) > 40_000
                                 and float(els[0].get_attribute("data-lag-s") or 0) > 0)
-            assert "NOT ANSWERING" in lagging[0].text and "KiB" in lagging[0].text
+            lagging_text = page.texts('.card[data-slave="broker-b/1"]')[0]
+            assert "NOT ANSWERING" in lagging_text and "KiB" in lagging_text
             page.shot("replication", ".card[data-slave]")
         finally:
             slave_b.resume()
@@ -251,15 +262,15 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
         page.wait('tr[data-up="true"]', "four members up again", lambda els: len(els) == 4)
         cluster.kill_master("broker-a")
         killed = time.monotonic()
-        down = page.wait('tr[data-member="broker-a/0"][data-up="false"]', "broker-a's master down",
+        page.wait('tr[data-member="broker-a/0"][data-up="false"]', "broker-a's master down",
                          timeout_s=DOWN_WITHIN_S)
         elapsed = time.monotonic() - killed
         assert elapsed <= DOWN_WITHIN_S, elapsed
         # The reason is the runtime request's error: refused once the process is gone, or, when the request raced
         # the kill (a connection the dying process's backlog took), closed without an answer.
-        assert "DOWN" in down[0].text
-        assert "connection refused" in down[0].text or "connection closed without an answer" in down[0].text, \
-            down[0].text
+        down_text = page.texts('tr[data-member="broker-a/0"][data-up="false"]')[0]
+        assert "DOWN" in down_text
+        assert "connection refused" in down_text or "connection closed without an answer" in down_text, down_text
         closed = ("runtime of 127.0.0.1:1: RemoteProtocolError: 127.0.0.1:1 closed the connection without a "
                   "complete response")
         assert browser.execute_script("return shortError(arguments[0])", closed) == "connection closed without an answer"
@@ -271,9 +282,9 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
         # The nameserver goes away: a clear error on the page, not a stale view.
         for handle in cluster.nameserver_handles:
             handle.kill()
-        banner = page.wait("#banner", "the nameserver error", lambda els: els[0].is_displayed()
+        page.wait("#banner", "the nameserver error", lambda els: els[0].is_displayed()
                            and "unreachable" in els[0].text)
-        assert ns in banner[0].text
+        assert ns in page.texts("#banner")[0]
     finally:
         consumer.close()
         producer.close()
