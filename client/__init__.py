@@ -18,7 +18,7 @@ from __future__ import annotations
 from client import errors
 from client._admin import Admin, ClusterInfo, QueueProgress
 from client._async_group_consumer import AsyncGroupConsumer
-from client._consume_core import GroupConsumerConfig
+from client._consume_core import GroupConsumerConfig, RebalanceListener
 from client._consumer import AsyncPullConsumer, PullConsumer
 from client._group_consumer import GroupConsumer
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
@@ -75,6 +75,7 @@ __all__ = [
     "PullStatus",
     "PushConsumer",
     "QueueProgress",
+    "RebalanceListener",
     "SendResult",
     "SendStatus",
     "TransactionListener",

@@ -437,6 +437,84 @@ class Admin:
                                          last_pulls.get(qd.broker_name, {}).get(qid)))
         return out
 
+    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """The first offset of ``mq`` stored at or after ``timestamp_ms`` (the max offset when none is), asked of
+        the master, else a slave."""
+        return self._queue_offset(self._members(mq.broker_name),
+                                  partial(rq.offset_url, kind="search", mq=mq, timestamp_ms=int(timestamp_ms)), None)
+
+    def consumer_ids(self, group: str, topic: str) -> list[str]:
+        """The client ids online in ``group`` (heartbeating), as the masters of ``topic``'s broker groups list
+        them; masters that do not answer are skipped."""
+        validate_group(group)
+        route = self.topic_route(topic)
+        ids: set[str] = set()
+        for bd in route.broker_datas:
+            addr = bd.broker_addrs.get(MASTER_ID)
+            if addr is None:
+                continue
+            try:
+                obj = rq.json_of(self.client.http.get(f"http://{addr}/consumer/ids?group={rq.q(group)}"), addr)
+            except (httpx.HTTPError, ClientError) as e:
+                log.debug("consumer ids of %s at %s: %s", group, addr, e)
+                continue
+            ids.update(str(i) for i in obj.get("clientIds") or [])
+        return sorted(ids)
+
+    def reset_consumer_offset(self, group: str, topic: str, *, to: str = "earliest",
+                              timestamp_ms: int | None = None) -> dict[MessageQueue, int]:
+        """Set ``group``'s committed offset of every readable queue of ``topic`` (``resetOffsetByTimestamp`` of
+        an offline group): to each queue's min offset (``to="earliest"``), its max offset (``"latest"``: skip
+        everything stored), or the first message stored at or after ``timestamp_ms`` (``"timestamp"``).
+
+        The group must have no consumer online: a running consumer keeps its own positions and would write them
+        back at its next commit (RocketMQ's brokers tell online clients to reset; SplitMQ's cannot), so, as
+        Kafka's ``--reset-offsets``, this refuses while any is.
+
+        Returns:
+            The offsets stored, by queue.
+
+        Raises:
+            InvalidParameterError: ``to`` is not one of the three, ``timestamp_ms`` is missing for
+                ``"timestamp"``, or the group has consumers online (named).
+            RouteNotFoundError: no nameserver knows the topic.
+        """
+        validate_group(group)
+        if to not in ("earliest", "latest", "timestamp"):
+            raise InvalidParameterError(f"to must be earliest, latest or timestamp, got {to!r}")
+        if to == "timestamp" and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int)
+                                  or timestamp_ms < 0):
+            raise InvalidParameterError(f"timestamp_ms must be ms since the epoch (>= 0), got {timestamp_ms!r}")
+        online = self.consumer_ids(group, topic)
+        if online:
+            raise InvalidParameterError(
+                f"consumer group {group} has {len(online)} consumer(s) online ({', '.join(online)}): they would "
+                "overwrite the reset at their next commit; stop them, then reset")
+        route = self.topic_route(topic)
+        out: dict[MessageQueue, int] = {}
+        for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
+            bd = route.broker_data(qd.broker_name)
+            if bd is None or not Perm.readable(qd.perm):
+                continue
+            master = bd.broker_addrs.get(MASTER_ID)
+            if master is None:
+                raise BrokerNotFoundError(f"The broker[{qd.broker_name}] has no master: offsets are committed there")
+            offsets = []
+            for qid in range(qd.read_queue_nums):
+                mq = MessageQueue(topic, qd.broker_name, qid)
+                kind = {"earliest": "min", "latest": "max", "timestamp": "search"}[to]
+                off = self._queue_offset(bd.broker_addrs, partial(rq.offset_url, kind=kind, mq=mq,
+                                                                  timestamp_ms=timestamp_ms if kind == "search"
+                                                                  else None), None)
+                offsets.append((mq, off))
+            body = rq.commit_offsets_body(group, offsets)
+
+            def commit(a: str, b: bytes = body) -> dict[str, Any]:
+                return rq.json_of(self.client.http.post(f"http://{a}/offset/consumer", content=b), a)
+            self._broker_call(master, f"reset offsets of {group} on {qd.broker_name}", commit)
+            out.update(offsets)
+        return out
+
     def _last_pull_members(self, group: str, topic: str, members: Mapping[int, str]) -> dict[int, int]:
         """``queue id -> member id`` that served the newest pull of ``group`` (members that cannot be asked are
         skipped: a dead master simply has no say)."""

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from client._consume_core import GroupConsumerConfig
+from client._consume_core import ITER_COMMIT_CHECK_S, GroupConsumerConfig
 from client._consumer import AsyncPullConsumer
 from client._group_engine import GroupEngine, claim_group
 from client._instance import AsyncClientInstance, ClientConfig, ClientState, with_credentials
 from client._metrics import ClientMetrics
 from client._rebalance import ProcessQueue
 from client._requests import Op
-from common.errors import ClientError, InvalidParameterError
+from common.errors import ClientClosedError, ClientError, InvalidParameterError
 from common.message import MessageExt, MessageQueue
 from common.selector import MessageSelector
 from common.signing import Credentials
@@ -109,6 +110,7 @@ class AsyncEngine(GroupEngine[AsyncClientInstance, AsyncPullConsumer]):
             await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         client, puller = self._parts()
         await client.drive(self.closing_op())
+        await self._tell_listener()
         await puller.close()
         await client.release()
 
@@ -120,6 +122,27 @@ class AsyncEngine(GroupEngine[AsyncClientInstance, AsyncPullConsumer]):
     async def rebalance(self) -> None:
         """See :meth:`client._group_consumer.SyncEngine.rebalance`."""
         await self.drive(self.rebalance_op())
+        await self._tell_listener()
+
+    async def _tell_listener(self) -> None:
+        """See :meth:`client._group_consumer.SyncEngine._tell_listener`."""
+        if not self.begin_telling():
+            return
+        try:
+            while changes := self.next_changes():
+                for method, queues in changes:
+                    await self._call_listener(method, queues)
+        except BaseException:
+            self.end_telling()
+            raise
+
+    async def _call_listener(self, method: str, queues: set[MessageQueue]) -> None:
+        try:
+            result = self.listener_method(method)(queues)
+            if inspect.isawaitable(result):  # a coroutine function's call: awaited here
+                await result
+        except Exception:  # the listener's bug must not stop the consumer
+            log.exception("%s: rebalance listener %s(%s) failed", self.group, method, sorted(map(str, queues)))
 
     async def auto_commit(self) -> None:
         """See :meth:`client._group_consumer.SyncEngine.auto_commit`."""
@@ -149,6 +172,7 @@ class AsyncEngine(GroupEngine[AsyncClientInstance, AsyncPullConsumer]):
         while not self._stop.is_set():
             self._wake.clear()
             await client.drive(self.round_op())
+            await self._tell_listener()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.clock.wait_s())
 
@@ -245,11 +269,14 @@ class AsyncGroupConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self._close(acknowledge=exc[0] is None)
 
     async def close(self) -> None:
         """See :meth:`client.GroupConsumer.close`."""
-        if self.state is ClientState.OPENED:
+        await self._close(acknowledge=True)
+
+    async def _close(self, *, acknowledge: bool) -> None:
+        if self.state is ClientState.OPENED and acknowledge:
             self._engine.core.ack_polled()
         await self._engine.close(time.monotonic() + self.config.close_timeout_s)
         self._avail.wake()
@@ -299,6 +326,30 @@ class AsyncGroupConsumer:
             if left <= 0 or self.state is not ClientState.OPENED:
                 return []
             await self._avail.wait(left, engine.core.has_cached)
+
+    def __aiter__(self) -> AsyncGroupConsumer:
+        return self
+
+    async def __anext__(self) -> MessageExt:
+        """See :meth:`client.GroupConsumer.__next__`."""
+        engine = self._engine
+        if self.state is not ClientState.OPENED:
+            raise StopAsyncIteration
+        engine.core.ack_polled()
+        while True:
+            try:
+                await engine.auto_commit()
+            except ClientClosedError:  # closed by another thread or task meanwhile
+                raise StopAsyncIteration from None
+            msgs = engine.take_polled(1)
+            if msgs:
+                return msgs[0]
+            if self.state is not ClientState.OPENED:
+                raise StopAsyncIteration
+            await self._avail.wait(min(ITER_COMMIT_CHECK_S, self.config.auto_commit_interval_s), self._ready)
+
+    def _ready(self) -> bool:
+        return self.state is not ClientState.OPENED or self._engine.core.has_cached()
 
     async def commit(self, offsets: Mapping[MessageQueue, int] | None = None) -> None:
         """See :meth:`client.GroupConsumer.commit`."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -36,7 +36,8 @@ from common.message import MessageExt, MessageQueue
 from common.properties import validate_group, validate_topic
 from common.selector import MessageSelector
 
-__all__ = ["GroupConsumerConfig", "GroupCore", "PulledBatch", "consume_timestamp_ms", "next_pull_delay_s"]
+__all__ = ["ITER_COMMIT_CHECK_S", "GroupConsumerConfig", "GroupCore", "PulledBatch", "RebalanceListener", "consume_timestamp_ms",
+           "next_pull_delay_s"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ MIB = 1024 * 1024
 #: The least wait before pulling a queue again after an answer without messages that the broker did not hold
 #: (long polling off, or a slave's refusal): pulling it at once would spin on the same answer.
 NO_NEW_MIN_DELAY_S = 0.05
+#: A consumer's iterator waiting for messages wakes at least this often to send a due automatic commit.
+ITER_COMMIT_CHECK_S = 1.0
 
 
 def _positive(_: Any, attribute: Any, value: float) -> None:
@@ -59,6 +62,38 @@ def _non_negative(_: Any, attribute: Any, value: float) -> None:
 def _check_strategy(_: Any, attribute: Any, value: object) -> None:
     if not callable(getattr(value, "allocate", None)):
         raise ValueError(f"allocate_strategy must have an allocate() method, got {type(value).__name__}")
+
+
+class RebalanceListener:
+    """Told when a rebalance changes the queues a group consumer holds (Kafka's ``ConsumerRebalanceListener``,
+    named for RocketMQ's queues). Subclass it and override either method; pass an instance as
+    ``rebalance_listener=`` to :class:`client.GroupConsumer` or :class:`client.AsyncGroupConsumer`.
+
+    The order, for each rebalance round: the queues leaving this instance are committed (their consumed offset),
+    then :meth:`on_queues_revoked` gets them, then the new queues are held (``assignment()`` includes them; their
+    pulls have started) and :meth:`on_queues_assigned` gets them. ``close`` commits every held queue, then calls
+    :meth:`on_queues_revoked` with them. Empty sets are not told. Calls come one at a time, in that order, from
+    the consumer's background thread (task), or from the caller of ``rebalance_now`` or ``close``. An exception
+    in a callback is logged and swallowed: the consumer goes on. On :class:`client.AsyncGroupConsumer` a
+    callback may be a coroutine function (it is awaited); on the others it must not block for long (it delays
+    the next rebalance and commit).
+    """
+
+    def on_queues_revoked(self, queues: set[MessageQueue]) -> Awaitable[None] | None:
+        """``queues`` are no longer held here; their consumed offsets are committed (best effort: a failed commit
+        is logged, and the next owner may re-read what was consumed since the last good one)."""
+        return None
+
+    def on_queues_assigned(self, queues: set[MessageQueue]) -> Awaitable[None] | None:
+        """``queues`` are held here from now on, each from its committed offset (or ``consume_from_where``)."""
+        return None
+
+
+def _check_listener(_: Any, attribute: Any, value: object) -> None:
+    if value is not None and not all(callable(getattr(value, name, None))
+                                     for name in ("on_queues_revoked", "on_queues_assigned")):
+        raise ValueError(f"rebalance_listener must have on_queues_revoked() and on_queues_assigned() methods "
+                         f"(subclass client.RebalanceListener), got {type(value).__name__}")
 
 
 @attrs.frozen
@@ -109,6 +144,8 @@ class GroupConsumerConfig:
     shared by the consumers given the same name -- RocketMQ's ``instanceName``."""
     close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
     """Bound on close: in-flight work, the final commit."""
+    rebalance_listener: RebalanceListener | None = attrs.field(default=None, validator=_check_listener)
+    """Told of the queues each rebalance takes away and gives (:class:`RebalanceListener`)."""
 
     @property
     def threshold_bytes(self) -> int:

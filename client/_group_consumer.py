@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from client._consume_core import GroupConsumerConfig
+from client._consume_core import ITER_COMMIT_CHECK_S, GroupConsumerConfig
 from client._consumer import PullConsumer
 from client._group_engine import GroupEngine, claim_group, parse_consumer_ids
 from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
 from client._metrics import ClientMetrics
 from client._rebalance import ProcessQueue
 from client._requests import Op
-from common.errors import ClientError, InvalidParameterError
+from common.errors import ClientClosedError, ClientError, InvalidParameterError
 from common.message import MessageExt, MessageQueue
 from common.selector import MessageSelector
 from common.signing import Credentials
@@ -183,6 +183,7 @@ class SyncEngine(GroupEngine[ClientInstance, PullConsumer]):
             log.debug("%s: %d threads still in a request at close (abandoned): %s", self.group, len(stuck), stuck)
         client, puller = self._parts()
         client.drive(self.closing_op())
+        self._tell_listener()
         puller.close()
         client.release()
 
@@ -196,8 +197,28 @@ class SyncEngine(GroupEngine[ClientInstance, PullConsumer]):
         return client.drive(op)
 
     def rebalance(self) -> None:
-        """One rebalance round over every subscribed topic (or the manual assignment), now."""
+        """One rebalance round over every subscribed topic (or the manual assignment), now; then the listener's
+        calls it made due."""
         self.drive(self.rebalance_op())
+        self._tell_listener()
+
+    def _tell_listener(self) -> None:
+        """Make the rebalance listener's calls that are due, in order (unless another thread is making them)."""
+        if not self.begin_telling():
+            return
+        try:
+            while changes := self.next_changes():
+                for method, queues in changes:
+                    self._call_listener(method, queues)
+        except BaseException:
+            self.end_telling()
+            raise
+
+    def _call_listener(self, method: str, queues: set[MessageQueue]) -> None:
+        try:
+            self.listener_method(method)(queues)
+        except Exception:  # the listener's bug must not stop the consumer
+            log.exception("%s: rebalance listener %s(%s) failed", self.group, method, sorted(map(str, queues)))
 
     def auto_commit(self) -> None:
         """Lite pull: commit what ``poll`` acknowledged when ``auto_commit_interval_s`` has passed."""
@@ -221,6 +242,7 @@ class SyncEngine(GroupEngine[ClientInstance, PullConsumer]):
         while not self._stop.is_set():
             self._wake.clear()
             client.drive(self.round_op())
+            self._tell_listener()
             self._wake.wait(self.clock.wait_s())
 
     def _pull_loop(self) -> None:
@@ -332,11 +354,17 @@ class GroupConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._close(acknowledge=exc[0] is None)
 
     def close(self) -> None:
-        """Acknowledge the last poll, commit, leave the group; bounded by ``close_timeout_s``. Idempotent."""
-        if self.state is ClientState.OPENED:
+        """Acknowledge the last poll, commit, leave the group; bounded by ``close_timeout_s``. Idempotent.
+
+        Leaving a ``with`` block by an exception closes without acknowledging the last poll (or the message
+        being iterated): what was being processed is not committed, and is delivered again."""
+        self._close(acknowledge=True)
+
+    def _close(self, *, acknowledge: bool) -> None:
+        if self.state is ClientState.OPENED and acknowledge:
             self._engine.core.ack_polled()
         self._engine.close(time.monotonic() + self.config.close_timeout_s)
         self._avail.wake()
@@ -394,6 +422,41 @@ class GroupConsumer:
             if left <= 0 or self.state is not ClientState.OPENED:
                 return []
             self._avail.wait(left, engine.core.has_cached)
+
+    def __iter__(self) -> GroupConsumer:
+        return self
+
+    def __next__(self) -> MessageExt:
+        """The next message, one at a time, waiting as long as it takes (``for msg in consumer:``).
+
+        Asking for the next message acknowledges the one before (as ``poll`` acknowledges the batch before), so
+        the automatic commit (every ``auto_commit_interval_s`` with ``auto_commit``, also sent while the loop
+        waits) covers only the messages whose loop body finished; :meth:`commit` called in the body covers the
+        current message too (call it once the message is handled). The loop ends when the consumer is closed
+        (from another thread, or a callback). Nothing is taken from the cache while waiting, so an interrupted
+        wait loses nothing; an exception that leaves the ``with`` block leaves the current message uncommitted.
+
+        Raises:
+            StopIteration: the consumer is closed (or was never started).
+        """
+        engine = self._engine
+        if self.state is not ClientState.OPENED:
+            raise StopIteration
+        engine.core.ack_polled()
+        while True:
+            try:
+                engine.auto_commit()
+            except ClientClosedError:  # closed by another thread or task meanwhile
+                raise StopIteration from None
+            msgs = engine.take_polled(1)
+            if msgs:
+                return msgs[0]
+            if self.state is not ClientState.OPENED:
+                raise StopIteration
+            self._avail.wait(min(ITER_COMMIT_CHECK_S, self.config.auto_commit_interval_s), self._ready)
+
+    def _ready(self) -> bool:
+        return self.state is not ClientState.OPENED or self._engine.core.has_cached()
 
     def commit(self, offsets: Mapping[MessageQueue, int] | None = None) -> None:
         """Commit every message returned by ``poll`` so far (or exactly ``offsets``) to the brokers, now.

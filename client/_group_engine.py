@@ -175,6 +175,10 @@ class GroupEngine(Generic[ClientT, PullerT]):
         self.metrics = ClientMetrics("consumer", config.group)
         """Pulls (recorded by the puller), consumed messages and callback latency (by the consumer)."""
         self.metrics.cached = self._cached_by_topic
+        self._tell_lock = threading.Lock()
+        self._changes: list[tuple[str, set[MessageQueue]]] = []
+        """Listener calls due, in order: ``(method name, queues)`` (see :meth:`next_changes`)."""
+        self._telling = False
 
     @property
     def group(self) -> str:
@@ -278,9 +282,10 @@ class GroupEngine(Generic[ClientT, PullerT]):
                 out[mq.topic] = (n + pq.msg_count, b + pq.msg_size_bytes)
         return out
 
-    def take_polled(self) -> list[MessageExt]:
-        """Lite pull: the cached messages ``poll`` returns now (at most ``max_poll_messages``), counted."""
-        msgs = self.core.take_polled(self.config.max_poll_messages)
+    def take_polled(self, max_messages: int | None = None) -> list[MessageExt]:
+        """Lite pull: the cached messages ``poll`` returns now (at most ``max_messages``, by default
+        ``max_poll_messages``), counted."""
+        msgs = self.core.take_polled(max_messages or self.config.max_poll_messages)
         metrics = self.metrics
         if msgs and metrics.on:
             counts: dict[str, int] = {}
@@ -289,6 +294,39 @@ class GroupEngine(Generic[ClientT, PullerT]):
             for topic, n in counts.items():
                 metrics.consumed_messages(topic, n)
         return msgs
+
+    # --- the rebalance listener: its calls are queued by the operations, made by the shells after them ---
+
+    def _changed(self, method: str, queues: set[MessageQueue]) -> None:
+        if queues and self.config.rebalance_listener is not None:
+            with self._tell_lock:
+                self._changes.append((method, set(queues)))
+
+    def begin_telling(self) -> bool:
+        """Whether the caller is to make the listener calls due now (False: another thread or task is making
+        them, and will make these too -- one at a time, in order)."""
+        with self._tell_lock:
+            if self._telling or not self._changes:
+                return False
+            self._telling = True
+            return True
+
+    def next_changes(self) -> list[tuple[str, set[MessageQueue]]]:
+        """The listener calls due, oldest first; ``[]`` ends the caller's turn (see :meth:`begin_telling`)."""
+        with self._tell_lock:
+            changes, self._changes = self._changes, []
+            if not changes:
+                self._telling = False
+            return changes
+
+    def end_telling(self) -> None:
+        """The teller stopped early (an exception went through it)."""
+        with self._tell_lock:
+            self._telling = False
+
+    def listener_method(self, method: str) -> Callable[[set[MessageQueue]], Any]:
+        """The listener's callback of that name."""
+        return getattr(self.config.rebalance_listener, method)
 
     # --- pulls: the decisions around the request each engine makes ---
 
@@ -353,29 +391,41 @@ class GroupEngine(Generic[ClientT, PullerT]):
             yield from self._quietly_op(self._renew_locks_op(), f"lock renewal of {self.group}")
 
     def rebalance_op(self) -> Op[None]:
-        """One rebalance round over every subscribed topic (or the manual assignment)."""
+        """One rebalance round over every subscribed topic (or the manual assignment): every topic's share is
+        computed first, then the queues leaving are handed over (each committed), then the new ones are held, so
+        that the listener hears of a round's revoked queues, after their commits, before its assigned ones."""
         core = self.core
         self.rebalance_count += 1
+        plan: list[tuple[str | None, set[MessageQueue]]] = []
         if core.assigned_mode:
             with core.lock:
-                wanted = set(core.manual_queues)
-            yield from self._apply_op(None, wanted)
-            return
-        topics = core.topics()
-        allocated_all = True
-        for topic in topics:
-            if self._stop.is_set():
-                return
-            wanted_or_none = yield from self._allocate_op(topic)
-            if wanted_or_none is None:
-                allocated_all = False
-            else:
-                yield from self._apply_op(topic, wanted_or_none)
-        if allocated_all:
-            self.clock.allocated_all()
-        for mq in core.held():
-            if mq.topic not in topics:
-                yield from self._drop_op(mq)
+                plan.append((None, set(core.manual_queues)))
+            topics = None
+        else:
+            topics = core.topics()
+            allocated_all = True
+            for topic in topics:
+                if self._stop.is_set():
+                    return
+                wanted_or_none = yield from self._allocate_op(topic)
+                if wanted_or_none is None:
+                    allocated_all = False
+                else:
+                    plan.append((topic, wanted_or_none))
+            if allocated_all:
+                self.clock.allocated_all()
+        leaving = {mq for plan_topic, wanted in plan for mq in core.held(plan_topic) - wanted}
+        if topics is not None:
+            leaving.update(mq for mq in core.held() if mq.topic not in topics)
+        revoked: set[MessageQueue] = set()
+        for mq in sorted(leaving):
+            if (yield from self._drop_op(mq)):
+                revoked.add(mq)
+        self._changed("on_queues_revoked", revoked)
+        assigned: set[MessageQueue] = set()
+        for plan_topic, wanted in plan:
+            assigned.update((yield from self._hold_op(plan_topic, wanted)))
+        self._changed("on_queues_assigned", assigned)
 
     def _allocate_op(self, topic: str) -> Op[set[MessageQueue] | None]:
         """This instance's share of ``topic``; None when it cannot be computed this round (nothing changes)."""
@@ -415,19 +465,18 @@ class GroupEngine(Generic[ClientT, PullerT]):
                 log.warning("consumer ids of %s from %s: %s", self.group, addr, e)
         return None
 
-    def _apply_op(self, topic: str | None, wanted: set[MessageQueue]) -> Op[None]:
-        """Hold exactly ``wanted`` of ``topic`` (None: of every topic): hand over the others, start the new."""
-        held = self.core.held(topic)
-        for mq in sorted(held - wanted):
-            yield from self._drop_op(mq)
-        new = sorted(wanted - held)
+    def _hold_op(self, topic: str | None, wanted: set[MessageQueue]) -> Op[set[MessageQueue]]:
+        """Start holding the queues of ``wanted`` not held yet (of ``topic``; None: of every topic); returns the
+        ones now held."""
+        new = sorted(wanted - self.core.held(topic))
         if self.locker is not None and new:
             # A queue another instance still holds locked waits for the next round.
             granted = yield from self.locker.lock_op(new)
             new = [mq for mq in new if mq in granted]
+        added = set()
         for mq in new:
             if self._stop.is_set():
-                return
+                break
             try:
                 start = yield from self._start_offset_op(mq)
             except ClientError as e:
@@ -437,12 +486,14 @@ class GroupEngine(Generic[ClientT, PullerT]):
             if pq is not None:
                 log.info("%s now holds %s from offset %d", self.group, mq, start)
                 self._launch(pq)
+                added.add(mq)
+        return added
 
-    def _drop_op(self, mq: MessageQueue) -> Op[None]:
+    def _drop_op(self, mq: MessageQueue) -> Op[bool]:
+        """Hand ``mq`` over (its consumed offset committed); False when it stays held for now."""
         locker = self.locker
         if locker is None:
-            yield from self._hand_over_op(mq)
-            return
+            return (yield from self._hand_over_op(mq))
         # Orderly (sync push consumers only, so this wait blocks a thread, never a loop): wait for the queue's
         # running callback, commit what it consumed, and only then unlock, so the next owner neither runs
         # alongside it nor consumes its last batch again.
@@ -450,17 +501,20 @@ class GroupEngine(Generic[ClientT, PullerT]):
             if not idle:
                 log.info("%s: a callback of %s is still running; handing it over at the next rebalance",
                          self.group, mq)
-                return
-            yield from self._hand_over_op(mq)
+                return False
+            dropped = yield from self._hand_over_op(mq)
         yield from self._quietly_op(locker.unlock_op([mq]), f"unlock of {mq}")
+        return dropped
 
-    def _hand_over_op(self, mq: MessageQueue) -> Op[None]:
+    def _hand_over_op(self, mq: MessageQueue) -> Op[bool]:
+        """Stop holding ``mq`` and commit its consumed offset; False when it was not held."""
         offset = self.core.drop_queue(mq)
         self._forget(mq)
         if offset < 0:
-            return
+            return False
         log.info("%s hands over %s at consumed offset %d", self.group, mq, offset)
         yield from self._quietly_op(self.commit_one_op(mq, offset), f"hand-over commit of {mq}")
+        return True
 
     def _start_offset_op(self, mq: MessageQueue) -> Op[int]:
         """``computePullFromWhere``: the committed offset, else the policy's (``consume_from_where``) query."""
@@ -510,14 +564,19 @@ class GroupEngine(Generic[ClientT, PullerT]):
             self.local_store.persist()
             return []
         client, puller = self._parts()
-        failed = []
-        for mq, off in sorted(dirty.items()):
-            try:
-                yield from puller._commit_op(client, mq, off)
-            except ClientError as e:
-                failed.append(mq)
-                log.info("commit of %s at %d failed: %s", mq, off, e)
-        core.offsets.mark_dirty(failed)
+        failed: list[MessageQueue] = []
+        pending = sorted(dirty)
+        try:
+            while pending:
+                mq = pending[0]
+                try:
+                    yield from puller._commit_op(client, mq, dirty[mq])
+                except ClientError as e:
+                    failed.append(mq)
+                    log.info("commit of %s at %d failed: %s", mq, dirty[mq], e)
+                pending.pop(0)
+        finally:  # also when the caller is cancelled in the middle: what was not sent stays pending
+            core.offsets.mark_dirty(failed + pending)
         return failed
 
     def auto_commit_op(self) -> Op[None]:
@@ -562,9 +621,12 @@ class GroupEngine(Generic[ClientT, PullerT]):
     def closing_op(self) -> Op[None]:
         """The requests of a close, each best effort: the final commit of every held queue, the unlock of orderly
         queues (after the commit: the next owner starts after the last message consumed here), and leaving the
-        group on every broker, so the other instances rebalance without waiting for our heartbeat timeout."""
+        group on every broker, so the other instances rebalance without waiting for our heartbeat timeout. The
+        listener hears of every held queue as revoked after the final commit."""
         client, _ = self._parts()
+        held = self.core.held()
         yield from self._quietly_op(self.persist_offsets_op(all_held=True), f"final commit of {self.group}")
+        self._changed("on_queues_revoked", held)
         if self.locker is not None:
             yield from self._quietly_op(self.locker.unlock_op(self.core.held()), f"unlock of {self.group}'s queues")
         release_group(client, self.group)

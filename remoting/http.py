@@ -258,8 +258,8 @@ class _TlsClosingTransport(asyncio.Transport):
 class _Incoming:
     """One request as the parser reads it, until it is answered."""
 
-    __slots__ = ("auth", "chunks", "expect_continue", "held", "keep_alive", "method", "path", "query", "refusal",
-                 "upgrade", "url")
+    __slots__ = ("auth", "chunks", "expect_continue", "held", "host", "keep_alive", "method", "path", "query",
+                 "refusal", "upgrade", "url")
 
     def __init__(self) -> None:
         self.url = b""
@@ -267,6 +267,7 @@ class _Incoming:
         self.path = ""
         self.query = b""
         self.auth: bytes | None = None
+        self.host: bytes | None = None
         self.expect_continue = False
         self.keep_alive = True
         self.upgrade = False
@@ -450,6 +451,9 @@ class HttpProtocol(asyncio.Protocol):
         if name == b"authorization":
             if incoming.auth is None:  # the first one counts (a repeated header does not replace it)
                 incoming.auth = value
+        elif name == b"host":
+            if incoming.host is None:
+                incoming.host = value
         elif name == b"expect" and value.lower() == b"100-continue":
             incoming.expect_continue = True
 
@@ -526,7 +530,7 @@ class HttpProtocol(asyncio.Protocol):
                 incoming.chunks = []
                 try:
                     response = await router.serve(incoming.method, incoming.path, incoming.query, body,
-                                                  self.client, incoming.auth)
+                                                  self.client, incoming.auth, incoming.host)
                 finally:
                     router.release_body_bytes(incoming.held)
                     incoming.held = 0

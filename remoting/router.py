@@ -25,10 +25,11 @@ log = logging.getLogger(__name__)
 class Request:
     """One HTTP request: method, path, query and a body read up to a bound."""
 
-    __slots__ = ("_json", "_query", "body", "client", "method", "path", "principal", "query_key", "raw_query")
+    __slots__ = ("_json", "_query", "body", "client", "host", "method", "path", "principal", "query_key",
+                 "raw_query")
 
     def __init__(self, method: str, path: str, query: dict[str, str] | None, body: bytes, client: tuple[str, int],
-                 raw_query: bytes = b"") -> None:
+                 raw_query: bytes = b"", host: bytes | None = None) -> None:
         self.method = method
         self.path = path
         self._query = query
@@ -39,6 +40,8 @@ class Request:
         arguments, so a handler may cache what it derives from the arguments alone under this key."""
         self.body = body
         self.client = client
+        self.host = host
+        """The ``Host`` header as received (None when absent)."""
         self.principal: str | None = None
         """The access key of the account that signed the request (set by the ACL hook; None without ACL or for a
         white-listed unsigned peer)."""
@@ -171,7 +174,7 @@ class Router:
         return frozenset(self._routes)
 
     async def serve(self, method: str, path: str, query_string: bytes, body: bytes, client: tuple[str, int],
-                    authorization: bytes | None) -> Response:
+                    authorization: bytes | None, host: bytes | None = None) -> Response:
         """The answer to one request whose body the caller has read and counted (:meth:`take_body_bytes`): the
         router's one entry, called by the HTTP protocol (:mod:`remoting.http`). Latency is observed from here to
         the answer."""
@@ -181,7 +184,7 @@ class Router:
         if handler is None:
             response = self._no_route(method, path)
         else:
-            request = Request(method, path, None, body, client, query_string)
+            request = Request(method, path, None, body, client, query_string, host)
             response = await self._handle(handler, request, authorization)
         if observe is not None:
             observe(path if path in self._paths else "other", response.status, time.perf_counter() - started)

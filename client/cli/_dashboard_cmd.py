@@ -15,7 +15,7 @@ PROBE_TIMEOUT_MAX_S = 1.0
 
 
 def cmd_dashboard(args: argparse.Namespace, out: Output) -> int:
-    """Print ``dashboard=URL`` first (scripts read it), then serve; read-only: the page changes nothing."""
+    """Print ``dashboard=URL`` first (scripts read it), then serve; with ``--read-only`` the page changes nothing."""
     from client.dashboard import DashboardServer  # the servers' HTTP runtime only loads for this command
 
     # Each probe and query is bounded by --timeout, at most PROBE_TIMEOUT_MAX_S: a member slower than that to
@@ -23,7 +23,8 @@ def cmd_dashboard(args: argparse.Namespace, out: Output) -> int:
     server = DashboardServer(namesrv_of(args), args.listen, interval_s=args.interval,
                              request_timeout_s=min(args.timeout, PROBE_TIMEOUT_MAX_S),
                              credentials=credentials_of(args),  # with the ACL on: an admin account
-                             tls_ca_file=getattr(args, "tls_ca", None) or None)
+                             tls_ca_file=getattr(args, "tls_ca", None) or None, read_only=args.read_only,
+                             allowed_hosts=args.allow_host or ())
     out.out.write(f"dashboard={server.url}\n")
     out.out.flush()
     try:
@@ -53,11 +54,17 @@ def _interval(text: str) -> float:
 
 def add_dashboard(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``dashboard`` on the subcommand table ``sub``."""
-    help_text = "serve a read-only web dashboard of the cluster (topology, replication, lag, messages, metrics)"
+    help_text = ("serve a web dashboard of the cluster (topology, replication, lag, messages, dead letters, "
+                 "metrics; topic, group and offset actions)")
     p = sub.add_parser("dashboard", help=help_text, description=help_text[:1].upper() + help_text[1:] + ".",
                        parents=[common])
     p.set_defaults(func=cmd_dashboard, leaf=p)
     p.add_argument("--listen", type=_listen, default="127.0.0.1:8080", metavar="HOST:PORT",
                    help="address to serve on; port 0 picks a free one (default: 127.0.0.1:8080)")
+    p.add_argument("--read-only", action="store_true",
+                   help="refuse every action (topic and group updates, offset resets): the page only shows")
+    p.add_argument("--allow-host", action="append", metavar="NAME",
+                   help="a host name the page may be opened by, besides IP addresses, localhost and the --listen "
+                        "host (repeatable; other names are refused, a guard against DNS rebinding)")
     p.add_argument("--interval", type=_interval, default=1.0, metavar="S",
                    help="seconds between two sweeps of the cluster (default: 1)")

@@ -21,7 +21,8 @@ from typing import Any
 from client import Admin, QueueProgress
 from common.errors import AccessDeniedError, ClientError, InvalidParameterError
 
-__all__ = ["HISTORY_SAMPLES", "Collector"]
+__all__ = ["BROWSER_GROUP", "DOWNSAMPLE", "HISTORY_SAMPLES", "MAX_DRAWN", "Collector", "system_group",
+           "system_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -39,35 +40,97 @@ RATE_WINDOW_S = 5.0
 PROBE_INTERVAL_S = 0.25
 #: Members probed at once at most.
 MAX_PROBES = 16
-#: Topics RocketMQ creates for itself; the topic view leaves them out unless asked.
+#: The group the message browser pulls with; it never commits an offset.
+BROWSER_GROUP = "SPLITMQ_DASHBOARD_BROWSER"
+#: Topics RocketMQ (and SplitMQ's brokers) create for themselves; the views leave them out (listed apart).
 SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "OFFSET_MOVED_EVENT", "RMQ_SYS_TRACE_TOPIC",
-                           "BenchmarkTest", "SELF_TEST_TOPIC", "DefaultCluster"})
+                           "BenchmarkTest", "SELF_TEST_TOPIC", "DefaultCluster", "TRANS_CHECK_MAX_TIME_TOPIC"})
+#: Consumer groups of RocketMQ's own machinery and of tools (the transaction check's ``CID_SYS_RMQ_TRANS``...).
+SYSTEM_GROUPS = frozenset({"TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "__MONITOR_CONSUMER", "SELF_TEST_C_GROUP",
+                           "CID_ONS-HTTP-PROXY", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER", "CID_ONSAPI_PULL",
+                           "CID_RMQ_SYS_TRANS", BROWSER_GROUP})
 
 
-def _system_topic(name: str) -> bool:
-    return name in SYSTEM_TOPICS or name.startswith(("%RETRY%", "%DLQ%", "rmq_sys_"))
+def system_topic(name: str) -> bool:
+    """A topic of the cluster's own machinery (``TBW102``, ``RMQ_SYS_TRANS_HALF_TOPIC``, ``%RETRY%g``,
+    ``%DLQ%g``...): left out of the topic and consumer views."""
+    return (name in SYSTEM_TOPICS or name.startswith(("%RETRY%", "%DLQ%", "%SYS%"))
+            or name.upper().startswith("RMQ_SYS_"))
+
+
+def system_group(name: str) -> bool:
+    """A consumer group of the cluster's own machinery or of a tool (``CID_SYS_*``, ``CID_RMQ_SYS_*``, the
+    dashboard's browser...): listed apart from the applications' groups."""
+    return name in SYSTEM_GROUPS or name.startswith(("CID_SYS_", "CID_RMQ_SYS_", "%RETRY%", "%DLQ%"))
+
+
+#: Long history: the samples that leave a total's recent ring are folded, ``factor`` at a time, into a coarser
+#: ring of ``points`` (their maximum, stamped with the last one's time), and so on down the tiers. At the default
+#: 1 s interval: 5 minutes at full rate, then 1 hour at 10 s, then 6 hours at 1 minute.
+DOWNSAMPLE = ((360, 10), (360, 6))
+#: Points of one series in an answer at most (a longer range is thinned to this, keeping each stretch's maximum).
+MAX_DRAWN = 360
+_HISTORY_LOCK = threading.Lock()
+"""Guards every series: the sweep thread adds, the page's requests read."""
 
 
 class _Series:
-    """A bounded ``[(t_ms, value)]`` ring buffer."""
+    """A bounded ``[(t_ms, value)]`` ring buffer; with ``long``, older samples are kept downsampled
+    (:data:`DOWNSAMPLE`)."""
 
-    __slots__ = ("points",)
+    __slots__ = ("_pending", "points", "tiers")
 
-    def __init__(self) -> None:
+    def __init__(self, long: bool = False) -> None:
         self.points: deque[tuple[int, float]] = deque(maxlen=HISTORY_SAMPLES)
+        self.tiers: list[deque[tuple[int, float]]] = [deque(maxlen=n) for n, _ in DOWNSAMPLE] if long else []
+        self._pending: list[list[tuple[int, float]]] = [[] for _ in self.tiers]
 
     def add(self, t_ms: int, value: float) -> None:
-        self.points.append((t_ms, value))
+        with _HISTORY_LOCK:
+            if self.tiers and len(self.points) == HISTORY_SAMPLES:
+                self._fold(0, self.points[0])
+            self.points.append((t_ms, value))
+
+    def _fold(self, level: int, point: tuple[int, float]) -> None:
+        pending = self._pending[level]
+        pending.append(point)
+        if len(pending) < DOWNSAMPLE[level][1]:
+            return
+        folded = (pending[-1][0], max(p[1] for p in pending))
+        pending.clear()
+        tier = self.tiers[level]
+        if len(tier) == tier.maxlen and level + 1 < len(self.tiers):
+            self._fold(level + 1, tier[0])
+        tier.append(folded)
 
     def rate(self, now_ms: int) -> float:
         """Increase per second over the last :data:`RATE_WINDOW_S` (0 with fewer than two samples)."""
-        pts = [p for p in self.points if now_ms - p[0] <= RATE_WINDOW_S * 1000]
+        with _HISTORY_LOCK:
+            pts = [p for p in self.points if now_ms - p[0] <= RATE_WINDOW_S * 1000]
         if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
             return 0.0
         return max(0.0, (pts[-1][1] - pts[0][1]) * 1000.0 / (pts[-1][0] - pts[0][0]))
 
     def to_json(self) -> list[list[float]]:
-        return [[t, v] for t, v in self.points]
+        with _HISTORY_LOCK:
+            return [[t, v] for t, v in self.points]
+
+    def render(self, since_ms: int, max_points: int = MAX_DRAWN) -> list[list[float]]:
+        """The points at or after ``since_ms``, oldest first, from every tier; thinned to ``max_points`` (each
+        stretch's maximum, so a peak is never thinned away)."""
+        with _HISTORY_LOCK:
+            chain: list[tuple[int, float]] = []
+            for level in reversed(range(len(self.tiers))):
+                chain.extend(self.tiers[level])
+                chain.extend(self._pending[level])
+            chain.extend(self.points)
+        pts = [p for p in chain if p[0] >= since_ms]
+        if len(pts) > max_points:
+            step = len(pts) / max_points
+            pts = [(pts[min(len(pts), int((i + 1) * step)) - 1][0],
+                    max(p[1] for p in pts[int(i * step):int((i + 1) * step)]))
+                   for i in range(max_points)]
+        return [[t, v] for t, v in pts]
 
 
 class Collector:
@@ -97,7 +160,8 @@ class Collector:
         ``error``: it answered, but refused this account)."""
         self._snapshot: dict[str, Any] = {"namesrv": namesrv_addr, "ok": False, "error": "first sweep pending",
                                           "updatedMs": 0, "groups": [], "replication": [], "topics": [],
-                                          "consumers": []}
+                                          "consumers": [], "systemTopics": [], "systemGroups": [],
+                                          "deadLetters": []}
         # State that outlives one sweep: the members ever seen, and the bounded history.
         self._known: dict[str, dict[str, int]] = {}
         """Group -> member address -> the broker id it last registered with. Keyed by address, the member's
@@ -168,12 +232,20 @@ class Collector:
         with self._lock:
             self._live[addr] = result
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, range_s: float | None = None) -> dict[str, Any]:
         """The newest snapshot, with each member's up/down from its newest probe (which may be fresher than
-        the sweep)."""
+        the sweep); with ``range_s``, the totals' histories cover that many seconds back (downsampled, at most
+        :data:`MAX_DRAWN` points each) instead of the last :data:`HISTORY_SAMPLES` samples."""
         with self._lock:
             snap = dict(self._snapshot)
             live = dict(self._live)
+        with _HISTORY_LOCK:
+            series = dict(self._series)
+        if range_s is not None:
+            since = self._clock_ms() - int(range_s * 1000)
+            for key in ("topics", "consumers", "replication"):
+                snap[key] = [dict(row, history=series[row["historyKey"]].render(since))
+                             if row.get("historyKey") in series else row for row in snap.get(key, [])]
         groups = []
         for g in snap.get("groups", []):
             members = []
@@ -195,11 +267,13 @@ class Collector:
         with self._lock:
             self._snapshot = dict(self._snapshot, ok=False, error=message, updatedMs=self._clock_ms())
 
-    def _series_of(self, key: str) -> _Series:
+    def _series_of(self, key: str, long: bool = False) -> _Series:
         self._touched.add(key)
         s = self._series.get(key)
         if s is None:
-            s = self._series[key] = _Series()
+            s = _Series(long)
+            with _HISTORY_LOCK:  # the page's requests copy the table
+                self._series[key] = s
         return s
 
     # --- one sweep ---
@@ -222,11 +296,12 @@ class Collector:
             groups = [self._group(name, known[name], info.broker_addr_table.get(name), now)
                       for name in sorted(known)]
             replication = [row for g in groups for row in self._replication(g, now)]
-            topics, topic_error = self._topics(now)
-            consumers, consumer_error = self._consumers(now)
+            topics, system_topics, dead_letters, topic_error = self._topics(now)
+            consumers, system_groups, consumer_error = self._consumers(now)
             # Series of topics, groups or slaves that are gone go with them: the history stays bounded.
-            for key in set(self._series) - self._touched:
-                del self._series[key]
+            with _HISTORY_LOCK:
+                for key in set(self._series) - self._touched:
+                    del self._series[key]
             for key in [k for k in self._served_by if f"lag/{k}" not in self._series]:
                 del self._served_by[key]
             self._touched.clear()
@@ -235,6 +310,7 @@ class Collector:
                 "namesrv": self.namesrv_addr, "ok": True, "error": None, "updatedMs": now,
                 "sweepMs": round((time.monotonic() - started) * 1000, 1),
                 "groups": groups, "replication": replication, "topics": topics, "consumers": consumers,
+                "systemTopics": system_topics, "systemGroups": system_groups, "deadLetters": dead_letters,
                 "warnings": [w for w in (topic_error, consumer_error) if w],
             }
 
@@ -335,10 +411,11 @@ class Collector:
                 "inSync": bool(conn.get("inSync")) if conn else False, "connected": conn is not None,
                 "lagS": self._lag_s(name, ack, now) if diff else 0.0,
             }
-            series = self._series_of(f"repl/{name}/{s['id']}")
+            series = self._series_of(f"repl/{name}/{s['id']}", long=True)
             if diff is not None:
                 series.add(now, max(0, diff))
             row["history"] = series.to_json()
+            row["historyKey"] = f"repl/{name}/{s['id']}"
             rows.append(row)
         return rows
 
@@ -353,11 +430,16 @@ class Collector:
                 return round((now - t) / 1000.0, 1)
         return 0.0
 
-    def _topics(self, now: int) -> tuple[list[dict[str, Any]], str | None]:
+    def _topics(self, now: int) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]], str | None]:
+        """The applications' topics (swept), the system topics (named only), and the dead-letter topics."""
         try:
-            names = [t for t in self.admin.topic_list() if not _system_topic(t)]
+            every = self.admin.topic_list()
         except ClientError as e:
-            return [], f"topic list: {e}"
+            return [], [], [], f"topic list: {e}"
+        # RocketMQ also registers a topic named after each cluster and broker group: not the applications' either.
+        own = set(self._cluster_of.values()) | set(self._cluster_of)
+        names = [t for t in every if not system_topic(t) and t not in own]
+        system = sorted(t for t in every if (system_topic(t) or t in own) and not t.startswith("%DLQ%"))
         out = []
         for topic in names[:MAX_TOPICS]:
             try:
@@ -371,20 +453,41 @@ class Collector:
                 series.add(now, hi)
                 queues.append({"broker": mq.broker_name, "queueId": mq.queue_id, "min": lo, "max": hi,
                                "rate": round(series.rate(now), 1)})
-            total = self._series_of(f"topic/{topic}")
+            total = self._series_of(f"topic/{topic}", long=True)
             total.add(now, sum(q["max"] for q in queues))
             out.append({"name": topic, "queues": queues, "rate": round(total.rate(now), 1),
-                        "history": total.to_json()})
+                        "history": total.to_json(), "historyKey": f"topic/{topic}"})
+        dead = self._dead_letters(sorted(t for t in every if t.startswith("%DLQ%")))
         more = len(names) - MAX_TOPICS
-        return out, (f"{more} more topics not shown (MAX_TOPICS={MAX_TOPICS})" if more > 0 else None)
+        return out, system, dead, (f"{more} more topics not shown (MAX_TOPICS={MAX_TOPICS})" if more > 0 else None)
 
-    def _consumers(self, now: int) -> tuple[list[dict[str, Any]], str | None]:
+    def _dead_letters(self, topics: list[str]) -> list[dict[str, Any]]:
+        """Per ``%DLQ%<group>`` topic: the messages it holds (max minus min offset over its queues)."""
+        out = []
+        for topic in topics[:MAX_TOPICS]:
+            row: dict[str, Any] = {"topic": topic, "group": topic.removeprefix("%DLQ%"), "queues": [], "count": 0}
+            try:
+                offsets = self.admin.topic_offsets(topic)
+            except ClientError as e:
+                row["error"] = str(e)
+            else:
+                row["queues"] = [{"broker": mq.broker_name, "queueId": mq.queue_id, "min": lo, "max": hi}
+                                 for mq, lo, hi in offsets]
+                row["count"] = sum(max(0, hi - lo) for _, lo, hi in offsets)
+            out.append(row)
+        return out
+
+    def _consumers(self, now: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+        """The applications' group/topic pairs (swept), and the system groups (named with their topics only)."""
         try:
             groups = self.admin.consumer_groups()
         except ClientError as e:
-            return [], f"consumer groups: {e}"
+            return [], [], f"consumer groups: {e}"
         out = []
-        pairs = [(g, t) for g, topics in groups.items() for t in topics if not _system_topic(t)]
+        pairs = [(g, t) for g, topics in groups.items() if not system_group(g)
+                 for t in topics if not system_topic(t)]
+        system = [{"group": g, "topics": list(ts)} for g, ts in groups.items()
+                  if system_group(g) or all(system_topic(t) for t in ts)]
         for group, topic in pairs[:MAX_GROUPS]:
             try:
                 progress = self.admin.consumer_progress(group, topic)
@@ -393,7 +496,8 @@ class Collector:
                 continue
             out.append(self._consumer_row(group, topic, progress, now))
         more = len(pairs) - MAX_GROUPS
-        return out, (f"{more} more group/topic pairs not shown (MAX_GROUPS={MAX_GROUPS})" if more > 0 else None)
+        return out, system, (f"{more} more group/topic pairs not shown (MAX_GROUPS={MAX_GROUPS})"
+                             if more > 0 else None)
 
     def _consumer_row(self, group: str, topic: str, progress: list[QueueProgress], now: int) -> dict[str, Any]:
         queues: list[dict[str, Any]] = []
@@ -408,7 +512,8 @@ class Collector:
                            "brokerOffset": qp.broker_offset, "consumerOffset": qp.consumer_offset, "lag": qp.lag,
                            "servedBy": qp.last_pull_broker_id, "servedByChanges": list(changes),
                            "history": series.to_json()})
-        total = self._series_of(f"lag/{group}/{topic}")
+        total = self._series_of(f"lag/{group}/{topic}", long=True)
         lag = sum(q["lag"] for q in queues)
         total.add(now, lag)
-        return {"group": group, "topic": topic, "lag": lag, "queues": queues, "history": total.to_json()}
+        return {"group": group, "topic": topic, "lag": lag, "queues": queues, "history": total.to_json(),
+                "historyKey": f"lag/{group}/{topic}"}

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from client import Admin, ClientConfig, Credentials
 from client.dashboard._app import build_app
@@ -42,6 +43,9 @@ class DashboardServer:
         credentials: with the ACL on, an admin account (the views read runtime, HA and metadata endpoints).
         tls_ca_file: with TLS on, the CA the cluster's servers are verified against (the page itself is served
             over plain HTTP on ``listen``).
+        read_only: refuse every action (topic and group updates, offset resets): the page only shows.
+        allowed_hosts: names the page may be addressed by besides IP addresses, ``localhost`` and the host of
+            ``listen`` (the page and the actions are refused under any other name: a guard against DNS rebinding).
 
     Raises:
         ValueError: ``listen`` is malformed.
@@ -50,7 +54,8 @@ class DashboardServer:
 
     def __init__(self, namesrv_addr: str, listen: str = "127.0.0.1:0", *, interval_s: float = 1.0,
                  request_timeout_s: float = 1.0, credentials: Credentials | None = None,
-                 tls_ca_file: str | None = None) -> None:
+                 tls_ca_file: str | None = None, read_only: bool = False,
+                 allowed_hosts: Sequence[str] = ()) -> None:
         host, port = _parse_listen(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -71,7 +76,10 @@ class DashboardServer:
                               close_timeout_s=1.0, tls_ca_file=tls_ca_file)
         self._admin = Admin(namesrv_addr, client_config=config, credentials=credentials)  # an admin account
         self.collector = Collector(self._admin, namesrv_addr, interval_s=interval_s)
-        self._router = build_app(self.collector, namesrv_addr)
+        self.read_only = read_only
+        # The page carries this token; an action must send it back (see client.dashboard._app.Guard).
+        self._router = build_app(self.collector, namesrv_addr, token=secrets.token_urlsafe(24), read_only=read_only,
+                                 hosts=[host, *allowed_hosts], client_config=config)
         self._lock = threading.Lock()
         self._stop_asked = False
         self._wake: Callable[[], None] | None = None

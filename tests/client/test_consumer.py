@@ -128,7 +128,7 @@ def test_public_names_are_pinned() -> None:
         "ClientInstance", "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "Credentials",
         "FindBrokerResult", "GroupConsumer", "GroupConsumerConfig", "LocalTransactionState", "Message", "MessageExt",
         "MessageModel", "MessageQueue", "MessageSelector", "Producer", "PullConsumer", "PullResult", "PullStatus",
-        "PushConsumer", "QueueProgress", "SendResult", "SendStatus", "TransactionListener", "TransactionProducer",
+        "PushConsumer", "QueueProgress", "RebalanceListener", "SendResult", "SendStatus", "TransactionListener", "TransactionProducer",
         "TransactionSendResult", "errors",
     ]
     for name in client.__all__:

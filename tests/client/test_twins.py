@@ -73,6 +73,7 @@ DIFFER_BY_NATURE: dict[tuple[str, str], str] = {
     ("SyncEngine", "_launch"): "a queue goes to the pull threads' scheduler vs gets a pull task of its own",
     ("SyncEngine", "_background"): "waits on a threading.Event vs asyncio.wait_for on an asyncio.Event",
     ("SyncEngine", "_pull_loop"): "a pull thread serves the scheduler's queues vs a task pulls its one queue",
+    ("SyncEngine", "_call_listener"): "the async consumer awaits a rebalance listener that is a coroutine function",
     ("TransactionProducer", "__init__"): _THREADS_TASKS,
     ("TransactionProducer", "start"): "starts the supervisor thread under the lock vs its task",
     ("TransactionProducer", "close"): "joins its threads (a held poll is left to end) vs cancels its tasks",
@@ -104,14 +105,16 @@ TWINS = [
     Twin(BrokerClient, AsyncBrokerClient, renames={"close": "aclose"}),
     Twin(GroupConsumer, AsyncGroupConsumer,
          only_sync={"stats": "counters of the sync engine's pull threads; the async consumer has none"},
-         plain_async=frozenset({"subscribe", "unsubscribe", "assign", "assignment", "pause", "resume"})),
+         plain_async=frozenset({"subscribe", "unsubscribe", "assign", "assignment", "pause", "resume", "__iter__"})),
     # The group consumers' engines: what both do is GroupEngine's (written once); the twins are how they wait.
     Twin(SyncEngine, AsyncEngine),
     Twin(TransactionProducer, AsyncTransactionProducer, renames={"close": "aclose"}),
 ]
 
-_DUNDERS = {"__enter__": "__aenter__", "__exit__": "__aexit__", "__init__": "__init__"}
-_NAME_MAP = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__",
+_DUNDERS = {"__enter__": "__aenter__", "__exit__": "__aexit__", "__init__": "__init__", "__iter__": "__aiter__",
+            "__next__": "__anext__"}
+_NAME_MAP = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__", "__aiter__": "__iter__",
+             "__anext__": "__next__", "StopAsyncIteration": "StopIteration",
              "handle_async_request": "handle_request", "aread": "read", "AsyncTransport": "SyncTransport",
              "AsyncEngine": "SyncEngine"}
 _ASYNC_PREFIX = re.compile(r"\bAsync(?=[A-Z])")
@@ -189,7 +192,8 @@ def body_differences(sync: type, async_: type, renames: dict[str, str] | None = 
 
 def _public(cls: type) -> set[str]:
     names = {n for n in dir(cls) if not n.startswith("_")}
-    return names | {n for n in ("__enter__", "__exit__", "__aenter__", "__aexit__") if hasattr(cls, n)}
+    return names | {n for n in ("__enter__", "__exit__", "__aenter__", "__aexit__", "__iter__", "__next__",
+                                "__aiter__", "__anext__") if hasattr(cls, n)}
 
 
 def _params(fn: Any) -> list[tuple[str, Any, Any, str]]:

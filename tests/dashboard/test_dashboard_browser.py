@@ -71,19 +71,39 @@ class Page:
         return poll_until(check, timeout_s, f"{what} ({css}); page text: {self.text()[:600]!r}", interval_s=0.05,
                           ignore=(StaleElementReferenceException,))
 
+    def texts(self, css: str) -> list[str]:
+        """The text of each element ``css`` matches now, found afresh when a redraw (a live view is drawn again
+        every second) made them stale."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        return poll_until(lambda: [str(e.text) for e in self.find(css)] or None, 5.0, f"the text of {css}",
+                          interval_s=0.05, ignore=(StaleElementReferenceException,))
+
     def text(self) -> str:
         try:
             return str(self.driver.execute_script("return document.body.innerText"))
         except Exception as e:  # the message of a failed wait must not fail itself
             return f"<no text: {e}>"
 
-    def shot(self, name: str, *must_show: Any) -> bytes:
-        """Photograph the viewport; every element of ``must_show`` must be displayed inside it."""
+    def _placed(self, name: str, must_show: tuple[Any, ...]) -> bool:
         height = self.driver.execute_script("return window.innerHeight")
-        for el in must_show:
-            assert el.is_displayed(), f"{name}: {el.text!r} is not displayed"
-            top = el.rect["y"] - self.driver.execute_script("return window.scrollY")
-            assert top >= 0 and top + el.rect["height"] <= height, f"{name}: {el.text[:80]!r} is outside the shot"
+        for item in must_show:
+            els = self.find(item) if isinstance(item, str) else [item]
+            assert els, f"{name}: nothing matches {item!r}"
+            for el in els:
+                assert el.is_displayed(), f"{name}: {el.text!r} is not displayed"
+                top = el.rect["y"] - self.driver.execute_script("return window.scrollY")
+                assert top >= 0 and top + el.rect["height"] <= height, f"{name}: {el.text[:80]!r} is outside the shot"
+        return True
+
+    def shot(self, name: str, *must_show: Any) -> bytes:
+        """Photograph the viewport; every element of ``must_show`` (an element, or a CSS selector: each element it
+        matches) must be displayed inside it. A live view is drawn again every second: give it selectors, found
+        afresh when a redraw made the elements stale."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        poll_until(lambda: self._placed(name, must_show), 5.0, f"{name}: the elements to show, not redrawn meanwhile",
+                   interval_s=0.05, ignore=(StaleElementReferenceException,))
         data: bytes = self.driver.get_screenshot_as_png()
         width, h = _png_size(data)
         assert width >= 800 and h >= 600, f"{name}: screenshot of {width}x{h}"
@@ -158,12 +178,12 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
         groups = page.find(".card[data-group]")
         assert [g.get_attribute("data-group") for g in groups] == ["broker-a", "broker-b"]
         assert "ASYNC_MASTER" in page.text() and "SLAVE" in page.text()
-        page.shot("cluster", *groups)
+        page.shot("cluster", ".card[data-group]")
 
         # Consumers, caught up: every queue's last pulls served by the master.
         page.go("consumers")
         rows = page.wait("tr[data-served-by]", "last pulls served by 0", lambda els: _served_by(els, "0"))
-        page.shot("consumers-caught-up", *rows)
+        page.shot("consumers-caught-up", "tr[data-served-by]")
 
         # The producer sends a burst; the consumer reads a little of it and falls behind.
         special = producer.send(Message(TOPIC, b'{"order": "special"}', tags="vip", keys="order-special"))
@@ -181,19 +201,21 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
                 consumer.update_consume_offset(mq, offsets[mq])
         assert served[:4] == [0, 0, 0, 0] and served[4:] == [1, 1, 1, 1], f"served by {served}"
 
-        rows = page.wait("tr[data-served-by]", "last pulls served by 1", lambda els: _served_by(els, "1"))
-        card = page.find(".card[data-consumer]")[0]
-        assert f"{GROUP}" in card.text and "1 slave" in card.text
-        assert all("0 at" in r.text and "→ 1 at" in r.text for r in rows), [r.text for r in rows]
+        page.wait("tr[data-served-by]", "last pulls served by 1", lambda els: _served_by(els, "1"))
+        card = page.texts(".card[data-consumer]")[0]
+        assert f"{GROUP}" in card and "1 slave" in card
+        rows_text = page.texts("tr[data-served-by]")
+        assert all("0 at" in r and "→ 1 at" in r for r in rows_text), rows_text
         total_lag = 321 - sum(offsets.values())
-        assert f"lag {total_lag:,}" in card.text, card.text
-        page.shot("consumers", card)
+        assert f"lag {total_lag:,}" in card, card
+        page.shot("consumers", ".card[data-consumer]")
 
         # Topics: min/max offsets per queue.
         page.go("topics")
-        topic_card = page.wait(f'.card[data-topic="{TOPIC}"]', "the topic card")[0]
-        assert "broker-a" in topic_card.text and "broker-b" in topic_card.text and "msgs/s" in topic_card.text
-        page.shot("topics", topic_card)
+        page.wait(f'.card[data-topic="{TOPIC}"]', "the topic card")
+        topic_card = page.texts(f'.card[data-topic="{TOPIC}"]')[0]
+        assert "broker-a" in topic_card and "broker-b" in topic_card and "msgs/s" in topic_card
+        page.shot("topics", f'.card[data-topic="{TOPIC}"]')
 
         # Message browser: by key, by msgId, by queue and offset.
         page.go(f"messages?topic={TOPIC}&key=order-special")
@@ -226,11 +248,12 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
                 producer.send_batch([Message(TOPIC, b"x" * 1000, keys=f"late-{i}-{j}") for j in range(20)],
                                     MessageQueue(TOPIC, "broker-b", i % 2))
             page.go("replication")
-            lagging = page.wait('.card[data-slave="broker-b/1"]', "broker-b's slave lagging",
+            page.wait('.card[data-slave="broker-b/1"]', "broker-b's slave lagging",
                                 lambda els: int(els[0].get_attribute("data-diff") or 0) > 40_000
                                 and float(els[0].get_attribute("data-lag-s") or 0) > 0)
-            assert "NOT ANSWERING" in lagging[0].text and "KiB" in lagging[0].text
-            page.shot("replication", *page.find(".card[data-slave]"))
+            lagging_text = page.texts('.card[data-slave="broker-b/1"]')[0]
+            assert "NOT ANSWERING" in lagging_text and "KiB" in lagging_text
+            page.shot("replication", ".card[data-slave]")
         finally:
             slave_b.resume()
 
@@ -239,29 +262,29 @@ def test_dashboard_views_in_headless_chromium(cluster_factory: Callable[..., Loc
         page.wait('tr[data-up="true"]', "four members up again", lambda els: len(els) == 4)
         cluster.kill_master("broker-a")
         killed = time.monotonic()
-        down = page.wait('tr[data-member="broker-a/0"][data-up="false"]', "broker-a's master down",
+        page.wait('tr[data-member="broker-a/0"][data-up="false"]', "broker-a's master down",
                          timeout_s=DOWN_WITHIN_S)
         elapsed = time.monotonic() - killed
         assert elapsed <= DOWN_WITHIN_S, elapsed
         # The reason is the runtime request's error: refused once the process is gone, or, when the request raced
         # the kill (a connection the dying process's backlog took), closed without an answer.
-        assert "DOWN" in down[0].text
-        assert "connection refused" in down[0].text or "connection closed without an answer" in down[0].text, \
-            down[0].text
+        down_text = page.texts('tr[data-member="broker-a/0"][data-up="false"]')[0]
+        assert "DOWN" in down_text
+        assert "connection refused" in down_text or "connection closed without an answer" in down_text, down_text
         closed = ("runtime of 127.0.0.1:1: RemoteProtocolError: 127.0.0.1:1 closed the connection without a "
                   "complete response")
         assert browser.execute_script("return shortError(arguments[0])", closed) == "connection closed without an answer"
         color = browser.execute_script(
             "return getComputedStyle(document.querySelector('tr[data-up=\"false\"] .badge.down')).backgroundColor")
         assert color == "rgb(207, 34, 46)", color
-        page.shot("cluster-master-down", down[0])
+        page.shot("cluster-master-down", 'tr[data-member="broker-a/0"][data-up="false"]')
 
         # The nameserver goes away: a clear error on the page, not a stale view.
         for handle in cluster.nameserver_handles:
             handle.kill()
-        banner = page.wait("#banner", "the nameserver error", lambda els: els[0].is_displayed()
+        page.wait("#banner", "the nameserver error", lambda els: els[0].is_displayed()
                            and "unreachable" in els[0].text)
-        assert ns in banner[0].text
+        assert ns in page.texts("#banner")[0]
     finally:
         consumer.close()
         producer.close()

@@ -7,6 +7,8 @@ const COLORS = ["#0b5cad", "#cf222e", "#1a7f37", "#8250df", "#9a6700", "#0a7b83"
 let state = null;
 let lastError = null;
 let metricsTimer = null;
+let historyRange = "";          // seconds of history the charts cover ("" = the last 5 minutes, every sample)
+const admin = { accessKey: "", secretKey: "" };   // kept in this page's memory only, sent with each action
 
 function esc(v) {
   return String(v === null || v === undefined ? "" : v)
@@ -20,6 +22,10 @@ function bytes(v) {
   let x = Number(v), i = 0;
   while (Math.abs(x) >= 1024 && i < units.length - 1) { x /= 1024; i++; }
   return (i ? x.toFixed(1) : x) + " " + units[i];
+}
+function localStamp(ms) {
+  const d = new Date(ms), pad = n => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 function route() {
   const h = location.hash.replace(/^#\/?/, "");
@@ -108,34 +114,66 @@ function viewReplication(s) {
       ${lineChart([{ name: "offset diff (bytes)", points: r.history }], { format: bytes })}</div>`).join("") + `</div>`;
 }
 
+function systemTopics(s) {
+  const names = s.systemTopics || [];
+  if (!names.length) return "";
+  return `<section class="system" id="system-topics"><h3>System topics <span class="badge sys">system</span>
+    <span class="muted">the cluster's own, not swept</span></h3><p>${names.map(esc).join(" · ")}</p></section>`;
+}
+
 function viewTopics(s) {
-  if (!s.topics.length) return `<h2>Topics</h2><p class="muted">No user topic yet.</p>`;
+  if (!s.topics.length) return `<h2>Topics</h2><p class="muted">No user topic yet.</p>` + systemTopics(s);
   return `<h2>Topics and queues</h2><div class="cards">` + s.topics.map(t => `
-    <div class="card" data-topic="${esc(t.name)}"><h3>${esc(t.name)} <span class="muted">${Number(t.rate).toFixed(1)} msgs/s</span></h3>
+    <div class="card" data-topic="${esc(t.name)}"><h3>${esc(t.name)} <span class="muted">${Number(t.rate).toFixed(1)} msgs/s</span>
+    <a class="act" href="#/actions?topic=${encodeURIComponent(t.name)}&queueNums=${t.queues.length ? Math.max(...t.queues.map(q => q.queueId)) + 1 : 4}">update</a></h3>
     ${t.error ? `<p class="err">${esc(t.error)}</p>` : ""}
     <table><tr><th>broker</th><th class="num">queue</th><th class="num">min offset</th><th class="num">max offset</th><th class="num">write rate</th></tr>
     ${t.queues.map(q => `<tr><td>${esc(q.broker)}</td><td class="num">${q.queueId}</td><td class="num">${num(q.min)}</td>
       <td class="num">${num(q.max)}</td><td class="num">${Number(q.rate).toFixed(1)}/s</td></tr>`).join("")}</table>
-    ${lineChart([{ name: "messages stored", points: t.history || [] }])}</div>`).join("") + `</div>`;
+    ${lineChart([{ name: "messages stored", points: t.history || [] }])}</div>`).join("") + `</div>` + systemTopics(s);
+}
+
+function systemGroups(s) {
+  const groups = s.systemGroups || [];
+  if (!groups.length) return "";
+  return `<section class="system" id="system-groups"><h3>System groups <span class="badge sys">system</span>
+    <span class="muted">the cluster's and tools' own (transaction checks, retries, this dashboard's browser): not swept</span></h3>
+    <table><tr><th>group</th><th>topics with an offset</th></tr>${groups.map(g => `<tr data-system-group="${esc(g.group)}">
+    <td>${esc(g.group)}</td><td class="wrap">${g.topics.map(esc).join(" · ")}</td></tr>`).join("")}</table></section>`;
 }
 
 function viewConsumers(s) {
-  if (!s.consumers.length) return `<h2>Consumer groups</h2><p class="muted">No group has committed an offset yet.</p>`;
+  if (!s.consumers.length) return `<h2>Consumer groups</h2><p class="muted">No group has committed an offset yet.</p>` + systemGroups(s);
   return `<h2>Consumer groups</h2><div class="cards">` + s.consumers.map(c => {
     const rows = c.queues.map(q => {
       const changes = q.servedByChanges.map(x => `${x[1]} at ${time(x[0])}`).join(" → ");
       return `<tr data-queue="${esc(q.broker)}/${q.queueId}" data-served-by="${q.servedBy ?? ""}"><td>${esc(q.broker)}</td>
         <td class="num">${q.queueId}</td><td class="num">${num(q.brokerOffset)}</td><td class="num">${num(q.consumerOffset)}</td>
-        <td class="num">${num(q.lag)}</td><td>${roleBadge(q.servedBy)}</td><td class="muted">${esc(changes)}</td></tr>`;
+        <td class="num">${num(q.lag)}</td><td class="served">${roleBadge(q.servedBy)}</td><td class="muted wrap">${esc(changes)}</td></tr>`;
     }).join("");
-    const series = c.queues.map(q => ({ name: `${q.broker}/${q.queueId}`, points: q.history }));
-    return `<div class="card" data-consumer="${esc(c.group)}/${esc(c.topic)}">
-      <h3>${esc(c.group)} <span class="muted">on ${esc(c.topic)} · lag ${num(c.lag)}</span></h3>
+    const series = historyRange ? [{ name: "lag, all queues", points: c.history || [] }]
+      : c.queues.map(q => ({ name: `${q.broker}/${q.queueId}`, points: q.history }));
+    return `<div class="card wide" data-consumer="${esc(c.group)}/${esc(c.topic)}">
+      <h3>${esc(c.group)} <span class="muted">on ${esc(c.topic)} · lag ${num(c.lag)}</span>
+      <a class="act" href="#/actions?group=${encodeURIComponent(c.group)}&topic=${encodeURIComponent(c.topic)}">reset offsets</a></h3>
       ${c.error ? `<p class="err">${esc(c.error)}</p>` : ""}
-      <table><tr><th>broker</th><th class="num">queue</th><th class="num">broker offset</th><th class="num">consumer offset</th>
+      <table class="consumer"><tr><th>broker</th><th class="num">queue</th><th class="num">broker offset</th><th class="num">consumer offset</th>
       <th class="num">lag</th><th>last pulls served by</th><th>changes</th></tr>${rows}</table>
       ${lineChart(series)}</div>`;
-  }).join("") + `</div>`;
+  }).join("") + `</div>` + systemGroups(s);
+}
+
+function viewDlq(s) {
+  const dead = s.deadLetters || [];
+  if (!dead.length) return `<h2>Dead letters</h2><p class="muted">No dead-letter topic: no group has given up on a message.</p>`;
+  return `<h2>Dead letters <span class="muted">messages a group gave up on after its retries (%DLQ%&lt;group&gt;)</span></h2>
+    <div class="cards">` + dead.map(d => `<div class="card" data-dlq="${esc(d.topic)}" data-count="${d.count}">
+    <h3>${esc(d.group)} <span class="muted">${esc(d.topic)} · ${num(d.count)} message(s)</span></h3>
+    ${d.error ? `<p class="err">${esc(d.error)}</p>` : ""}
+    <table><tr><th>broker</th><th class="num">queue</th><th class="num">min offset</th><th class="num">max offset</th><th></th></tr>
+    ${d.queues.map(q => `<tr><td>${esc(q.broker)}</td><td class="num">${q.queueId}</td><td class="num">${num(q.min)}</td>
+      <td class="num">${num(q.max)}</td><td>${q.max > q.min ? `<a class="browse" href="#/messages?${new URLSearchParams({ topic: d.topic,
+        broker: q.broker, queue: q.queueId, offset: q.min, max: 16 })}">browse</a>` : ""}</td></tr>`).join("")}</table></div>`).join("") + `</div>`;
 }
 
 // --- views with their own requests ---
@@ -150,6 +188,9 @@ function viewMessages() {
       <button>Browse</button></form>
     <form data-mode="key"><b>By key</b><label>topic<input name="topic" value="${v("topic")}"></label>
       <label>key<input name="key" value="${v("key")}"></label><button>Find</button></form>
+    <form data-mode="time"><b>By time</b><label>topic<input name="topic" value="${v("topic")}"></label>
+      <label>stored at or after<input name="at" type="datetime-local" step="1" value="${p.get("time") ? localStamp(Number(p.get("time"))) : ""}"></label>
+      <label>max<input name="max" size="4" value="${v("max") || "16"}"></label><button>Find</button></form>
     <form data-mode="id"><b>By msgId</b><label>msgId<input name="msgId" size="36" value="${v("msgId")}"></label>
       <label>topic (for a unique key)<input name="topic" value="${v("topic")}"></label><button>Find</button></form>
     <div id="results"></div>`;
@@ -179,11 +220,88 @@ function bindMessages() {
     ev.preventDefault();
     const params = new URLSearchParams();
     new FormData(f).forEach((val, key) => { if (String(val).trim()) params.set(key, String(val).trim()); });
+    if (params.has("at")) { params.set("time", String(new Date(params.get("at")).getTime())); params.delete("at"); }
     history.replaceState(null, "", "#/messages?" + params.toString());
     runQuery(params);
   }));
   const p = route().params;
-  if (p.get("msgId") || p.get("key") || p.get("queue")) runQuery(p);
+  if (p.get("msgId") || p.get("key") || p.get("queue") || p.get("time")) runQuery(p);
+}
+
+// --- actions: deliberate POSTs with the page's token, written with the account typed here ---
+
+function viewActions(s) {
+  const p = route().params;
+  const v = (k, d) => esc(p.get(k) || d || "");
+  if (!s) return `<h2>Actions</h2><p class="muted">Loading…</p>`;
+  const acts = s.actions || {};
+  if (acts.readOnly) return `<h2>Actions</h2><p class="muted">This dashboard was started with --read-only: it changes nothing.</p>`;
+  const acl = acts.signed ? `<p class="muted">The cluster has the ACL on: actions are written with the admin account given here
+      (kept in this page only), never with the dashboard's own.</p>` : `<p class="muted">Without the ACL, leave the account empty.</p>`;
+  return `<h2>Actions</h2><div id="action-result" class="result" hidden></div>
+    <form id="admin-account" class="account"><b>Admin account</b><label>access key<input name="accessKey" autocomplete="off" value="${esc(admin.accessKey)}"></label>
+      <label>secret key<input name="secretKey" type="password" autocomplete="off" value="${esc(admin.secretKey)}"></label></form>${acl}
+    <form data-action="topic"><b>Create or update a topic</b><label>topic<input name="topic" value="${v("topic")}"></label>
+      <label>queues<input name="queueNums" size="4" value="${v("queueNums", "4")}"></label>
+      <label>perm<select name="perm"><option value="6">6 read and write</option><option value="4">4 read only</option><option value="2">2 write only</option></select></label>
+      <button>Create / update</button></form>
+    <form data-action="group"><b>Create or update a subscription group</b><label>group<input name="group" value="${v("group")}"></label>
+      <label>retry max times<input name="retryMaxTimes" size="4" value="16"></label>
+      <label>when consuming slowly, read from<input name="whichBrokerWhenConsumeSlowly" size="4" value="1"></label>
+      <label>consume enabled<select name="consumeEnable"><option value="true">yes</option><option value="false">no</option></select></label>
+      <button>Create / update</button></form>
+    <form data-action="reset-offset"><b>Reset a group's offsets</b><label>group<input name="group" value="${v("group")}"></label>
+      <label>topic<input name="topic" value="${v("topic")}"></label>
+      <label>to<select name="to"><option value="earliest">earliest</option><option value="latest">latest</option><option value="timestamp">a time</option></select></label>
+      <label>time (for "a time")<input name="at" type="datetime-local" step="1"></label>
+      <button>Reset</button></form>
+    <p class="muted">A reset needs the group's consumers stopped (they would write their own positions back); it sets every queue of the topic.</p>`;
+}
+
+function showResult(ok, text) {
+  const out = document.getElementById("action-result");
+  out.hidden = false;
+  out.className = "result " + (ok ? "ok" : "err");
+  out.textContent = text;
+}
+
+async function act(kind, body) {
+  const token = document.querySelector('meta[name="splitmq-token"]').content;
+  showResult(true, "working…");
+  try {
+    const resp = await fetch("/api/actions/" + kind, {
+      method: "POST", cache: "no-store",
+      headers: { "Content-Type": "application/json", "Authorization": "SplitMQ-Dashboard " + token },
+      body: JSON.stringify(Object.assign({}, body, admin.accessKey ? admin : {})),
+    });
+    const answer = await resp.json();
+    if (resp.ok) showResult(true, answer.did);
+    else showResult(false, `${answer.codeName || answer.code} (${answer.code}): ${answer.remark}`);
+  } catch (e) {
+    showResult(false, "dashboard server unreachable: " + e);
+  }
+}
+
+function bindActions() {
+  const account = document.getElementById("admin-account");
+  if (!account) return;
+  account.addEventListener("input", () => {
+    admin.accessKey = account.elements.accessKey.value.trim();
+    admin.secretKey = account.elements.secretKey.value;
+  });
+  account.addEventListener("submit", ev => ev.preventDefault());
+  document.querySelectorAll("#main form[data-action]").forEach(f => f.addEventListener("submit", ev => {
+    ev.preventDefault();
+    const body = {};
+    new FormData(f).forEach((val, key) => { body[key] = String(val).trim(); });
+    for (const k of ["queueNums", "perm", "retryMaxTimes", "whichBrokerWhenConsumeSlowly"]) if (k in body) body[k] = Number(body[k]);
+    if ("consumeEnable" in body) body.consumeEnable = body.consumeEnable === "true";
+    if (f.dataset.action === "reset-offset") {
+      if (body.to === "timestamp") body.timestampMs = body.at ? new Date(body.at).getTime() : -1;
+      delete body.at;
+    }
+    act(f.dataset.action, body);
+  }));
 }
 
 function viewMetrics(s) {
@@ -228,7 +346,7 @@ function bindMetrics() {
 
 // --- the loop ---
 
-const LIVE = { cluster: viewCluster, replication: viewReplication, topics: viewTopics, consumers: viewConsumers };
+const LIVE = { cluster: viewCluster, replication: viewReplication, topics: viewTopics, consumers: viewConsumers, dlq: viewDlq };
 
 function drawHeader() {
   const banner = document.getElementById("banner");
@@ -238,6 +356,9 @@ function drawHeader() {
   if (state) {
     document.getElementById("namesrv").textContent = "nameserver " + state.namesrv;
     document.getElementById("updated").textContent = state.updatedMs ? "updated " + time(state.updatedMs) : "";
+    const acts = state.actions || {}, mode = document.getElementById("mode");
+    mode.textContent = acts.readOnly ? "read-only" : "actions on";
+    mode.className = "badge " + (acts.readOnly ? "ro" : "rw");
   }
 }
 
@@ -257,13 +378,14 @@ function onRoute() {
   document.body.dataset.view = view;
   if (view === "messages") { document.getElementById("main").innerHTML = viewMessages(); bindMessages(); }
   else if (view === "metrics") { document.getElementById("main").innerHTML = viewMetrics(state); bindMetrics(); }
+  else if (view === "actions") { document.getElementById("main").innerHTML = viewActions(state); bindActions(); }
   else if (!LIVE[view]) { document.getElementById("main").innerHTML = `<p class="err">No view named ${esc(view)}.</p>`; }
   else drawLive();
 }
 
-async function poll() {
+async function refresh() {
   try {
-    const resp = await fetch("/api/state", { cache: "no-store" });
+    const resp = await fetch("/api/state" + (historyRange ? "?range=" + historyRange : ""), { cache: "no-store" });
     state = await resp.json();
     lastError = null;
   } catch (e) {
@@ -274,15 +396,23 @@ async function poll() {
     drawLive();
     const pick = document.getElementById("metrics-addr");
     if (route().view === "metrics" && pick && pick.options.length <= 1 && state && state.groups.length) onRoute();
+    if (route().view === "actions" && state && !document.getElementById("admin-account") && !state.actions.readOnly) onRoute();
     document.body.dataset.updated = state ? String(state.updatedMs) : "";
   } catch (e) {
     lastError = "the page failed to draw this view: " + e;
     drawHeader();
+  }
+}
+
+async function poll() {
+  try {
+    await refresh();
   } finally {
     setTimeout(poll, POLL_MS);
   }
 }
 
 window.addEventListener("hashchange", onRoute);
+document.getElementById("range").addEventListener("change", ev => { historyRange = ev.target.value; refresh(); });
 onRoute();
 poll();
