@@ -57,7 +57,7 @@ def _http_json(addr: str, path: str, timeout_s: float = 2.0, credentials: Creden
                tls: ssl.SSLContext | None = None) -> Any:
     req = urllib.request.Request(f"{'https' if tls is not None else 'http'}://{addr}{path}")
     if credentials is not None:  # an ACL cluster: its own waits sign as the admin account
-        req.add_header("Authorization", fresh_authorization(credentials, "GET", path, b""))
+        req.add_header("Authorization", fresh_authorization(credentials, "GET", path, b"", addr))
     with urllib.request.urlopen(req, timeout=timeout_s, context=tls) as resp:
         return json.loads(resp.read())
 
