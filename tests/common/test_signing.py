@@ -148,7 +148,8 @@ def test_the_httpx_auth_signs_what_it_sends() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         target = request.url.raw_path.decode()
-        seen.append(check(request.headers["authorization"], request.method, target, request.content))
+        seen.append(check(request.headers["authorization"], request.method, target, request.content,
+                          host=request.headers["host"]))
         return httpx.Response(200)
 
     with httpx.Client(transport=httpx.MockTransport(handler), auth=SigningAuth(CREDS)) as c:
