@@ -7,7 +7,8 @@
   request.
 * :func:`serve_peers` -- accepts connections from peers; with a cluster secret the peer must first pass the
   handshake of :mod:`broker.peer_auth` (else it is closed having read nothing but the challenge); the first frame
-  must be a HELLO naming this group, this member and a known peer, else the connection is logged and closed; then
+  must be a HELLO naming this group, this member and a known peer (without a secret, one that connects from the
+  address its ``dLegerPeers`` entry names), else the connection is logged and closed; then
   every request goes to the handler and its answer back. Garbage, truncated frames, absurd sizes: a log line and
   a closed connection. Connections that have not passed HELLO yet are *pending*: at most ``max_pending`` at once
   (a newcomer closes the oldest) and each closed after ``pending_timeout_s``, so junk cannot lock a peer out.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import itertools
 import logging
 import secrets
@@ -385,6 +387,8 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                 for f in dec.feed(data):
                     if peer is None:
                         peer = _check_hello(f, group, self_id, peers, remote)
+                        if not secret:
+                            _check_source(peer, peers, source)
                         pending.pop(cid, None)
                         deadline.cancel()
                         if established[0] >= max_connections:
@@ -449,6 +453,24 @@ def _close_if_pending(pending: dict[int, tuple[int, asyncio.StreamWriter, str]],
         refusals.note(f"peer port: closing the connection from {remote}: no handshake and HELLO within "
                       f"{timeout_s:.1f} s")
         entry[1].close()
+
+
+def _check_source(peer: str, peers: Mapping[str, str], source: str) -> None:
+    """Without a secret, a HELLO's claim is checked against the address it came from: a member whose
+    ``dLegerPeers`` entry is an IP address connects from that address (or, for a loopback entry, from loopback).
+    A name is not resolved here, and a multi-homed member needs ``haAuthSecret`` (which proves who it is)."""
+    host = peers[peer].rpartition(":")[0].strip("[]")
+    try:
+        want = ipaddress.ip_address(host)
+    except ValueError:
+        return
+    try:
+        got = ipaddress.ip_address(source.split("%", 1)[0])
+    except ValueError:
+        return
+    if got != want and not (got.is_loopback and want.is_loopback):
+        raise PeerProtocolError(f"HELLO as {peer} from {source}, but {peer} is at {host} (dLegerPeers); without "
+                                "haAuthSecret a member is known by its address")
 
 
 def _check_hello(f: Frame, group: str, self_id: str, peers: Mapping[str, str], remote: object) -> str:
