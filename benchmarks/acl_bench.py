@@ -1,8 +1,11 @@
 """What the ACL costs on the data path (issue 14): the same work against a cluster with ACL off and one with ACL on.
 
-Two one-group clusters (no slave) run side by side: ``LocalCluster(acl=False)`` and ``LocalCluster(acl=True)``,
-whose clients sign every request as the admin account (HMAC-SHA256 over the request and a digest of its body on
-the client; the same plus the account lookup, the replay guard and the permission rule on the broker). Figures:
+Two one-group clusters (no slave) run side by side: ``LocalCluster(tls=True)`` and ``LocalCluster(tls=True,
+acl=True)`` (issue 39: where TLS protects the channel, the SDK signs the first request of each connection as the
+admin account and the broker binds the connection to it; later requests carry no signature and are checked
+against the connection's account and the route's rule). ``measure(..., tls=False)`` compares plaintext clusters,
+where every request is signed (HMAC-SHA256 over the request and a digest of its body on the client; the same plus
+the account lookup, the replay guard and the permission rule on the broker). Figures:
 
 * ``send_batch`` -- ``Producer.send_batch`` of 64 messages of 1 KiB from one thread, msgs/s;
 * ``pull``       -- ``PullConsumer.pull`` of 32 per request from one thread over every queue of a pre-filled
@@ -19,7 +22,8 @@ broker's is the sum of its threads' run time in ``/proc/<pid>/task/*/schedstat``
 ``cpu_times`` counts 10 ms ticks), else psutil's. Commit-log files are sized so that no file is created and
 pre-faulted in the background during the rounds (which billed tens of ms to whichever round it fell in).
 
-The ACL's own work is also timed on its own, in this process and on one thread, where neighbours disturb it far
+The ACL's own work of a *signed* request (the plaintext path, and a TLS connection's first request) is also timed
+on its own, in this process and on one thread, where neighbours disturb it far
 less (:func:`acl_work`): the SDK signing the very requests of the rounds and a gate verifying them. Added to the
 ACL-off side's CPU per message, it says what the ACL's own work costs. It is a lower bound: timed in a loop, the
 code and data stay in the CPU's caches, where in the servers other work runs between two requests (measured inside
@@ -160,18 +164,22 @@ class Side:
         self.producer.close()
 
 
-def measure(root: Path, profile: Profile) -> AclFigures:
-    """Start both clusters under ``root``, run ``profile``'s interleaved rounds, stop them.
+def measure(root: Path, profile: Profile, *, tls: bool = True) -> AclFigures:
+    """Start both clusters under ``root`` (both TLS by default: there the SDK signs once per connection and the
+    broker checks later requests against the connection's account), run ``profile``'s interleaved rounds, stop
+    them.
 
     Raises:
         RuntimeError: a pull run read another number of messages than the topic holds.
     """
-    with LocalCluster(root / "off", broker_groups=1, slaves_per_group=0,
+    with LocalCluster(root / "off", broker_groups=1, slaves_per_group=0, tls=tls,
                       commitlog_file_size_bytes=COMMITLOG_FILE_BYTES) as off_cluster, \
-            LocalCluster(root / "on", broker_groups=1, slaves_per_group=0, acl=True,
+            LocalCluster(root / "on", broker_groups=1, slaves_per_group=0, acl=True, tls=tls,
                          commitlog_file_size_bytes=COMMITLOG_FILE_BYTES) as on_cluster:
-        off = Side(off_cluster.namesrv_addr, None, profile.pull_messages, off_cluster.broker("broker-a", 0).pid)
-        on = Side(on_cluster.namesrv_addr, ClientConfig(credentials=on_cluster.admin_credentials),
+        off = Side(off_cluster.namesrv_addr, ClientConfig(tls_ca_file=off_cluster.tls_ca_file) if tls else None,
+                   profile.pull_messages, off_cluster.broker("broker-a", 0).pid)
+        on = Side(on_cluster.namesrv_addr, ClientConfig(credentials=on_cluster.admin_credentials,
+                                                        tls_ca_file=on_cluster.tls_ca_file),
                   profile.pull_messages, on_cluster.broker("broker-a", 0).pid)
         return interleave(off, on, profile)
 
@@ -223,13 +231,13 @@ def acl_work(method: str, target: str, body: bytes, requests: int = 2_000, runs:
     for _ in range(runs):
         gate = AclGate(config, {(method, target.partition("?")[0]): SIGNED})
         t0 = time.thread_time()
-        signed = [signer.sign(method, target, body) for _ in range(requests)]
+        signed = [signer.sign(method, target, body, "127.0.0.1:10911") for _ in range(requests)]
         t1 = time.thread_time()
         batch = []
         for sent, header in signed:
             path, _, qs = sent.partition("?")
-            batch.append((Request(method, path, parse_query(qs.encode()), body, ("127.0.0.1", 1), qs.encode()),
-                          header.encode()))
+            batch.append((Request(method, path, parse_query(qs.encode()), body, ("127.0.0.1", 1), qs.encode(),
+                                  host="127.0.0.1:10911"), header.encode()))
         t2 = time.thread_time()
         for request, header_bytes in batch:
             gate(request, header_bytes)

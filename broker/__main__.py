@@ -169,7 +169,9 @@ async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int
         sock.close()
         return EXIT_START
     limits = HttpLimits(header_timeout_s=config.http_header_timeout_ms / 1000,
-                        body_timeout_s=config.http_body_timeout_ms / 1000, max_connections=config.http_max_connections)
+                        body_timeout_s=config.http_body_timeout_ms / 1000, max_connections=config.http_max_connections,
+                        max_connections_per_client=config.http_max_connections_per_client,
+                        loopback_only=not config.http_open)
     server = HttpServer(ctrl.router, limits, ssl=ctrl.tls.http_server if ctrl.tls is not None else None)
     try:
         await server.start(sock)
@@ -217,8 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config, args.log_level, args.log_format)
     if loaded.unknown_keys:
         log.warning("unknown configuration keys ignored: %s", ", ".join(loaded.unknown_keys))
+    refusal = config.protected_mode_refusal()
+    if refusal is not None:
+        print(f"broker {config.broker_name}: {refusal}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     for warning in startup_warnings(secret=config.ha_auth_secret, acl_enable=config.acl_enable,
-                                    dledger=config.enable_dleger_commit_log):
+                                    dledger=config.enable_dleger_commit_log, protected=config.protected_mode):
         log.warning("%s", warning)
     try:
         import uvloop

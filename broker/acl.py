@@ -20,7 +20,7 @@ is not enough).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from remoting.acl import Action
 from remoting.acl_gate import (
@@ -131,7 +131,7 @@ BROKER_RULES: Mapping[tuple[str, str], Rule] = {
 
 
 def build_gate(*, acl_file: str, tolerance_ms: int, nonce_cache_max: int, metrics_token: str,
-               clock_ms: Callable[[], int]) -> AclGate:
+               clock_ms: Callable[[], int], server_names: Iterable[str] = ()) -> AclGate:
     """The broker's gate over the accounts file as it is now (the caller watches it for changes).
 
     Raises:
@@ -140,4 +140,4 @@ def build_gate(*, acl_file: str, tolerance_ms: int, nonce_cache_max: int, metric
     config = load_acl_file(acl_file)
     log.info("ACL on: %d account(s) from %s", len(config.accounts), acl_file)
     return AclGate(config, BROKER_RULES, tolerance_ms=tolerance_ms, nonce_cache_max=nonce_cache_max,
-                   clock_ms=clock_ms, metrics_token=metrics_token or None)
+                   clock_ms=clock_ms, metrics_token=metrics_token or None, server_names=server_names)

@@ -123,6 +123,11 @@ class BrokerConfig:
     """``httpBodyTimeoutMs`` (SplitMQ): a request body must be complete this long after its head."""
     http_max_connections: int = 4096
     """``httpMaxConnections`` (SplitMQ): open HTTP connections; a new one past it is closed at once."""
+    http_max_connections_per_client: int = 1024
+    """``httpMaxConnectionsPerClient`` (SplitMQ): open HTTP connections from one peer address."""
+    protected_mode: bool = True
+    """``protectedMode`` (SplitMQ): a port without its credential serves loopback peers only, and a non-loopback
+    bind refuses to start until every port has one (docs/SECURITY.md); false serves without them."""
     broker_permission: int = int(Perm.READ | Perm.WRITE)
     flush_interval_commit_log_ms: int = 500
     flush_commit_log_least_pages: int = 4
@@ -209,6 +214,9 @@ class BrokerConfig:
     """``aclNonceCacheMax``: signatures the replay guard remembers at most (past it: SYSTEM_BUSY)."""
     acl_metrics_token: str = attrs.field(default="", repr=False)
     """``aclMetricsToken``: ``Authorization: Bearer <token>`` opens ``GET /metrics`` to a scraper ('' = admin only)."""
+    acl_server_names: tuple[str, ...] = ()
+    """``aclServerNames``: ``host:port`` names clients may sign for besides the address a connection arrives on and
+    ``brokerIP1:listenPort`` (a DNS name, a NAT address)."""
     transaction_check_interval_ms: int = 60_000
     """``transactionCheckInterval``: milliseconds between check rounds of half messages (master only)."""
     transaction_time_out_ms: int = 6000
@@ -261,6 +269,48 @@ class BrokerConfig:
     @property
     def bind_host(self) -> str:
         return self.bind_address or self.broker_ip1
+
+    @property
+    def http_open(self) -> bool:
+        """The HTTP port serves any peer: ``aclEnable`` guards it, or ``protectedMode=false`` opened it."""
+        return self.acl_enable or not self.protected_mode
+
+    @property
+    def peer_port_open(self) -> bool:
+        """The HA (or DLedger peer) port serves any peer: ``haAuthSecret`` guards it, or ``protectedMode=false``."""
+        return bool(self.ha_auth_secret) or not self.protected_mode
+
+    def protected_mode_refusal(self) -> str | None:
+        """Why this broker must not start (None: it may): protected mode, a non-loopback bind, and a port it would
+        open without the credential that guards it. The message names the keys to set."""
+        if not self.protected_mode or is_loopback(self.bind_host):
+            return None
+        peer_port = "DLedger peer port" if self.enable_dleger_commit_log else "HA port"
+        missing = []
+        if not self.acl_enable:
+            missing.append("aclEnable=true with aclFile (for the HTTP port)")
+        if not self.ha_auth_secret:
+            missing.append(f"haAuthSecret (for the {peer_port})")
+        if not missing:
+            return None
+        return (f"protected mode: bindAddress/brokerIP1 {self.bind_host} is not a loopback address, and without "
+                f"{' and '.join(missing)} anyone who reaches it could read, write and administer this broker. Set "
+                f"them (docs/SECURITY.md; `splitmq cluster up --secure` writes a complete set), bind to 127.0.0.1, "
+                f"or set protectedMode=false to serve without them")
+
+    def protected_mode_warnings(self) -> list[str]:
+        """The loud lines a broker logs at start when ``protectedMode=false`` leaves a port open to anyone."""
+        if self.protected_mode:
+            return []
+        out = []
+        if not self.acl_enable:
+            out.append(f"SECURITY: protectedMode=false and aclEnable=false: the HTTP port on {self.bind_host} serves "
+                       f"ANYONE who reaches it -- they can read, write and administer this broker")
+        if not self.ha_auth_secret:
+            port = "DLedger peer port" if self.enable_dleger_commit_log else "HA port"
+            out.append(f"SECURITY: protectedMode=false and no haAuthSecret: the {port} on {self.bind_host} serves "
+                       f"ANYONE who reaches it -- the whole commit log{' and its writes' if port[0] == 'D' else ''}")
+        return out
 
     @property
     def register_period_ms(self) -> int:
@@ -372,6 +422,8 @@ class BrokerConfig:
             ha_max_pending_connections=self.ha_max_pending_connections,
             ha_pending_timeout_ms=self.ha_pending_timeout_ms,
             ha_auth_secret=self.ha_auth_secret.encode(),
+            loopback_only=not self.peer_port_open,
+            advertised_names=(f"{self.ha_ip}:{self.ha_listen_port}",) if self.ha_listen_port else (),
             in_sync_replicas=self.in_sync_replicas,
             min_in_sync_replicas=self.min_in_sync_replicas,
             enable_auto_in_sync_replicas=self.enable_auto_in_sync_replicas,
@@ -441,6 +493,18 @@ def _ip(key: str, raw: str) -> str:
 
 def _opt_ip(key: str, raw: str) -> str:
     return _ip(key, raw) if raw else ""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address, or ``localhost``) is a loopback address."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _names(key: str, raw: str) -> tuple[str, ...]:
+    return tuple(_host_port(key, part.strip()) for part in raw.replace(",", ";").split(";") if part.strip())
 
 
 def _enum(cls: type[BrokerRole] | type[FlushDiskType]) -> Converter:
@@ -568,6 +632,8 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "httpHeaderTimeoutMs": ("http_header_timeout_ms", _int(1)),
     "httpBodyTimeoutMs": ("http_body_timeout_ms", _int(1)),
     "httpMaxConnections": ("http_max_connections", _int(1)),
+    "httpMaxConnectionsPerClient": ("http_max_connections_per_client", _int(1)),
+    "protectedMode": ("protected_mode", _bool),
     "brokerPermission": ("broker_permission", _int(0, 15)),
     "flushIntervalCommitLog": ("flush_interval_commit_log_ms", _P),
     "flushCommitLogLeastPages": ("flush_commit_log_least_pages", _NN),
@@ -625,6 +691,7 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "aclTimestampToleranceMs": ("acl_timestamp_tolerance_ms", _P),
     "aclNonceCacheMax": ("acl_nonce_cache_max", _P),
     "aclMetricsToken": ("acl_metrics_token", _str),
+    "aclServerNames": ("acl_server_names", _names),
     "transactionCheckInterval": ("transaction_check_interval_ms", _P),
     "transactionTimeOut": ("transaction_time_out_ms", _NN),
     "transactionCheckMax": ("transaction_check_max", _P),
@@ -685,6 +752,8 @@ KEY_DOCS: dict[str, str] = {
     "httpHeaderTimeoutMs": "SplitMQ: milliseconds within which a request head must be complete, from the connection's start or the request's first byte; else the connection is closed (idle sockets, slowloris).",
     "httpBodyTimeoutMs": "SplitMQ: milliseconds within which a request body must be complete once its head is in; else the connection is closed.",
     "httpMaxConnections": "SplitMQ: open HTTP connections; a new connection past this is closed at once, with a warning at most once a second.",
+    "httpMaxConnectionsPerClient": "SplitMQ: open HTTP connections from one peer address; a new one past this is closed at once (so one client cannot take every slot of `httpMaxConnections`).",
+    "protectedMode": "SplitMQ: true (default): a port without its credential (`aclEnable` for HTTP, `haAuthSecret` for the HA / DLedger peer port) serves loopback peers only, and a broker bound to a non-loopback address without them refuses to start, naming them. false: serve anyone without them (logged loudly at start). See docs/SECURITY.md.",
     "maxInflightRequestBodyBytes": "SplitMQ: bound on the bytes of all HTTP request bodies held at once (being read or handled); a request that would pass it is refused with code 2 SYSTEM_BUSY / HTTP 503, which the SDK retries.",
     "brokerPermission": "Permission bits of the whole broker: 4 read, 2 write (6 = both); a missing bit is removed from every registered topic.",
     "flushIntervalCommitLog": "ASYNC_FLUSH: milliseconds between commit-log flushes.",
@@ -745,6 +814,7 @@ KEY_DOCS: dict[str, str] = {
     "aclTimestampToleranceMs": "ACL: milliseconds a signed request's timestamp may differ from the broker's clock; older or later is refused.",
     "aclNonceCacheMax": "ACL: signed requests the replay guard remembers at most within the window; past it new requests get SYSTEM_BUSY.",
     "aclMetricsToken": "ACL: a token that opens `GET /metrics` as `Authorization: Bearer <token>` (scrapers cannot sign); empty: admin only.",
+    "aclServerNames": "ACL: `host:port` names (separated by `;`) a client may sign a request for besides the address the connection arrives on and `brokerIP1:listenPort` -- a DNS name or a NAT address clients dial. A signature names its server, so one captured elsewhere is refused.",
     "transactionCheckInterval": "Milliseconds between rounds of the master's transaction check service, which asks producer groups about half messages without an end.",
     "transactionTimeOut": "Milliseconds after its born time before a half (prepared) message is checked back with its producer group.",
     "transactionCheckMax": "Check-backs of one transaction before its half message is moved to `TRANS_CHECK_MAX_TIME_TOPIC` (and logged) instead of checked again.",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 import threading
@@ -71,7 +70,7 @@ from broker.timer import TimerMessageService
 from broker.transaction import HALF_TOPIC, CheckQueues, CheckRules, TransactionalMessageService
 from common.errors import InvalidParameterError, ServiceNotAvailableError
 from common.route import TopicConfig
-from common.signing import Credentials, SigningAuth
+from common.signing import Credentials, SigningAuth, cluster_credentials
 from remoting.acl_gate import AclFileWatcher, AclGate
 from remoting.router import Router
 
@@ -88,13 +87,6 @@ STOP_NETWORK_TIMEOUT_S = 5.0
 
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: only "localhost" is known to be loopback
-        return host == "localhost"
 
 
 class BrokerController:
@@ -187,7 +179,11 @@ class BrokerController:
         self._own_http = http_client is None
         # The broker's own account signs its calls to the nameservers and to its master (a refused signature
         # there is a 403 in the registration or sync log, never a silent unsigned call).
-        auth = SigningAuth(Credentials(config.access_key, config.secret_key)) if config.access_key else None
+        # With haAuthSecret and no account of its own, the broker signs as the cluster account (derived from the
+        # secret): a nameserver that knows the secret refuses unsigned registrations (issue 39).
+        creds = (Credentials(config.access_key, config.secret_key) if config.access_key else
+                 cluster_credentials(config.ha_auth_secret.encode()) if config.ha_auth_secret else None)
+        auth = SigningAuth(creds) if creds is not None else None
         self.http = http_client or httpx.AsyncClient(timeout=config.register_broker_timeout_ms / 1000.0, auth=auth,
                                                      verify=self.tls.client if self.tls is not None else True)
         self._scheme = "https" if self.tls is not None else "http"
@@ -196,7 +192,8 @@ class BrokerController:
         if config.acl_enable:
             self.acl_gate = build_gate(acl_file=config.acl_file, tolerance_ms=config.acl_timestamp_tolerance_ms,
                                        nonce_cache_max=config.acl_nonce_cache_max,
-                                       metrics_token=config.acl_metrics_token, clock_ms=self._clock_ms)
+                                       metrics_token=config.acl_metrics_token, clock_ms=self._clock_ms,
+                                       server_names=(addr, *config.acl_server_names))
         self.registrar: Registrar | None = None
         self.slave_sync: SlaveSynchronizer | None = None
         self.schedule = ScheduleMessageService(
@@ -237,6 +234,7 @@ class BrokerController:
             pre_vote=cfg.dleger_pre_vote, max_pending=cfg.max_pending_requests_num,
             max_wait_ack_ms=cfg.max_wait_ack_time_ms, max_push_timeout_ms=cfg.max_push_time_out_ms,
             preferred_leader_id=cfg.preferred_leader_id or None, auth_secret=cfg.ha_auth_secret.encode(),
+            loopback_only=not cfg.peer_port_open,
             tls_server=self.tls.peer_server if self.tls is not None else None,
             tls_client=self.tls.client if self.tls is not None else None)
         roles = self.dledger_roles = RoleHandler(
@@ -359,10 +357,8 @@ class BrokerController:
         dledger = self.dledger
         if self.acl_gate is not None:
             self._spawn(AclFileWatcher(cfg.acl_file, self.acl_gate.update).run(), "acl-watch")
-        elif not _is_loopback(cfg.bind_host):
-            log.warning("SECURITY: broker %s listens on %s with aclEnable=false: anyone who can reach this "
-                        "address can read, write and administer it. Set aclEnable=true and aclFile (see "
-                        "docs/SECURITY.md) or bind to loopback.", cfg.broker_name, cfg.bind_host)
+        for warning in cfg.protected_mode_warnings():
+            log.warning("%s", warning)
         if dledger is None:
             store.add_append_listener(lambda _end: self.ha_service.notify_new_data())
         store.add_append_listener(self.dispatch.wake)

@@ -15,10 +15,16 @@ message, so neither may send a byte past its last message before the handshake e
     server -> client  PROOF      (32 bytes)
         MACs 32
 
-    MACc = HMAC-SHA256(secret, "splitmq-ha client" 0x00 | KIND | Ns | Nc)
-    MACs = HMAC-SHA256(secret, "splitmq-ha server" 0x00 | KIND | Nc | Ns)
+    MACc = HMAC-SHA256(secret, "splitmq-ha client" 0x00 | KIND | Ns | Nc | SERVER)
+    MACs = HMAC-SHA256(secret, "splitmq-ha server" 0x00 | KIND | Nc | Ns | SERVER)
+
+    SERVER = len u16 | the server's address as the client dialled it (``ip:port`` of the connection's peer)
 
 * Fresh nonces on both sides: a recorded exchange is worth nothing on the next connection, in either direction.
+* Bound to the server dialled (version 2, issue 39): the client's proof names the address its connection goes to,
+  and the server accepts it only for an address that is its own (the connection's local address, or one it
+  advertises). An impostor that relays the handshake between a slave and the real master -- so that it could
+  read the log, or inject frames once "authenticated" -- is refused: the slave's proof names the impostor.
 * Different labels per side: a server never computes what a client must prove, so it cannot be used as an
   oracle against itself (reflection); ``KIND`` keeps an HA proof from opening a peer port and the reverse.
 * Each MAC is compared in constant time (:func:`hmac.compare_digest`).
@@ -49,12 +55,14 @@ __all__ = [
     "NONCE_SIZE",
     "PROOF_SIZE",
     "RESPONSE_SIZE",
+    "VERSION",
     "ChannelKind",
     "ClientHandshake",
     "HandshakeError",
     "NonceSource",
     "RateLimitedLog",
     "ServerHandshake",
+    "addr_name",
     "client_mac",
     "run_handshake",
     "server_mac",
@@ -62,7 +70,7 @@ __all__ = [
 ]
 
 MAGIC = b"SMQA"
-VERSION = 1
+VERSION = 2
 NONCE_SIZE = 16
 MAC_SIZE = 32
 _HEAD = struct.Struct(">4sBB")  # magic, version, kind
@@ -92,14 +100,29 @@ class ChannelKind(enum.IntEnum):
     DLEDGER = 2
 
 
-def client_mac(secret: bytes, kind: ChannelKind, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """What the client proves: ``HMAC-SHA256(secret, "splitmq-ha client" 0 | kind | Ns | Nc)``."""
-    return hmac.digest(secret, _CLIENT_LABEL + bytes([kind]) + server_nonce + client_nonce, hashlib.sha256)
+def _server_field(server: str) -> bytes:
+    name = server.encode("utf-8")[:1024]
+    return len(name).to_bytes(2, "big") + name
 
 
-def server_mac(secret: bytes, kind: ChannelKind, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """What the server proves: ``HMAC-SHA256(secret, "splitmq-ha server" 0 | kind | Nc | Ns)``."""
-    return hmac.digest(secret, _SERVER_LABEL + bytes([kind]) + client_nonce + server_nonce, hashlib.sha256)
+def client_mac(secret: bytes, kind: ChannelKind, server_nonce: bytes, client_nonce: bytes, server: str = "") -> bytes:
+    """What the client proves: ``HMAC-SHA256(secret, "splitmq-ha client" 0 | kind | Ns | Nc | server)``."""
+    return hmac.digest(secret, _CLIENT_LABEL + bytes([kind]) + server_nonce + client_nonce + _server_field(server),
+                       hashlib.sha256)
+
+
+def server_mac(secret: bytes, kind: ChannelKind, server_nonce: bytes, client_nonce: bytes, server: str = "") -> bytes:
+    """What the server proves: ``HMAC-SHA256(secret, "splitmq-ha server" 0 | kind | Nc | Ns | server)``."""
+    return hmac.digest(secret, _SERVER_LABEL + bytes([kind]) + client_nonce + server_nonce + _server_field(server),
+                       hashlib.sha256)
+
+
+def addr_name(addr: object) -> str:
+    """``ip:port`` (``[ip]:port`` for IPv6) of a socket address tuple, as both ends of the handshake spell it."""
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = str(addr[0])
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(addr)
 
 
 class _Handshake:
@@ -169,12 +192,18 @@ class ServerHandshake(_Handshake):
         secret: the cluster secret.
         kind: the port.
         nonces: random source of the server nonce.
+        names: the addresses this server answers to (:func:`addr_name` of the connection's local address, and the
+            address it advertises): the client's proof must name one of them.
     """
 
-    __slots__ = ("_nonce",)
+    __slots__ = ("_names", "_nonce", "server")
 
-    def __init__(self, secret: bytes, kind: ChannelKind, *, nonces: NonceSource = secrets.token_bytes) -> None:
+    def __init__(self, secret: bytes, kind: ChannelKind, *, nonces: NonceSource = secrets.token_bytes,
+                 names: tuple[str, ...] = ("",)) -> None:
         super().__init__(secret, kind, RESPONSE_SIZE)
+        self._names = names
+        self.server = ""
+        """The name the client's proof named (once done)."""
         self._nonce = nonces(NONCE_SIZE)
         if len(self._nonce) != NONCE_SIZE:
             raise ValueError(f"nonce source gave {len(self._nonce)} bytes, not {NONCE_SIZE}")
@@ -193,11 +222,16 @@ class ServerHandshake(_Handshake):
         if msg is None:
             return b""
         client_nonce = msg[_HEAD.size : _HEAD.size + NONCE_SIZE]
-        expected = client_mac(self._secret, self._kind, self._nonce, client_nonce)
-        if not hmac.compare_digest(expected, msg[_HEAD.size + NONCE_SIZE :]):
-            raise self._fail("the client's proof is wrong (a different haAuthSecret?)")
+        proof = msg[_HEAD.size + NONCE_SIZE :]
+        for name in self._names:
+            if hmac.compare_digest(client_mac(self._secret, self._kind, self._nonce, client_nonce, name), proof):
+                break
+        else:
+            raise self._fail(f"the client's proof is wrong: a different haAuthSecret, or it dialled another address "
+                             f"than this server's {', '.join(self._names)} (a relay?)")
         self.done = True
-        return server_mac(self._secret, self._kind, self._nonce, client_nonce)
+        self.server = name
+        return server_mac(self._secret, self._kind, self._nonce, client_nonce, name)
 
 
 class ClientHandshake(_Handshake):
@@ -208,12 +242,15 @@ class ClientHandshake(_Handshake):
         secret: the cluster secret.
         kind: the port.
         nonces: random source of the client nonce.
+        server: :func:`addr_name` of the address the connection goes to (its socket's peer).
     """
 
-    __slots__ = ("_nonce", "_server_nonce")
+    __slots__ = ("_nonce", "_server", "_server_nonce")
 
-    def __init__(self, secret: bytes, kind: ChannelKind, *, nonces: NonceSource = secrets.token_bytes) -> None:
+    def __init__(self, secret: bytes, kind: ChannelKind, *, nonces: NonceSource = secrets.token_bytes,
+                 server: str = "") -> None:
         super().__init__(secret, kind, CHALLENGE_SIZE)
+        self._server = server
         self._nonce = nonces(NONCE_SIZE)
         if len(self._nonce) != NONCE_SIZE:
             raise ValueError(f"nonce source gave {len(self._nonce)} bytes, not {NONCE_SIZE}")
@@ -235,12 +272,13 @@ class ClientHandshake(_Handshake):
                 return b""
             self._server_nonce = msg[_HEAD.size :]
             self._want = PROOF_SIZE
-            mac = client_mac(self._secret, self._kind, self._server_nonce, self._nonce)
+            mac = client_mac(self._secret, self._kind, self._server_nonce, self._nonce, self._server)
             return _HEAD.pack(MAGIC, VERSION, self._kind) + self._nonce + mac
         msg = self._take(data, "proof", has_head=False)
         if msg is None:
             return b""
-        if not hmac.compare_digest(server_mac(self._secret, self._kind, self._server_nonce, self._nonce), msg):
+        if not hmac.compare_digest(server_mac(self._secret, self._kind, self._server_nonce, self._nonce,
+                                              self._server), msg):
             raise self._fail("the server's proof is wrong (a different haAuthSecret?)")
         self.done = True
         return b""
@@ -310,16 +348,22 @@ class RateLimitedLog:
         return True
 
 
-def startup_warnings(*, secret: str, acl_enable: bool, dledger: bool) -> list[str]:
+def startup_warnings(*, secret: str, acl_enable: bool, dledger: bool, protected: bool = False) -> list[str]:
     """What a broker says once at start about its HA / peer port (pure, so the rule is table-tested).
 
     Args:
         secret: ``haAuthSecret`` as configured.
         acl_enable: ``aclEnable``: clients must sign, so an open replication port would be the way around it.
         dledger: the port is the DLedger peer port rather than the HA port.
+        protected: ``protectedMode``: without a secret the port serves loopback peers only.
     """
     port = "DLedger peer port" if dledger else "HA port"
     if not secret:
+        if acl_enable and protected:
+            return [f"SECURITY: aclEnable=true but haAuthSecret is empty: the {port} serves loopback peers only "
+                    f"(protected mode), and any local process can read the whole commit log through it"
+                    f"{' or push entries' if dledger else ''}. Set haAuthSecret (the same on every broker of the "
+                    f"cluster)."]
         if acl_enable:
             return [f"SECURITY: aclEnable=true but haAuthSecret is empty: the {port} is OPEN -- anyone who reaches "
                     f"it can read the whole commit log{' or push entries' if dledger else ''}. Set haAuthSecret "

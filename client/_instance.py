@@ -541,8 +541,7 @@ class ClientInstance(_InstanceCore):
             signer = self._signer
             if signer is None:
                 return raw.exchange(method, host, port, target, body, timeout=timeout)
-            target, authorization = signer.sign(method, target, body)
-            return raw.exchange(method, host, port, target, body, timeout=timeout, authorization=authorization)
+            return raw.exchange(method, host, port, target, body, timeout=timeout, signer=signer)
         if timeout is None:
             return self.http.request(method, f"http://{addr}{target}", content=body)
         return self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)
@@ -681,9 +680,7 @@ class AsyncClientInstance(_InstanceCore):
             signer = self._signer
             if signer is None:
                 return await raw.exchange(method, host, port, target, body, timeout=timeout)
-            target, authorization = signer.sign(method, target, body)
-            return await raw.exchange(method, host, port, target, body, timeout=timeout,
-                                      authorization=authorization)
+            return await raw.exchange(method, host, port, target, body, timeout=timeout, signer=signer)
         if timeout is None:
             return await self.http.request(method, f"http://{addr}{target}", content=body)
         return await self.http.request(method, f"http://{addr}{target}", content=body, timeout=timeout)

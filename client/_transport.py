@@ -22,6 +22,13 @@ With an ``ssl_context`` every connection is TLS whatever the URL's scheme says (
 new connection, bounded by the connect timeout, and verifies the server against the context. A failed handshake
 raises :class:`~client._http11.TlsHandshakeError` (an ``httpx.ConnectError``) with a sentence naming the CA
 option. Without a context nothing here differs from a plain transport.
+
+**Signing, once per TLS connection.** ``exchange`` may be given the account's
+:class:`~common.signing.RequestSigner` instead of a ready header: it signs the request for the connection it
+goes on (the signature names the server, ``host:port``). On a TLS connection the first request the server
+accepted as signed binds the connection to that account at the server (docs/SECURITY.md); the connection
+remembers it, and later requests on it go unsigned -- no HMAC, no body digest -- until the server refuses one
+(403), after which the connection signs again. Plaintext connections sign every request.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from client._http11 import (
     retry_or_raise,
     timeouts_of,
 )
+from common.signing import RequestSigner
 from common.tcp import tune_loopback
 from common.tls import describe_tls_failure
 
@@ -127,11 +135,48 @@ _RECEIVE = _ReceiveBuffer()
 _FRESH_S = 1.0
 
 
+class _Signed:
+    """A request to sign per connection (see the module docstring): its parts, and the head for a connection."""
+
+    __slots__ = ("body_len", "host", "method", "port", "signer", "target", "unsigned")
+
+    def __init__(self, signer: RequestSigner, method: str, host: str, port: int, target: str, body_len: int) -> None:
+        self.signer = signer
+        self.method = method
+        self.host = host
+        self.port = port
+        self.target = target
+        self.body_len = body_len
+        self.unsigned = False
+        """The head last built went without a signature (the connection was bound to the account)."""
+
+    def head(self, bound_to: str | None, body: bytes) -> bytes:
+        """The request head for a connection bound to ``bound_to`` (None: not bound): unsigned when that is this
+        signer's account, else signed for ``host:port``."""
+        signer = self.signer
+        if bound_to is not None and bound_to == signer.access_key:
+            self.unsigned = True
+            return raw_head(self.method, self.host, self.port, self.target, self.body_len)
+        self.unsigned = False
+        target, authorization = signer.sign(self.method, self.target, body, f"{self.host}:{self.port}")
+        return raw_head(self.method, self.host, self.port, target, self.body_len, authorization)
+
+    def bound_after(self, tls: bool, status: int) -> str | None:
+        """What the connection is bound to after an answer with ``status``: this account when TLS carried a
+        request the server did not refuse, nothing after a refusal (sign again), else as it was (None)."""
+        if status == 403:
+            return None
+        return self.signer.access_key if tls else None
+
+
 class _SyncConnection:
-    __slots__ = ("_timeout", "answered_at", "sock")
+    __slots__ = ("_timeout", "answered_at", "bound_to", "sock", "tls")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self.bound_to: str | None = None
+        """The account this TLS connection is bound to at the server (its requests then go unsigned)."""
         self._timeout = sock.gettimeout()
         """The socket's timeout as last set (``gettimeout`` reads it back through nanoseconds, and a float that
         does not survive the round trip compared unequal: every request set it twice)."""
@@ -284,7 +329,8 @@ class SyncTransport(httpx.BaseTransport):
         return self._exchange(origin, head, body, timeouts_of(request), request.method == "HEAD").response(request)
 
     def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
-                 timeout: float | None, authorization: str | None = None) -> RawResponse:
+                 timeout: float | None, authorization: str | None = None,
+                 signer: RequestSigner | None = None) -> RawResponse:
         """One request without httpx's models: the data path's way in (about 100 µs of CPU cheaper per request).
 
         Args:
@@ -295,19 +341,27 @@ class SyncTransport(httpx.BaseTransport):
             body: request body (sent with a Content-Length).
             timeout: seconds for each of connect, pool wait, write and read (None: no bound).
             authorization: the ``Authorization`` header value of a signed request (None: no header).
+            signer: sign as this account, once per TLS connection (see the module docstring); with it
+                ``authorization`` is ignored.
 
         Raises:
             httpx.HTTPError: the same transport errors :meth:`handle_request` raises.
         """
         check_target(target)
+        timeouts = (timeout, timeout, timeout, timeout)
+        if signer is not None:
+            signed = _Signed(signer, method, host, port, target, len(body))
+            return _RECEIVE.answer(self._exchange((host, port), b"", body, timeouts, False, signed))
         head = raw_head(method, host, port, target, len(body), authorization)
-        return _RECEIVE.answer(self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False))
+        return _RECEIVE.answer(self._exchange((host, port), head, body, timeouts, False))
 
     def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
-                  no_body: bool) -> ResponseParser:
+                  no_body: bool, signed: _Signed | None = None) -> ResponseParser:
         pool = self._pool(origin)
         for attempt in range(2):
             conn, reused = self._acquire(pool, origin, timeouts)
+            if signed is not None:
+                head = signed.head(conn.bound_to, body)
             try:
                 parser = conn.roundtrip(head, body, timeouts, no_body)
             except Incomplete as e:
@@ -319,6 +373,8 @@ class SyncTransport(httpx.BaseTransport):
             except BaseException:
                 self._put_back(pool, conn, False)
                 raise
+            if signed is not None:
+                conn.bound_to = signed.bound_after(conn.tls, parser.status)
             self._put_back(pool, conn, parser.keep_alive)
             return parser
         raise AssertionError("unreachable")
@@ -396,6 +452,8 @@ class _AsyncConnection(asyncio.Protocol):
         self.got_bytes = False
         self.closed = False
         self.tls = False
+        self.bound_to: str | None = None
+        """The account this TLS connection is bound to at the server (its requests then go unsigned)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCP transport is not registered as an asyncio.Transport subclass: no isinstance check here.
@@ -559,17 +617,24 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 ).response(request)
 
     async def exchange(self, method: str, host: str, port: int, target: str, body: bytes = b"", *,
-                       timeout: float | None, authorization: str | None = None) -> RawResponse:
+                       timeout: float | None, authorization: str | None = None,
+                       signer: RequestSigner | None = None) -> RawResponse:
         """See :meth:`SyncTransport.exchange`."""
         check_target(target)
+        timeouts = (timeout, timeout, timeout, timeout)
+        if signer is not None:
+            signed = _Signed(signer, method, host, port, target, len(body))
+            return (await self._exchange((host, port), b"", body, timeouts, False, signed)).raw()
         head = raw_head(method, host, port, target, len(body), authorization)
-        return (await self._exchange((host, port), head, body, (timeout, timeout, timeout, timeout), False)).raw()
+        return (await self._exchange((host, port), head, body, timeouts, False)).raw()
 
     async def _exchange(self, origin: tuple[str, int], head: bytes, body: bytes, timeouts: Timeouts,
-                        no_body: bool) -> ResponseParser:
+                        no_body: bool, signed: _Signed | None = None) -> ResponseParser:
         pool = self._pool(origin)
         for attempt in range(2):
             conn, reused = await self._acquire(pool, origin, timeouts)
+            if signed is not None:
+                head = signed.head(conn.bound_to, body)
             try:
                 parser = await conn.roundtrip(head, body, timeouts, no_body)
             except Incomplete as e:
@@ -581,6 +646,8 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             except BaseException:
                 self._put_back(pool, conn, False)
                 raise
+            if signed is not None:
+                conn.bound_to = signed.bound_after(conn.tls, parser.status)
             self._put_back(pool, conn, parser.keep_alive)
             return parser
         raise AssertionError("unreachable")

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from client.secure import write_private
 from client.tls import LocalTlsFiles, generate_local_tls_files
 from common.signing import Credentials, fresh_authorization
 from common.tls import TlsConfigError, client_context
@@ -57,7 +58,7 @@ def _http_json(addr: str, path: str, timeout_s: float = 2.0, credentials: Creden
                tls: ssl.SSLContext | None = None) -> Any:
     req = urllib.request.Request(f"{'https' if tls is not None else 'http'}://{addr}{path}")
     if credentials is not None:  # an ACL cluster: its own waits sign as the admin account
-        req.add_header("Authorization", fresh_authorization(credentials, "GET", path, b""))
+        req.add_header("Authorization", fresh_authorization(credentials, "GET", path, b"", addr))
     with urllib.request.urlopen(req, timeout=timeout_s, context=tls) as resp:
         return json.loads(resp.read())
 
@@ -179,6 +180,8 @@ class NameserverHandle:
         self._root = root
         self._timeout = start_timeout_s
         self.acl_file: Path | None = None
+        self.secret_file: Path | None = None
+        """The file holding the brokers' ``haAuthSecret`` (an ACL cluster), given to ``--ha-auth-secret-file``."""
         """The accounts file the nameserver enforces (an ACL cluster), else None."""
         self.tls_files: LocalTlsFiles | None = None
         """The certificate it serves TLS with (a TLS cluster), else None."""
@@ -193,6 +196,8 @@ class NameserverHandle:
         args = ["-m", "nameserver", "--listen", listen]
         if self.acl_file is not None:
             args += ["--acl-enable", "--acl-file", str(self.acl_file)]
+        if self.secret_file is not None:  # registrations then need the brokers' cluster account too
+            args += ["--ha-auth-secret-file", str(self.secret_file)]
         if self.tls_files is not None:
             args += ["--tls-cert", self.tls_files.cert_file, "--tls-key", self.tls_files.key_file]
         self._proc.spawn(args, self._root)
@@ -435,6 +440,7 @@ class LocalCluster:
         """The cluster secret of the HA and DLedger ports (``haAuthSecret``) of an ACL cluster."""
         for ns in self.nameserver_handles:
             ns.acl_file = self.acl_file
+            ns.secret_file = self.root_dir / "acl" / "cluster.secret" if acl else None
         self.tls = tls
         self._tls_dir = self.root_dir / "tls"
         self.tls_ca_file: str | None = str(self._tls_dir / "ca.pem") if tls else None
@@ -482,6 +488,8 @@ class LocalCluster:
         try:
             if self.acl_file is not None and self.admin_credentials is not None:
                 write_accounts_file(self.acl_file, self.admin_credentials)
+            if self.ha_auth_secret is not None:
+                write_private(self.root_dir / "acl" / "cluster.secret", self.ha_auth_secret + "\n")
             if self.tls:
                 self._make_tls_files()
             for ns in self.nameserver_handles:

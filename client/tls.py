@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -27,15 +29,28 @@ class LocalTlsFiles:
     """Its private key (mode 0600)."""
 
 
-_SAN = "subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost"
 _OPENSSL_TIMEOUT_S = 60.0
 
 
-def generate_local_tls_files(directory: str | os.PathLike[str], *, days: int = 30) -> LocalTlsFiles:
+def _san(hosts: Sequence[str]) -> str:
+    entries = ["IP:127.0.0.1", "IP:::1", "DNS:localhost"]
+    for host in hosts:
+        try:
+            entries.append(f"IP:{ipaddress.ip_address(host)}")
+        except ValueError:
+            if not host or any(c in host for c in ",\n\r ") or not host.isascii():
+                raise TlsConfigError(f"{host!r} is neither an IP address nor a host name") from None
+            entries.append(f"DNS:{host}")
+    return "subjectAltName=" + ",".join(dict.fromkeys(entries))
+
+
+def generate_local_tls_files(directory: str | os.PathLike[str], *, days: int = 30,
+                             hosts: Sequence[str] = ()) -> LocalTlsFiles:
     """Make a CA and a loopback server certificate in ``directory`` with the ``openssl`` command-line tool.
 
-    The CA key is deleted once it has signed (nothing can issue more certificates from it). Meant for local
-    clusters only: a real deployment brings its own certificates.
+    The CA key is deleted once it has signed (nothing can issue more certificates from it). ``hosts`` adds IP
+    addresses and names to the certificate (``splitmq secure init`` makes one certificate for every host of a
+    small cluster); without them it is for local clusters only.
 
     Raises:
         TlsConfigError: ``openssl`` is not installed or failed (its message is included).
@@ -48,7 +63,7 @@ def generate_local_tls_files(directory: str | os.PathLike[str], *, days: int = 3
     ca_key, ca_cert = out / "ca.key", out / "ca.pem"
     key, csr, cert = out / "server.key", out / "server.csr", out / "server.pem"
     ext = out / "server.ext"
-    ext.write_text(f"{_SAN}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+    ext.write_text(f"{_san(hosts)}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
                    "extendedKeyUsage=serverAuth,clientAuth\nsubjectKeyIdentifier=hash\n"
                    "authorityKeyIdentifier=keyid,issuer\n", encoding="ascii")
     steps = [
@@ -70,4 +85,5 @@ def generate_local_tls_files(directory: str | os.PathLike[str], *, days: int = 3
     for leftover in (ca_key, csr, ext, out / "ca.srl"):
         leftover.unlink(missing_ok=True)
     os.chmod(key, 0o600)
+    os.chmod(cert, 0o644)
     return LocalTlsFiles(ca_file=str(ca_cert), cert_file=str(cert), key_file=str(key))

@@ -6,7 +6,12 @@ A signed request carries::
 
 and the signature is the HMAC-SHA256, keyed with the account's secret key, of the *string to sign*::
 
-    <scheme>\\n<METHOD>\\n<path>\\n<sorted query>\\n<timestamp>\\n<nonce>\\n<access key>\\n<digest(body) hex>
+    <scheme>\\n<METHOD>\\n<server>\\n<path>\\n<sorted query>\\n<timestamp>\\n<nonce>\\n<access key>\\n<digest(body) hex>
+
+``<server>`` is the ``Host`` the request is sent with (``host:port``, the address the client dialled): it binds the
+signature to the server it was meant for. A server accepts a signature only for a ``Host`` that names itself (the
+address the connection arrived on, or a name it was configured with), so a request captured on one server does
+not replay on another, whose replay guard never saw it (issue 39).
 
 The scheme word, which opens both the header and the string to sign, names the body's digest:
 ``SPLITMQ-HMAC-SHA256`` hashes it with SHA-256 and ``SPLITMQ-HMAC-SHA256-BLAKE3`` with BLAKE3 (256 bits). Both
@@ -49,6 +54,7 @@ except ImportError:  # no wheel for this platform: the SDK signs with SHA-256 bo
 
 __all__ = [
     "AUTH_HEADER",
+    "CLUSTER_ACCESS_KEY",
     "SCHEME",
     "SCHEME_BLAKE3",
     "SIGNING_SCHEME",
@@ -61,6 +67,7 @@ __all__ = [
     "authorization_header",
     "body_digest",
     "canonical_query",
+    "cluster_credentials",
     "fresh_authorization",
     "hmac_key",
     "parse_authorization",
@@ -165,6 +172,22 @@ class Credentials:
     __str__ = __repr__
 
 
+#: The access key of the cluster's own account: the one every broker with ``haAuthSecret`` signs its registrations
+#: with, and a nameserver that knows the secret accepts (its secret key is derived from ``haAuthSecret``).
+CLUSTER_ACCESS_KEY = "splitmq-cluster"
+_CLUSTER_LABEL = b"splitmq cluster account v1"
+
+
+def cluster_credentials(ha_auth_secret: bytes) -> Credentials:
+    """The cluster account of ``haAuthSecret`` (issue 39): brokers sign their registrations, unregistrations and
+    write-permission calls with it, and a nameserver given the same secret refuses those calls without it, so an
+    HA secret alone does not leave the route table open. The secret key is ``HMAC-SHA256(secret, label)``: the
+    secret itself never becomes a key that crosses a process boundary."""
+    if not ha_auth_secret:
+        raise ValueError("the cluster account needs a non-empty haAuthSecret")
+    return Credentials(CLUSTER_ACCESS_KEY, hmac.new(ha_auth_secret, _CLUSTER_LABEL, hashlib.sha256).hexdigest())
+
+
 class SignatureError(ValueError):
     """The ``Authorization`` header is missing, malformed or does not verify.
 
@@ -264,10 +287,11 @@ def _split_target(target: str) -> tuple[str, str]:
     return path, canonical_query(parse_query(qs.encode()))
 
 
-def _to_sign(scheme: str, method: str, path: str, query: str, timestamp_ms: int, nonce: str, access_key: str,
-             body_hash: str) -> bytes:
+def _to_sign(scheme: str, method: str, host: str, path: str, query: str, timestamp_ms: int, nonce: str,
+             access_key: str, body_hash: str) -> bytes:
     """The string to sign (the module docstring), its parts given: the one place that spells it."""
-    return f"{scheme}\n{method}\n{path}\n{query}\n{timestamp_ms}\n{nonce}\n{access_key}\n{body_hash}".encode()
+    return (f"{scheme}\n{method}\n{host}\n{path}\n{query}\n{timestamp_ms}\n{nonce}\n{access_key}\n"
+            f"{body_hash}").encode()
 
 
 def _known_scheme(scheme: str) -> str:
@@ -279,9 +303,9 @@ def _known_scheme(scheme: str) -> str:
 
 
 def string_to_sign(method: str, path: str, query: Mapping[str, str], timestamp_ms: int, nonce: str,
-                   access_key: str, body: bytes, *, scheme: str = SCHEME) -> bytes:
-    """The bytes the signature covers (see the module docstring)."""
-    return _to_sign(_known_scheme(scheme), method.upper(), path, canonical_query(query), timestamp_ms, nonce,
+                   access_key: str, body: bytes, *, host: str, scheme: str = SCHEME) -> bytes:
+    """The bytes the signature covers (see the module docstring); ``host`` is the request's ``Host``."""
+    return _to_sign(_known_scheme(scheme), method.upper(), host, path, canonical_query(query), timestamp_ms, nonce,
                     access_key, body_digest(body, scheme))
 
 
@@ -325,14 +349,14 @@ def hmac_key(secret_key: str) -> HmacKey:
 
 
 def signature(secret_key: str, method: str, path: str, query: Mapping[str, str], timestamp_ms: int, nonce: str,
-              access_key: str, body: bytes, *, scheme: str = SCHEME) -> str:
+              access_key: str, body: bytes, *, host: str, scheme: str = SCHEME) -> str:
     """The hex HMAC-SHA256 of :func:`string_to_sign`, keyed with ``secret_key``."""
-    msg = string_to_sign(method, path, query, timestamp_ms, nonce, access_key, body, scheme=scheme)
+    msg = string_to_sign(method, path, query, timestamp_ms, nonce, access_key, body, host=host, scheme=scheme)
     return hmac.new(secret_key.encode(), msg, hashlib.sha256).hexdigest()
 
 
-def authorization_header(credentials: Credentials, method: str, target: str, body: bytes, *, timestamp_ms: int,
-                         nonce: str) -> str:
+def authorization_header(credentials: Credentials, method: str, target: str, body: bytes, *, host: str,
+                         timestamp_ms: int, nonce: str) -> str:
     """The ``Authorization`` value that signs one request.
 
     Args:
@@ -340,10 +364,11 @@ def authorization_header(credentials: Credentials, method: str, target: str, bod
         method: the HTTP method.
         target: the request target as sent, ``/path?query`` (the query percent-encoded or not).
         body: the exact body bytes sent.
+        host: the ``Host`` header sent (``host:port`` of the server dialled).
         timestamp_ms: the client's wall clock, milliseconds since the epoch.
         nonce: a fresh random token (hex, at most 64 characters) for this request only.
     """
-    return RequestSigner.of(credentials).header(method, target, body, timestamp_ms, nonce)
+    return RequestSigner.of(credentials).header(method, target, body, timestamp_ms, nonce, host)
 
 
 def parse_authorization_fields(value: bytes | str) -> tuple[str, int, str, str, str]:
@@ -409,14 +434,14 @@ def _parse_general(value: bytes | str) -> tuple[str, int, str, str, str]:
 
 def verify_fields(key: HmacKey, access_key: str, timestamp_ms: int, nonce: str, signature_hex: str, method: str,
                   path: str, query: Mapping[str, str], body: bytes, raw_query: str | None = None,
-                  scheme: str = SCHEME) -> bool:
+                  scheme: str = SCHEME, *, host: str) -> bool:
     """Whether ``signature_hex`` signs this request with the account's ``key`` (:func:`hmac_key`; constant-time
     comparison). What :func:`verify` does, with the fields of :func:`parse_authorization_fields`.
 
     ``raw_query``, the query string exactly as received (``query`` is its decoding), is tried first as the
     canonical query: the SDK sends its query in canonical spelling and order (:meth:`RequestSigner.sign`), so this
     usually verifies without canonicalising ``query``. ``scheme`` is the header's scheme word (it names the body's
-    digest). It is sound: a signature covers a canonical query, and a
+    digest); ``host`` the request's ``Host`` (the caller checks it names this server). It is sound: a signature covers a canonical query, and a
     received string equal to one decodes to the same arguments (decoding inverts the canonical encoding), so no
     request is accepted that its signer did not sign. Otherwise (another client, a proxy that reordered or
     re-encoded the query) ``query`` is canonicalised as usual.
@@ -424,25 +449,25 @@ def verify_fields(key: HmacKey, access_key: str, timestamp_ms: int, nonce: str, 
     body_hash = body_digest(body, scheme)
     method = method.upper()
     if raw_query is not None and "\n" not in raw_query:
-        msg = _to_sign(scheme, method, path, raw_query, timestamp_ms, nonce, access_key, body_hash)
+        msg = _to_sign(scheme, method, host, path, raw_query, timestamp_ms, nonce, access_key, body_hash)
         if hmac.compare_digest(key.hexdigest(msg), signature_hex):
             return True
         if raw_query == (canonical := canonical_query(query)):
             return False
     else:
         canonical = canonical_query(query)
-    msg = _to_sign(scheme, method, path, canonical, timestamp_ms, nonce, access_key, body_hash)
+    msg = _to_sign(scheme, method, host, path, canonical, timestamp_ms, nonce, access_key, body_hash)
     return hmac.compare_digest(key.hexdigest(msg), signature_hex)
 
 
 def verify(auth: SignedAuth, secret_key: str, method: str, path: str, query: Mapping[str, str],
-           body: bytes) -> bool:
+           body: bytes, *, host: str) -> bool:
     """Whether ``auth`` signs this request with ``secret_key`` (constant-time comparison).
 
     Freshness (the timestamp window) and replay (the nonce) are the caller's checks.
     """
     return verify_fields(hmac_key(secret_key), auth.access_key, auth.timestamp_ms, auth.nonce, auth.signature,
-                         method, path, query, body, scheme=auth.scheme)
+                         method, path, query, body, scheme=auth.scheme, host=host)
 
 
 class RequestSigner:
@@ -478,21 +503,27 @@ class RequestSigner:
                 cls._cache[credentials] = signer
         return signer
 
-    def header(self, method: str, target: str, body: bytes, timestamp_ms: int, nonce: str) -> str:
+    @property
+    def access_key(self) -> str:
+        """The account that signs."""
+        return self._access_key
+
+    def header(self, method: str, target: str, body: bytes, timestamp_ms: int, nonce: str, host: str) -> str:
         """The ``Authorization`` value (see :func:`authorization_header`)."""
         path, canonical = _split_target(target)
-        return self._header(method, path, canonical, body, timestamp_ms, nonce)
+        return self._header(method, host, path, canonical, body, timestamp_ms, nonce)
 
-    def _header(self, method: str, path: str, canonical: str, body: bytes, timestamp_ms: int, nonce: str) -> str:
-        msg = _to_sign(self._scheme, method.upper(), path, canonical, timestamp_ms, nonce, self._access_key,
+    def _header(self, method: str, host: str, path: str, canonical: str, body: bytes, timestamp_ms: int,
+                nonce: str) -> str:
+        msg = _to_sign(self._scheme, method.upper(), host, path, canonical, timestamp_ms, nonce, self._access_key,
                        self._digest(body) if body else self._empty)  # the body's only pass
         return f"{self._prefix}{timestamp_ms},Nonce={nonce},Signature={self._key.hexdigest(msg)}"
 
-    def fresh(self, method: str, target: str, body: bytes) -> str:
+    def fresh(self, method: str, target: str, body: bytes, host: str) -> str:
         """:meth:`header` with the wall clock and a fresh 64-bit nonce (what a client sends)."""
-        return self.header(method, target, body, time.time_ns() // 1_000_000, _next_nonce())
+        return self.header(method, target, body, time.time_ns() // 1_000_000, _next_nonce(), host)
 
-    def sign(self, method: str, target: str, body: bytes) -> tuple[str, str]:
+    def sign(self, method: str, target: str, body: bytes, host: str) -> tuple[str, str]:
         """``(target to send, Authorization value)`` of a fresh signature (wall clock, fresh nonce).
 
         The target to send carries the canonical query itself (the same arguments, sorted by name and spelled
@@ -500,7 +531,7 @@ class RequestSigner:
         canonicalising it again.
         """
         path, canonical = _split_target(target)
-        header = self._header(method, path, canonical, body, time.time_ns() // 1_000_000, _next_nonce())
+        header = self._header(method, host, path, canonical, body, time.time_ns() // 1_000_000, _next_nonce())
         # The canonical query decodes to the same arguments as the target's (decoding inverts the encoding); a
         # CanonicalTarget (every send and pull) already is that string.
         if type(target) is CanonicalTarget or not canonical:
@@ -508,9 +539,10 @@ class RequestSigner:
         return f"{path}?{canonical}", header
 
 
-def fresh_authorization(credentials: Credentials, method: str, target: str, body: bytes) -> str:
-    """:func:`authorization_header` with the wall clock and a random 64-bit nonce (what a client sends)."""
-    return RequestSigner.of(credentials).fresh(method, target, body)
+def fresh_authorization(credentials: Credentials, method: str, target: str, body: bytes, host: str) -> str:
+    """:func:`authorization_header` with the wall clock and a random 64-bit nonce (what a client sends); ``host``
+    is the ``Host`` header the request goes with."""
+    return RequestSigner.of(credentials).fresh(method, target, body, host)
 
 
 class SigningAuth(httpx.Auth):
@@ -525,5 +557,5 @@ class SigningAuth(httpx.Auth):
         url = request.url
         target = url.raw_path.decode("ascii")
         request.headers["Authorization"] = fresh_authorization(self.credentials, request.method, target,
-                                                               request.content)
+                                                               request.content, request.headers["Host"])
         yield request

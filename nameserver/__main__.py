@@ -16,16 +16,20 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from common.tls import TlsConfigError, server_context
 from nameserver.server import NamesrvConfig, serve
 from remoting.acl import AclFileError
 from remoting.acl_gate import DEFAULT_NONCE_CACHE_MAX, DEFAULT_TIMESTAMP_TOLERANCE_MS, load_acl_file
+from remoting.http import HttpLimits
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
 #: Environment variable holding the metrics bearer token (an argument would show in ``ps``).
 METRICS_TOKEN_ENV = "SPLITMQ_ACL_METRICS_TOKEN"
+#: Environment variable holding the brokers' ``haAuthSecret`` (or ``--ha-auth-secret-file``).
+HA_SECRET_ENV = "SPLITMQ_HA_AUTH_SECRET"
 LISTEN_BACKLOG = 1024
 
 
@@ -97,6 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_TIMESTAMP_TOLERANCE_MS})")
     p.add_argument("--acl-nonce-cache-max", type=_positive_int, default=DEFAULT_NONCE_CACHE_MAX,
                    help=f"signed requests the replay guard remembers at most (default {DEFAULT_NONCE_CACHE_MAX})")
+    p.add_argument("--acl-server-name", action="append", default=[], metavar="HOST:PORT",
+                   help="a name clients may sign requests for besides the address they connect to (a DNS name or "
+                        "NAT address they dial; repeat for more). A signature names its server: one captured at "
+                        "another server is refused")
+    p.add_argument("--ha-auth-secret-file", default="", metavar="PATH",
+                   help="a file holding the brokers' haAuthSecret (or set $" + HA_SECRET_ENV + "): registrations, "
+                        "unregistrations and write-permission changes then need the cluster account derived from it "
+                        "(brokers with haAuthSecret sign with it)")
+    p.add_argument("--protected-mode", default="true", choices=["true", "false"],
+                   help="true (default): without credentials (--acl-enable, or the cluster secret) serve loopback "
+                        "peers only and refuse a non-loopback --listen; false: serve anyone without them (logged "
+                        "loudly)")
+    p.add_argument("--max-connections-per-client", type=_positive_int, default=HttpLimits().max_connections_per_client,
+                   help="open connections from one peer address (default "
+                        f"{HttpLimits().max_connections_per_client}); one more is closed at once")
     p.add_argument("--tls-cert", default="", metavar="PEM",
                    help="serve TLS only, presenting this certificate chain (needs --tls-key; docs/SECURITY.md)")
     p.add_argument("--tls-key", default="", metavar="PEM", help="the private key of --tls-cert")
@@ -196,13 +215,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             server_context(args.tls_cert, args.tls_key)  # a bad file is a start error here, not a traceback later
         except TlsConfigError as e:
             parser.error(str(e))
+    secret = os.environ.get(HA_SECRET_ENV, "").encode()
+    if args.ha_auth_secret_file:
+        try:
+            secret = Path(args.ha_auth_secret_file).read_bytes().strip()
+        except OSError as e:
+            parser.error(f"--ha-auth-secret-file {args.ha_auth_secret_file}: {e.strerror or e}")
+        if not secret:
+            parser.error(f"--ha-auth-secret-file {args.ha_auth_secret_file} is empty")
+    for name in args.acl_server_name:
+        try:
+            parse_listen(name)
+        except ValueError:
+            parser.error(f"--acl-server-name {name!r} is not HOST:PORT")
     _configure_logging(args.log_level, args.log_format)
-    config = NamesrvConfig(tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms,
+    config = NamesrvConfig(tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,
+                           broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms,
                            acl_enable=args.acl_enable, acl_file=args.acl_file,
                            acl_protect_routes=args.acl_protect_routes,
                            acl_timestamp_tolerance_ms=args.acl_timestamp_tolerance_ms,
                            acl_nonce_cache_max=args.acl_nonce_cache_max,
-                           acl_metrics_token=os.environ.get(METRICS_TOKEN_ENV, ""))
+                           acl_metrics_token=os.environ.get(METRICS_TOKEN_ENV, ""),
+                           ha_auth_secret=secret, acl_server_names=tuple(args.acl_server_name),
+                           protected_mode=args.protected_mode == "true",
+                           http_limits=HttpLimits(max_connections_per_client=args.max_connections_per_client))
+    refusal = config.protected_mode_refusal(host)
+    if refusal is not None:
+        print(f"splitmq-nameserver: error: {refusal}", file=sys.stderr, flush=True)
+        return 2
     try:
         sock = _bind(host, port)
     except OSError as e:

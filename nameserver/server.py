@@ -31,8 +31,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from common.errors import NoPermissionError, TopicNotExistError
 from common.route import DataVersion, TopicConfig
+from common.signing import cluster_credentials
 from common.tls import server_context
 from nameserver.routeinfo import RouteInfo
+from remoting.acl import Account, AclConfig
 from remoting.acl_gate import (
     ADMIN,
     DEFAULT_NONCE_CACHE_MAX,
@@ -112,6 +114,31 @@ class NamesrvConfig:
     """``--tls-cert``: serve TLS only, presenting this PEM certificate chain ('' = plain HTTP)."""
     tls_key_file: str = ""
     """``--tls-key``: the certificate's private key."""
+    ha_auth_secret: bytes = attrs.field(default=b"", repr=False)
+    """``$SPLITMQ_HA_AUTH_SECRET`` / ``--ha-auth-secret-file``: the brokers' ``haAuthSecret``. Registration,
+    unregistration and write-permission changes then need the cluster account derived from it (or, with
+    ``--acl-enable``, an admin account), whatever else is configured (issue 39)."""
+    acl_server_names: tuple[str, ...] = ()
+    """``--acl-server-name``: ``host:port`` names a client may sign for besides the address a connection arrives on
+    (a DNS name, a NAT address)."""
+    protected_mode: bool = True
+    """``--protected-mode``: without credentials (``--acl-enable`` or the cluster secret) serve loopback peers
+    only, and refuse a non-loopback ``--listen``; false serves anyone without them."""
+
+    @property
+    def has_credentials(self) -> bool:
+        """``--acl-enable`` or the cluster secret: the calls that change the route table need an account."""
+        return self.acl_enable or bool(self.ha_auth_secret)
+
+    def protected_mode_refusal(self, host: str) -> str | None:
+        """Why a nameserver listening on ``host`` must not start (None: it may); names the flags to set."""
+        if not self.protected_mode or self.has_credentials or _is_loopback(host):
+            return None
+        return (f"protected mode: --listen {host} is not a loopback address, and without --acl-enable --acl-file "
+                f"or the brokers' haAuthSecret (SPLITMQ_HA_AUTH_SECRET or --ha-auth-secret-file) anyone who reaches "
+                f"it could register a broker under any name and redirect clients and slaves to it. Set them "
+                f"(docs/SECURITY.md; `splitmq cluster up --secure` writes a complete set), listen on 127.0.0.1, or "
+                f"pass --protected-mode false to serve without them")
 
     def __attrs_post_init__(self) -> None:
         if self.acl_enable and not self.acl_file:
@@ -236,14 +263,28 @@ def build_gate(config: NamesrvConfig, clock_ms: Callable[[], int] = lambda: time
     Raises:
         AclFileError: the accounts file does not load.
     """
-    if not config.acl_enable:
+    fixed: dict[str, Account] = {}
+    if config.ha_auth_secret:
+        creds = cluster_credentials(config.ha_auth_secret)
+        fixed[creds.access_key] = Account(creds.access_key, creds.secret_key, admin=True)
+    if config.acl_enable:
+        accounts = load_acl_file(config.acl_file)
+        rules = namesrv_rules(protect_routes=config.acl_protect_routes)
+        log.info("ACL on: %d account(s) from %s; route queries %s%s", len(accounts.accounts), config.acl_file,
+                 "need an account" if config.acl_protect_routes else "open",
+                 "; the brokers' cluster account accepted" if fixed else "")
+    elif fixed:
+        accounts = AclConfig()
+        rules = {key: rule if rule is ADMIN and key[1] != "/metrics" else OPEN
+                 for key, rule in namesrv_rules(protect_routes=False).items()}
+        log.info("cluster secret set: registrations and write-permission changes need the brokers' cluster "
+                 "account; queries and metrics stay open")
+    else:
         return None
-    accounts = load_acl_file(config.acl_file)
-    log.info("ACL on: %d account(s) from %s; route queries %s", len(accounts.accounts), config.acl_file,
-             "need an account" if config.acl_protect_routes else "open")
-    return AclGate(accounts, namesrv_rules(protect_routes=config.acl_protect_routes),
+    return AclGate(accounts, rules,
                    tolerance_ms=config.acl_timestamp_tolerance_ms, nonce_cache_max=config.acl_nonce_cache_max,
-                   clock_ms=clock_ms, metrics_token=config.acl_metrics_token or None)
+                   clock_ms=clock_ms, metrics_token=config.acl_metrics_token or None,
+                   server_names=config.acl_server_names, fixed_accounts=fixed)
 
 
 class _Owners:
@@ -430,16 +471,19 @@ async def serve(
     acl = build_gate(config, clock_ms)
     router = create_app(route_info, clock_ms=clock_ms, addr=listen, max_body_bytes=config.max_body_bytes,
                         acl=acl)
-    if acl is None and not _is_loopback(sock.getsockname()[0]):
-        log.warning("SECURITY: nameserver listens on %s without --acl-enable: anyone who can reach it can "
-                    "register a broker under any name and redirect clients to it. Use --acl-enable --acl-file "
-                    "(docs/SECURITY.md) or listen on loopback.", listen)
-    watch = (asyncio.create_task(AclFileWatcher(config.acl_file, acl.update).run()) if acl is not None
-             else None)
+    if not config.protected_mode and not config.has_credentials:
+        log.warning("SECURITY: --protected-mode false and no credentials: the nameserver on %s serves ANYONE who "
+                    "reaches it -- they can register a broker under any name and redirect clients and slaves to "
+                    "it. Use --acl-enable --acl-file or the brokers' haAuthSecret (docs/SECURITY.md).", listen)
+    watch = (asyncio.create_task(AclFileWatcher(config.acl_file, acl.update).run())
+             if acl is not None and config.acl_enable else None)
     # The ACL judges the address a connection comes from: no X-Forwarded-For header is read (a proxy's rewrite of
     # it from 127.0.0.1 would let any local peer claim a white-listed address).
     tls = config.tls_context()
-    server = HttpServer(router, config.http_limits, ssl=tls)
+    limits = config.http_limits
+    if config.protected_mode and not config.has_credentials:
+        limits = attrs.evolve(limits, loopback_only=True)
+    server = HttpServer(router, limits, ssl=tls)
     scanner = asyncio.create_task(run_expiry_scan(
         route_info, clock_ms=clock_ms, broker_expiry_ms=config.broker_expiry_ms,
         scan_interval_ms=config.scan_interval_ms))

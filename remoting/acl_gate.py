@@ -20,8 +20,27 @@ the server's log, at most one line a second.
 
 What stays the same between two requests until a reload is kept, and dropped by the reload: each account's HMAC
 key, and for each (account, peer address) that has signed a request, its :class:`Principal` (the account found,
-its address allowed) and the permission bits it resolved per topic and group. Every request is still verified,
-checked against the replay guard and its time window, and its route's rule run.
+its address allowed) and the permission bits it resolved per topic and group. Every signed request is still
+verified, checked against the replay guard and its time window, and its route's rule run.
+
+**The server a signature is for.** A signature covers the request's ``Host`` (:mod:`common.signing`), and the
+gate accepts it only when that ``Host`` names this server: the address the connection arrived on
+(:attr:`remoting.router.Connection.local_names`) or one of ``server_names`` (the address the server advertises,
+and names an operator adds for DNS or NAT). A request captured at another server, whose replay guard is not this
+one's, is refused (issue 39).
+
+**Connections bound by TLS.** On a TLS connection the first signed request that verifies binds the connection to
+its account (:attr:`remoting.router.Connection.bound`); later requests on it may come unsigned, and are let in as
+that account -- TLS guarantees they come from the same peer, unaltered -- with their route's rule run per request
+from the principal's cached decisions. So the data path pays no HMAC, no body digest and no replay-guard entry
+per request where the channel already protects it. What cannot happen on a bound connection:
+
+* a request signed by *another* account is refused (a connection is one account's, for its whole life);
+* after the accounts file is reloaded, the next unsigned request finds the account again in the new file: gone,
+  a changed secret, or an address no longer allowed drop the binding and refuse the request; otherwise the new
+  permissions apply from that request on (the principal is rebuilt, its cached decisions with it).
+
+Plaintext connections never bind: every request is signed and verified.
 """
 
 from __future__ import annotations
@@ -56,7 +75,7 @@ from remoting.acl import (
     parse_acl,
     topic_allowed,
 )
-from remoting.router import Request
+from remoting.router import Connection, Request
 
 __all__ = [
     "ADMIN",
@@ -230,13 +249,23 @@ class AclGate:
         clock_ms: the wall clock in epoch ms (injected in tests).
         metrics_token: ``aclMetricsToken``: a ``Bearer`` token that opens ``metrics_paths`` (None: admin only).
         metrics_paths: the paths the token opens.
+        server_names: ``host:port`` names of this server a signature may be for, besides the local address of the
+            connection it came on (the advertised address; DNS names and NAT addresses an operator adds).
+        fixed_accounts: accounts that hold whatever the accounts file says (the cluster account of
+            ``haAuthSecret``, :func:`common.signing.cluster_credentials`); a file account of the same access key
+            is replaced by it.
     """
 
     def __init__(self, config: AclConfig, rules: Mapping[tuple[str, str], Rule], *,
                  tolerance_ms: int = DEFAULT_TIMESTAMP_TOLERANCE_MS, nonce_cache_max: int = DEFAULT_NONCE_CACHE_MAX,
                  clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
-                 metrics_token: str | None = None, metrics_paths: frozenset[str] = frozenset({"/metrics"})) -> None:
+                 metrics_token: str | None = None, metrics_paths: frozenset[str] = frozenset({"/metrics"}),
+                 server_names: Iterable[str] = (), fixed_accounts: Mapping[str, Account] | None = None) -> None:
+        self._generation = 0
+        self._fixed = dict(fixed_accounts or {})
         self.config = config  # (the setter also sets up the caches)
+        self.server_names = frozenset(server_names)
+        """``Host`` values that name this server besides the address a connection arrived on."""
         self._rules = dict(rules)
         self._guard = ReplayGuard(tolerance_ms, nonce_cache_max)
         self._clock_ms = clock_ms
@@ -258,9 +287,12 @@ class AclGate:
 
     @config.setter
     def config(self, config: AclConfig) -> None:
+        if self._fixed:
+            config = AclConfig({**config.accounts, **self._fixed}, config.global_white)
         self._config = config
         self._keys = {}
         self._peers = {}
+        self._generation += 1  # connections bound before find their account again (_bound_principal)
 
     def update(self, config: AclConfig) -> None:
         """Use a newly loaded accounts file from the next request on."""
@@ -277,13 +309,19 @@ class AclGate:
             raise NoPermissionError(f"{request.method} {request.path} has no ACL rule; refused")
         if rule is OPEN:
             return
-        host = request.client[0] if request.client else ""
-        if request.path in self._metrics_paths and header is not None and header[:7].lower() == _BEARER:
-            if self._token is not None and hmac.compare_digest(header[7:].strip(), self._token):
-                return
-            self._refused(request, None, "wrong or unconfigured metrics bearer token")
-            raise NoPermissionError(NOT_SIGNED)
-        principal = self._authenticate(request, header, host)
+        conn = request.conn
+        if header is None and conn is not None and conn.bound is not None:
+            principal = self._bound_principal(request, conn)
+        else:
+            host = request.client[0] if request.client else ""
+            if request.path in self._metrics_paths and header is not None and header[:7].lower() == _BEARER:
+                if self._token is not None and hmac.compare_digest(header[7:].strip(), self._token):
+                    return
+                self._refused(request, None, "wrong or unconfigured metrics bearer token")
+                raise NoPermissionError(NOT_SIGNED)
+            principal = self._authenticate(request, header, host)
+            if conn is not None and conn.tls and principal.account is not None:
+                self._bind(request, conn, principal)
         request.principal = principal.access_key
         if principal.admin:
             return  # an admin holds every permission a rule asks for (``admin`` is one switch): nothing to check
@@ -292,6 +330,46 @@ class AclGate:
         except NoPermissionError as e:
             self._refused(request, principal.access_key, e.message)
             raise
+
+    def _bind(self, request: Request, conn: Connection, principal: Principal) -> None:
+        """Tie a TLS connection to the account whose signed request just verified on it; a connection bound to
+        another account refuses it (one account per connection, for its whole life)."""
+        bound = conn.bound
+        if bound is not None and bound[0].access_key != principal.access_key:
+            why = (f"this TLS connection is bound to account {bound[0].access_key}; account "
+                   f"{principal.access_key} must open a connection of its own")
+            self._refused(request, principal.access_key, why)
+            raise NoPermissionError(why)
+        conn.bound = (principal, self._generation)
+
+    def _bound_principal(self, request: Request, conn: Connection) -> Principal:
+        """The principal of an unsigned request on a bound TLS connection. After a reload of the accounts file the
+        account is looked up again: gone, another secret or an address it no longer allows drop the binding (the
+        request is refused; the client signs again, or cannot), else the new permissions apply from now on."""
+        principal, generation = conn.bound
+        if generation == self._generation:
+            return principal
+        old = principal.account
+        account = self.config.accounts.get(principal.access_key)
+        host = conn.client[0]
+        if (account is None or old is None or account.secret_key != old.secret_key
+                or (account.white_remote_address is not None and not account.white_remote_address.matches(host))):
+            conn.bound = None
+            self._refused(request, principal.access_key, "the accounts file was reloaded and no longer holds this "
+                                                         "TLS connection's account as it was; it must sign again")
+            raise NoPermissionError(NOT_SIGNED)
+        principal = Principal(account, host)
+        conn.bound = (principal, self._generation)
+        return principal
+
+    def _names_this_server(self, server: str, conn: Connection | None) -> bool:
+        """Whether a signature made for ``Host: server`` is for this server (see the module docstring). A request
+        built in process (no connection) is checked against ``server_names`` alone, when there are any."""
+        if server in self.server_names:
+            return True
+        if conn is not None:
+            return server in conn.local_names
+        return not self.server_names
 
     def _authenticate(self, request: Request, header: bytes | None, host: str) -> Principal:
         if header is None:
@@ -305,10 +383,13 @@ class AclGate:
         except SignatureError as e:
             self._refused(request, None, str(e))
             raise NoPermissionError(NOT_SIGNED) from None
+        if not self._names_this_server(request.host, request.conn):
+            self._refused(request, access_key, f"signed for another server (Host {request.host[:80]!r})")
+            raise NoPermissionError(NOT_SIGNED)
         peer = self._peers.get((access_key, host))
         principal, key = peer if peer is not None else self._account_of(request, access_key, host)
         if not verify_fields(key, access_key, timestamp_ms, nonce, sig, request.method, request.path, request.query,
-                             request.body, request.raw_query.decode("latin-1"), scheme):
+                             request.body, request.raw_query.decode("latin-1"), scheme, host=request.host):
             self._refused(request, access_key, "signature does not verify")
             raise NoPermissionError(NOT_SIGNED)
         refusal = self._guard.admit(timestamp_ms, sig, self._clock_ms())

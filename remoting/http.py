@@ -25,8 +25,11 @@ comes in a few pieces, :meth:`~remoting.router.Response.of_pieces`, that are not
 * **Keep-alive**: HTTP/1.1 keeps the connection unless the client says ``Connection: close``; HTTP/1.0 closes it
   after the answer; an idle connection closes after ``keep_alive_timeout_s``, quietly.
 * **Bounded heads and connections.** A request head (target and headers) of more than ``max_head_bytes`` is
-  refused (httptools sets no bound); past ``max_connections`` open connections a new one is closed at once, with
-  a warning at most once a second.
+  refused (httptools sets no bound); past ``max_connections`` open connections, or past
+  ``max_connections_per_client`` from one peer address (so one client cannot take every slot and lock the others
+  out), a new one is closed at once, with a warning at most once a second naming the limit.
+* **Protected mode.** With ``loopback_only`` (a server with no credentials, docs/SECURITY.md) a connection from
+  a peer that is not a loopback address is closed at once, before a byte is read.
 * **Coded refusals.** A request the parser refuses is answered as every other error of these servers is: 400 with
   a JSON body carrying a RocketMQ code (``INVALID_PARAMETER``), after the answers of the requests before it, then
   a close (the parser cannot find the next request). A protocol upgrade (WebSocket) is refused the same way, and
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+import ipaddress
 import logging
 import time
 from collections import deque
@@ -64,7 +68,7 @@ import httptools
 from common.codes import ResponseCode
 from common.tcp import tune_loopback
 from common.wire import CONTENT_JSON, encode_error
-from remoting.router import Response, Router
+from remoting.router import Connection, Response, Router
 
 __all__ = ["TLS_CLOSE_GRACE_S", "HttpLimits", "HttpProtocol", "HttpService"]
 
@@ -91,7 +95,12 @@ class HttpLimits:
     body_timeout_s: float = 30.0
     """A request body must be complete this long after its head."""
     max_connections: int = 4096
-    """Open connections; a new one past it is closed at once."""
+    """Open connections; a new one past it is closed at once (``httpMaxConnections``)."""
+    max_connections_per_client: int = 1024
+    """Open connections from one peer address; a new one past it is closed at once
+    (``httpMaxConnectionsPerClient``)."""
+    loopback_only: bool = False
+    """Protected mode: only loopback peers are served; any other is closed at once."""
     keep_alive_timeout_s: int = 5
     """An idle connection after an answer is closed after this many seconds."""
     max_head_bytes: int = 64 * 1024
@@ -137,13 +146,19 @@ class _RefusalLog:
         self.last = -1e9
         self.count = 0
 
-    def refused(self, open_now: int, cap: int) -> None:
+    def refused(self, why: str) -> None:
         self.count += 1
         now = time.monotonic()
         if now - self.last >= 1.0:
-            log.warning("HTTP: refused %d connection(s): %d open, the cap is %d (httpMaxConnections)",
-                        self.count, open_now, cap)
+            log.warning("HTTP: refused %d connection(s) in the last second or so; the last: %s", self.count, why)
             self.last, self.count = now, 0
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class HttpService:
@@ -162,6 +177,8 @@ class HttpService:
         self.limits = limits if limits is not None else HttpLimits()
         self.connections: set[HttpProtocol] = set()
         """Connections open now (each from ``connection_made`` to ``connection_lost``)."""
+        self.per_client: dict[str, int] = {}
+        """Connections open now by peer address (those counted against ``max_connections_per_client``)."""
         self.tasks: set[asyncio.Task[None]] = set()
         """Answers carried on by a task (the ones whose handler waits), until they end."""
         self.stopping = False
@@ -183,9 +200,33 @@ class HttpService:
         self.tasks.discard(task)
         self._check_idle()
 
-    def gone(self, connection: HttpProtocol) -> None:
-        """``connection`` was lost."""
+    def admit(self, client: str) -> str | None:
+        """Count a new connection from ``client``; None when it may stay, else why it must be closed (the limit's
+        name in it). A refused one is not counted."""
+        limits = self.limits
+        if limits.loopback_only and not _is_loopback(client):
+            return (f"{client} is not a loopback address: protected mode (no credentials configured) serves "
+                    "loopback peers only; set aclEnable/aclFile (broker) or --acl-enable (nameserver), or "
+                    "protectedMode=false")
+        if len(self.connections) >= limits.max_connections:
+            return f"{len(self.connections)} connections open, the cap is {limits.max_connections} (httpMaxConnections)"
+        per = self.per_client.get(client, 0)
+        if per >= limits.max_connections_per_client:
+            return (f"{per} connections open from {client}, the cap per client is {limits.max_connections_per_client} "
+                    "(httpMaxConnectionsPerClient)")
+        self.per_client[client] = per + 1
+        return None
+
+    def gone(self, connection: HttpProtocol, counted: bool) -> None:
+        """``connection`` was lost (``counted``: it was admitted and counted against its client)."""
         self.connections.discard(connection)
+        if counted:
+            client = connection.client[0]
+            left = self.per_client.get(client, 0) - 1
+            if left > 0:
+                self.per_client[client] = left
+            else:
+                self.per_client.pop(client, None)
         self._check_idle()
 
     def _check_idle(self) -> None:
@@ -296,6 +337,9 @@ class HttpProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport  # set by connection_made (wrapped over TLS)
         self.client: tuple[str, int] = ("", 0)
         """The peer's address and port."""
+        self.conn: Connection | None = None
+        """What the requests of this connection share (set once it is admitted)."""
+        self._counted = False
         self._tls_closer: _TlsClosingTransport | None = None
         self._deadline: asyncio.TimerHandle | None = None
         """The connection's one timer: fires no later than ``_due_at``; re-armed only when it fires early."""
@@ -325,22 +369,28 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, base: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, base)  # uvloop's transports are not asyncio.Transport subclasses
         service = self._service
-        service.connections.add(self)
         self.transport = transport
-        if transport.get_extra_info("sslcontext") is not None:
+        tls = transport.get_extra_info("sslcontext") is not None
+        if tls:
             self._tls_closer = _TlsClosingTransport(self.loop, transport)
             self.transport = self._tls_closer
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.client = (str(peer[0]), int(peer[1]))
         limits = self._limits
-        if len(service.connections) > limits.max_connections:
-            service.refusals.refused(len(service.connections) - 1, limits.max_connections)
+        refused = service.admit(self.client[0])
+        service.connections.add(self)
+        if refused is not None:
+            service.refusals.refused(refused)
             self.transport.close()
             return
+        self._counted = True
         if service.stopping:
             self.transport.close()
             return
+        local = transport.get_extra_info("sockname")
+        self.conn = Connection(self.client, (str(local[0]), int(local[1])) if isinstance(local, tuple) else ("", 0),
+                               tls)
         tune_loopback(transport.get_extra_info("socket"))
         self._arm(limits.header_timeout_s, _HEAD)
 
@@ -360,7 +410,7 @@ class HttpProtocol(asyncio.Protocol):
         while self._waiting:
             router.release_body_bytes(self._waiting.popleft().held)
         self._wake_writer()  # an answer waiting for the socket to drain ends (its writes go nowhere)
-        self._service.gone(self)
+        self._service.gone(self, self._counted)
 
     def shutdown(self) -> None:
         """Graceful stop: close an idle connection now, a busy one once its answer is out."""
@@ -530,7 +580,7 @@ class HttpProtocol(asyncio.Protocol):
                 incoming.chunks = []
                 try:
                     response = await router.serve(incoming.method, incoming.path, incoming.query, body,
-                                                  self.client, incoming.auth, incoming.host)
+                                                  self.client, incoming.auth, incoming.host, self.conn)
                 finally:
                     router.release_body_bytes(incoming.held)
                     incoming.held = 0

@@ -7,6 +7,7 @@ The broker, the nameserver and the dashboard route with it, so their error answe
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import time
@@ -18,18 +19,66 @@ from common.errors import AccessDeniedError, ClientError, NoPermissionError
 from common.requests import ArgumentError, parse_query, query_arg, query_int
 from common.wire import CONTENT_BINARY, CONTENT_JSON, encode_error, http_status_for_code
 
-__all__ = ["ArgumentError", "Request", "Response", "Router", "error_response", "json_response"]
+__all__ = ["ArgumentError", "Connection", "Request", "Response", "Router", "error_response", "json_response"]
 
 log = logging.getLogger(__name__)
+
+
+class Connection:
+    """What outlives one request on an HTTP connection: who is at the other end, the address it arrived on,
+    whether TLS protects it, and the account the ACL bound it to (:mod:`remoting.acl_gate`).
+
+    Args:
+        client: the peer's address and port.
+        local: the connection's local address and port (the server address the peer dialled).
+        tls: the connection is TLS (its bytes cannot be altered or injected on the path).
+    """
+
+    __slots__ = ("_names", "bound", "client", "local", "tls")
+
+    def __init__(self, client: tuple[str, int], local: tuple[str, int], tls: bool) -> None:
+        self.client = client
+        self.local = local
+        self.tls = tls
+        self.bound: Any = None
+        """Set by the ACL gate when a signed request authenticated this TLS connection (its account's principal
+        and the accounts file it was checked against); None otherwise."""
+        self._names: frozenset[str] | None = None
+
+    @property
+    def local_names(self) -> frozenset[str]:
+        """The ``Host`` values that name this connection's server: its local ``ip:port`` (``[ip]:port`` and the
+        bare form for IPv6), and ``localhost:port`` on loopback (computed once, on first use)."""
+        names = self._names
+        if names is None:
+            names = self._names = host_names(*self.local)
+        return names
+
+
+def host_names(ip: str, port: int) -> frozenset[str]:
+    """The ``Host`` spellings of ``ip:port`` (see :attr:`Connection.local_names`)."""
+    if not ip:
+        return frozenset()
+    names = {f"{ip}:{port}"}
+    if ":" in ip:
+        names.add(f"[{ip}]:{port}")
+    try:
+        loopback = ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        names.add(f"localhost:{port}")
+    return frozenset(names)
+
 
 class Request:
     """One HTTP request: method, path, query and a body read up to a bound."""
 
-    __slots__ = ("_json", "_query", "body", "client", "host", "method", "path", "principal", "query_key",
+    __slots__ = ("_json", "_query", "body", "client", "conn", "host", "method", "path", "principal", "query_key",
                  "raw_query")
 
     def __init__(self, method: str, path: str, query: dict[str, str] | None, body: bytes, client: tuple[str, int],
-                 raw_query: bytes = b"", host: bytes | None = None) -> None:
+                 raw_query: bytes = b"", *, host: str = "", conn: Connection | None = None) -> None:
         self.method = method
         self.path = path
         self._query = query
@@ -41,7 +90,9 @@ class Request:
         self.body = body
         self.client = client
         self.host = host
-        """The ``Host`` header as received (None when absent)."""
+        """The ``Host`` header as received ('' when absent): a signature covers it (:mod:`common.signing`)."""
+        self.conn = conn
+        """The connection it came on (None for a request built in process)."""
         self.principal: str | None = None
         """The access key of the account that signed the request (set by the ACL hook; None without ACL or for a
         white-listed unsigned peer)."""
@@ -174,17 +225,19 @@ class Router:
         return frozenset(self._routes)
 
     async def serve(self, method: str, path: str, query_string: bytes, body: bytes, client: tuple[str, int],
-                    authorization: bytes | None, host: bytes | None = None) -> Response:
+                    authorization: bytes | None, host: bytes | None = None, conn: Connection | None = None
+                    ) -> Response:
         """The answer to one request whose body the caller has read and counted (:meth:`take_body_bytes`): the
-        router's one entry, called by the HTTP protocol (:mod:`remoting.http`). Latency is observed from here to
-        the answer."""
+        router's one entry, called by the HTTP protocol (:mod:`remoting.http`) with the request's ``Host`` and
+        its connection. Latency is observed from here to the answer."""
         observe = self._observe
         started = time.perf_counter() if observe is not None else 0.0
         handler = self._routes.get((method, path))
         if handler is None:
             response = self._no_route(method, path)
         else:
-            request = Request(method, path, None, body, client, query_string, host)
+            request = Request(method, path, None, body, client, query_string,
+                              host=host.decode("latin-1") if host else "", conn=conn)
             response = await self._handle(handler, request, authorization)
         if observe is not None:
             observe(path if path in self._paths else "other", response.status, time.perf_counter() - started)

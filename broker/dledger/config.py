@@ -51,6 +51,9 @@ class DLedgerConfig:
     auth_secret: bytes = attrs.field(default=b"", repr=False)
     """``haAuthSecret``: every peer connection passes the handshake of :mod:`broker.peer_auth` first, both ways
     ('' = none)."""
+    loopback_only: bool = False
+    """Protected mode (no ``haAuthSecret``, ``protectedMode`` on): the peer port closes a connection from a peer
+    that is not a loopback address at once."""
     tls_server: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)
     """``tlsEnable``: the peer port accepts TLS only, with this context (None: plain TCP)."""
     tls_client: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)

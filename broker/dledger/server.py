@@ -120,7 +120,8 @@ class DLedgerServer:
         cfg = self.config
         port = int(cfg.peers[cfg.self_id].rpartition(":")[2])
         self._port = await serve_peers(host, port, group=cfg.group, self_id=cfg.self_id, peers=cfg.peers,
-                                       handler=self._handle, secret=cfg.auth_secret, sock=sock, tls=cfg.tls_server)
+                                       handler=self._handle, secret=cfg.auth_secret, sock=sock, tls=cfg.tls_server,
+                                       loopback_only=cfg.loopback_only)
         self.elector.start()
         self._run_task = asyncio.get_running_loop().create_task(self._run(), name=f"dledger-run-{cfg.self_id}")
         return self._port.port

@@ -7,7 +7,8 @@
   request.
 * :func:`serve_peers` -- accepts connections from peers; with a cluster secret the peer must first pass the
   handshake of :mod:`broker.peer_auth` (else it is closed having read nothing but the challenge); the first frame
-  must be a HELLO naming this group, this member and a known peer, else the connection is logged and closed; then
+  must be a HELLO naming this group, this member and a known peer (without a secret, one that connects from the
+  address its ``dLegerPeers`` entry names), else the connection is logged and closed; then
   every request goes to the handler and its answer back. Garbage, truncated frames, absurd sizes: a log line and
   a closed connection. Connections that have not passed HELLO yet are *pending*: at most ``max_pending`` at once
   (a newcomer closes the oldest) and each closed after ``pending_timeout_s``, so junk cannot lock a peer out.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import itertools
 import logging
 import secrets
@@ -40,7 +42,7 @@ from broker.dledger.protocol import (
     encode_frame_parts,
     encode_hello,
 )
-from broker.ha.admission import pending_to_evict
+from broker.ha.admission import is_loopback_peer, pending_to_evict_by_source
 from broker.peer_auth import (
     ChannelKind,
     ClientHandshake,
@@ -48,6 +50,7 @@ from broker.peer_auth import (
     NonceSource,
     RateLimitedLog,
     ServerHandshake,
+    addr_name,
     run_handshake,
 )
 from common.tcp import tune_loopback
@@ -162,7 +165,8 @@ class PeerClient:
             await writer.drain()
 
         try:
-            await run_handshake(ClientHandshake(self._secret, ChannelKind.DLEDGER, nonces=self._nonces),
+            server = addr_name(writer.get_extra_info("peername"))  # the proof names the address dialled
+            await run_handshake(ClientHandshake(self._secret, ChannelKind.DLEDGER, nonces=self._nonces, server=server),
                                 reader.read, write, self._auth_timeout_s)
         except HandshakeError as e:
             writer.close()
@@ -302,7 +306,8 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                       handler: RequestHandler, max_frame_bytes: int = 32 << 20,
                       max_connections: int = 64, max_pending: int = 16, pending_timeout_s: float = 3.0,
                       secret: bytes = b"", nonces: NonceSource = secrets.token_bytes,
-                      sock: socket.socket | None = None, tls: ssl.SSLContext | None = None) -> PeerServer:
+                      sock: socket.socket | None = None, tls: ssl.SSLContext | None = None,
+                      loopback_only: bool = False) -> PeerServer:
     """Listen for peers (on ``sock`` when given, already bound; ``port`` 0 lets the OS choose).
 
     Args:
@@ -314,10 +319,16 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
         tls: ``tlsEnable``: accept TLS only, with this context (None: plain TCP). asyncio runs the TLS handshake
             before a connection counts as pending, bounded by ``pending_timeout_s``; a peer that fails it is
             closed without a byte of the peer protocol.
+        loopback_only: protected mode (no secret): a peer that is not a loopback address is closed at once.
+
+    Pending connections are shared out by source address (:func:`broker.ha.admission.pending_to_evict_by_source`),
+    so a flood from one address cannot push out a member's handshake from another; with a secret, the handshake
+    names the address the member dialled, which must be this member's (its connection's local address or its
+    ``peers`` entry).
     """
     ps = PeerServer()
     open_conns = ps.connections
-    pending: dict[int, tuple[int, asyncio.StreamWriter]] = {}  # id -> (accept time ms, writer)
+    pending: dict[int, tuple[int, asyncio.StreamWriter, str]] = {}  # id -> (accept time ms, writer, source)
     established = [0]
     ids = itertools.count(1)
     refusals = RateLimitedLog(log)
@@ -325,13 +336,21 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
     async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
         remote = writer.get_extra_info("peername")
+        source = str(remote[0]) if isinstance(remote, tuple) else str(remote)
+        if loopback_only and not is_loopback_peer(source):
+            refusals.note(f"peer port: closing {remote}: not a loopback address, and without haAuthSecret the "
+                          "DLedger peer port serves loopback peers only (protected mode; set haAuthSecret on every "
+                          "member, or protectedMode=false)")
+            writer.close()
+            return
         tune_loopback(writer.get_extra_info("socket"))
-        for old in pending_to_evict({c: since for c, (since, _) in pending.items()}, max_pending):
+        for old in pending_to_evict_by_source({c: (since, src) for c, (since, _, src) in pending.items()}, source,
+                                              max_pending):
             refusals.note(f"peer port: closing a connection that has not passed HELLO to admit {remote} "
-                          f"(max_pending={max_pending})")
+                          f"(max_pending={max_pending}, shared out by source address)")
             pending.pop(old)[1].close()
         cid = next(ids)
-        pending[cid] = (int(loop.time() * 1000), writer)
+        pending[cid] = (int(loop.time() * 1000), writer, source)
         open_conns.add(writer)
         # Closing the transport ends the reads below (EOF) wherever they wait.
         deadline = loop.call_later(pending_timeout_s, _close_if_pending, pending, cid, refusals, remote,
@@ -356,8 +375,9 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
 
         try:
             if secret:
-                await run_handshake(ServerHandshake(secret, ChannelKind.DLEDGER, nonces=nonces), reader.read, write,
-                                    pending_timeout_s)
+                names = tuple(n for n in (addr_name(writer.get_extra_info("sockname")), peers.get(self_id)) if n)
+                await run_handshake(ServerHandshake(secret, ChannelKind.DLEDGER, nonces=nonces, names=names),
+                                    reader.read, write, pending_timeout_s)
             # Made only now: the decoder's buffer is max_frame_bytes (32 MiB), not for anyone who connects.
             dec = FrameDecoder(max_frame_bytes)
             while True:
@@ -367,6 +387,8 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
                 for f in dec.feed(data):
                     if peer is None:
                         peer = _check_hello(f, group, self_id, peers, remote)
+                        if not secret:
+                            _check_source(peer, peers, source)
                         pending.pop(cid, None)
                         deadline.cancel()
                         if established[0] >= max_connections:
@@ -424,13 +446,31 @@ async def serve_peers(host: str, port: int, *, group: str, self_id: str, peers: 
     return ps
 
 
-def _close_if_pending(pending: dict[int, tuple[int, asyncio.StreamWriter]], cid: int, refusals: RateLimitedLog,
+def _close_if_pending(pending: dict[int, tuple[int, asyncio.StreamWriter, str]], cid: int, refusals: RateLimitedLog,
                       remote: object, timeout_s: float) -> None:
     entry = pending.pop(cid, None)
     if entry is not None:
         refusals.note(f"peer port: closing the connection from {remote}: no handshake and HELLO within "
                       f"{timeout_s:.1f} s")
         entry[1].close()
+
+
+def _check_source(peer: str, peers: Mapping[str, str], source: str) -> None:
+    """Without a secret, a HELLO's claim is checked against the address it came from: a member whose
+    ``dLegerPeers`` entry is an IP address connects from that address (or, for a loopback entry, from loopback).
+    A name is not resolved here, and a multi-homed member needs ``haAuthSecret`` (which proves who it is)."""
+    host = peers[peer].rpartition(":")[0].strip("[]")
+    try:
+        want = ipaddress.ip_address(host)
+    except ValueError:
+        return
+    try:
+        got = ipaddress.ip_address(source.split("%", 1)[0])
+    except ValueError:
+        return
+    if got != want and not (got.is_loopback and want.is_loopback):
+        raise PeerProtocolError(f"HELLO as {peer} from {source}, but {peer} is at {host} (dLegerPeers); without "
+                                "haAuthSecret a member is known by its address")
 
 
 def _check_hello(f: Frame, group: str, self_id: str, peers: Mapping[str, str], remote: object) -> str:

@@ -33,6 +33,7 @@ from broker.peer_auth import (
     HandshakeError,
     NonceSource,
     RateLimitedLog,
+    addr_name,
     run_handshake,
 )
 from broker.store.api import MessageStore
@@ -259,8 +260,9 @@ class HAClient:
             await loop.sock_sendall(sock, data)
 
         try:
-            await run_handshake(ClientHandshake(secret, ChannelKind.HA, nonces=self._nonces), read, write,
-                                self._config.ha_auth_timeout_ms / 1000.0)
+            server = addr_name(sock.getpeername())  # the address this connection goes to: the proof names it
+            await run_handshake(ClientHandshake(secret, ChannelKind.HA, nonces=self._nonces, server=server), read,
+                                write, self._config.ha_auth_timeout_ms / 1000.0)
         except HandshakeError as exc:
             sock.close()
             self._received = False  # back off as after a failed connect
@@ -271,6 +273,12 @@ class HAClient:
             sock.close()
             raise
         return True
+
+    @property
+    def master_authenticated(self) -> bool:
+        """Whether the master of a session proved who it is: it passed the ``haAuthSecret`` handshake (bound to the
+        address dialled), or TLS verified its certificate. Only such a master may make this slave drop its log."""
+        return bool(self._config.ha_auth_secret) or self._config.tls_client is not None
 
     async def _session(self, sock: socket.socket, addr: str) -> None:
         cfg = self._config
@@ -338,11 +346,22 @@ class HAClient:
                         )
                     checker.reset(phy)
                 elif phy > expected and not run and not checker.held and not phy % store.mapped_file_size_commitlog:
-                    # The master's oldest file starts past this log's end: retention deleted the bytes between
-                    # while the slave was away. Everything the slave holds is older than what the master keeps.
-                    log.warning("HA client: the master's log now starts at %d, past this slave's end %d (retention "
-                                "deleted the bytes between); dropping the local commit log and continuing from %d",
-                                phy, expected, phy)
+                    # The master says its log now starts at a file past this log's end: retention deleted the bytes
+                    # between while the slave was away, and following means dropping everything held here. One
+                    # frame from anyone must not do that (issue 39): only a master that proved who it is may.
+                    held_from = int(store.min_physical_offset)
+                    if not self.master_authenticated:
+                        self._refused = True
+                        raise HAOffsetMismatchError(
+                            f"the master says its log starts at {phy}, past this slave's end {expected}: following "
+                            f"it would drop this slave's whole commit log ({expected - held_from} bytes, offsets "
+                            f"{held_from}..{expected}); refusing to drop it on the word of an unauthenticated master. "
+                            f"Set haAuthSecret (or tlsEnable) on master and slaves to let an authenticated master "
+                            f"restart it, or empty this slave's store to resync it")
+                    log.error("HA client: DATA DROPPED: the authenticated master's log now starts at %d, past this "
+                              "slave's end %d (retention deleted the bytes between while the slave was away); "
+                              "dropping the local commit log, %d bytes (offsets %d..%d), and continuing from %d",
+                              phy, expected, expected - held_from, held_from, expected, phy)
                     store.restart_log_at(phy)
                     checker.reset(phy)
                 elif phy != expected:

@@ -73,6 +73,12 @@ class HAConfig:
     ha_auth_secret: bytes = attrs.field(default=b"", repr=False)
     """``haAuthSecret``: when set, both sides prove they know it (:mod:`broker.peer_auth`) before a byte of the
     log moves; empty: no handshake. Never shown in a repr or a log."""
+    advertised_names: tuple[str, ...] = ()
+    """Master: the HA addresses it advertises (``brokerIP2:haListenPort``), which a slave's handshake may name
+    besides the connection's local address (NAT)."""
+    loopback_only: bool = False
+    """Protected mode (no ``haAuthSecret``, ``protectedMode`` on): the master closes a connection from a peer that
+    is not a loopback address at once, before a byte of the log."""
     ha_auth_timeout_ms: int = attrs.field(default=3000, validator=_positive)
     """Bound on the handshake, on either side (the master's connection is also pending meanwhile, so
     ``ha_pending_timeout_ms`` and ``ha_max_pending_connections`` bound it too)."""

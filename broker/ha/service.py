@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 import broker.ha.tls_io as tls_io
-from broker.ha.admission import expired_pending, pending_to_evict, report_admitted
+from broker.ha.admission import expired_pending, is_loopback_peer, pending_to_evict_by_source, report_admitted
 from broker.ha.channel import Buffer, SocketChannel
 from broker.ha.config import HAConfig
 from broker.ha.progress import (
@@ -55,7 +55,14 @@ from broker.ha.progress import (
     transfer_start_offset,
 )
 from broker.ha.protocol import FRAME_HEADER, ReportDecoder, encode_frame_header
-from broker.peer_auth import ChannelKind, HandshakeError, NonceSource, RateLimitedLog, ServerHandshake
+from broker.peer_auth import (
+    ChannelKind,
+    HandshakeError,
+    NonceSource,
+    RateLimitedLog,
+    ServerHandshake,
+    addr_name,
+)
 from broker.store.api import MessageStore
 
 __all__ = ["HAService"]
@@ -80,10 +87,12 @@ def _format_addr(addr: Any) -> str:
 class _SlaveConnection:
     """One accepted slave: a channel, its progress entry and its writer task."""
 
-    def __init__(self, service: HAService, conn_id: int, sock: socket.socket, addr: str) -> None:
+    def __init__(self, service: HAService, conn_id: int, sock: socket.socket, addr: str, source: str) -> None:
         self.service = service
         self.conn_id = conn_id
         self.addr = addr
+        self.source = source
+        """The peer's address without the port (pending connections are shared out per source)."""
         self.progress: SlaveProgress = service._state.add_slave(conn_id, addr)
         self.last_read_ms = service._clock_ms()
         self.accepted_ms = self.last_read_ms
@@ -100,8 +109,9 @@ class _SlaveConnection:
         self._rbuf = memoryview(bytearray(_MASTER_READ_BUFFER_BYTES))
         self._warned = False
         secret = service._config.ha_auth_secret
+        names = (addr_name(sock.getsockname()), *service._config.advertised_names) if secret else ()
         self.auth: ServerHandshake | None = (
-            ServerHandshake(secret, ChannelKind.HA, nonces=service._nonces) if secret else None)
+            ServerHandshake(secret, ChannelKind.HA, nonces=service._nonces, names=names) if secret else None)
         """The handshake while it runs (None once passed, or without ``haAuthSecret``): until then the master
         reads no report and sends no byte of the log."""
         loop = service._require_loop()
@@ -547,12 +557,19 @@ class HAService:
                 await asyncio.sleep(_ACCEPT_ERROR_PAUSE_S)
                 continue
             addr = _format_addr(raw_addr)
-            if self._config.tls_server is not None:
-                self._start_tls(sock, addr)
+            source = str(raw_addr[0]) if isinstance(raw_addr, tuple) else addr
+            if self._config.loopback_only and not is_loopback_peer(source):
+                self._refusals.note(f"HA: closing {addr}: not a loopback address, and without haAuthSecret the HA "
+                                    "port serves loopback peers only (protected mode; set haAuthSecret on master and "
+                                    "slaves, or protectedMode=false)")
+                sock.close()
                 continue
-            self._admit(sock, addr)
+            if self._config.tls_server is not None:
+                self._start_tls(sock, addr, source)
+                continue
+            self._admit(sock, addr, source)
 
-    def _start_tls(self, sock: socket.socket, addr: str) -> None:
+    def _start_tls(self, sock: socket.socket, addr: str, source: str) -> None:
         """The TLS handshake of an accepted connection, in its own task so the accept loop goes on; at most
         ``ha_max_pending_connections`` run at once (a newcomer past it is closed), each bounded by
         ``ha_auth_timeout_ms``. A peer that fails it is closed before it is a connection: nothing was sent."""
@@ -577,7 +594,7 @@ class HAService:
                 tls_sock.close()
                 raise
             if self._state_name == "started":
-                self._admit(tls_sock, addr)
+                self._admit(tls_sock, addr, source)
             else:
                 tls_sock.close()
 
@@ -585,16 +602,21 @@ class HAService:
         self._tls_handshakes.add(task)
         task.add_done_callback(self._tls_handshakes.discard)
 
-    def _admit(self, sock: socket.socket, addr: str) -> None:
-        """Make an accepted (and, with TLS, handshaken) socket a slave connection."""
-        for cid in pending_to_evict(self._pending_since(), self._config.ha_max_pending_connections):
+    def _admit(self, sock: socket.socket, addr: str, source: str) -> None:
+        """Make an accepted (and, with TLS, handshaken) socket a slave connection. Pending connections are
+        shared out by source: a newcomer evicts the oldest pending connection of its own source once that source
+        holds its share, else of the source holding most (so a flood from one address cannot push out a real
+        slave's handshake from another)."""
+        cap = self._config.ha_max_pending_connections
+        pending = {cid: (c.accepted_ms, c.source) for cid, c in self._conns.items() if not c.first_report.is_set()}
+        for cid in pending_to_evict_by_source(pending, source, cap):
             old = self._conns[cid]
             self._refusals.note(f"HA: closing {old.addr}, connected without an offset report, to admit {addr} "
-                                f"(ha_max_pending_connections={self._config.ha_max_pending_connections})")
+                                f"(ha_max_pending_connections={cap}, shared out by source address)")
             old.close("replaced by a newer connection while it had not reported")
             self._on_connection_closed(old)
         conn_id = next(self._ids)
-        self._conns[conn_id] = _SlaveConnection(self, conn_id, sock, addr)
+        self._conns[conn_id] = _SlaveConnection(self, conn_id, sock, addr, source)
         log.info("HA slave %s connected", addr)
 
     def _pending_since(self) -> dict[int, int]:

@@ -9,7 +9,7 @@ slaveReadEnable=false`` gives RocketMQ's broker default.
 The first SIGINT/SIGTERM stops every process (brokers first, SIGKILL after the ``--timeout`` grace) and the
 command exits 0 saying so; further signals during the stop are ignored so the stop is not cut short.
 With ``--acl`` every server enforces the ACL; the admin access key and the accounts file's path are printed (the
-secret key only lives in that file).
+secret key only lives in that file). ``--secure`` is ``--acl --tls`` and prints how a client uses the files.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
     try:
         cluster = LocalCluster(args.root, broker_groups=args.groups, slaves_per_group=args.slaves, mode=args.mode,
                                peers_per_group=args.peers, broker_config=dict(args.set), start_timeout_s=args.timeout,
-                               acl=args.acl, tls=args.tls)
+                               acl=args.acl or args.secure, tls=args.tls or args.secure)
     except ValueError as e:
         args.leaf.error(str(e))
     previous = _install(_raise_stop)
@@ -116,6 +116,12 @@ def cmd_cluster_up(args: argparse.Namespace, out: Output) -> int:
                      f"{cluster.acl_file} (accounts file, mode 0600)")
         if cluster.tls_ca_file is not None:
             out.line(f"tls: CA file {cluster.tls_ca_file} (pass --tls-ca or SPLITMQ_TLS_CA)")
+        if args.secure and cluster.admin_credentials is not None:
+            out.line(f"secure: every file holding a secret is mode 0600; clients: "
+                     f"ClientConfig(tls_ca_file={cluster.tls_ca_file!r}, credentials=Credentials("
+                     f"{cluster.admin_credentials.access_key!r}, <secretKey of {cluster.acl_file}>)); CLI: "
+                     f"SPLITMQ_TLS_CA={cluster.tls_ca_file} SPLITMQ_ACCESS_KEY="
+                     f"{cluster.admin_credentials.access_key} SPLITMQ_SECRET_KEY=<that secretKey>")
         _print_brokers(cluster, out)
         out.info(f"logs in {cluster.root_dir / 'logs'}; press Ctrl-C to stop")
         _watch(cluster, out)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from client.cli import _admin_cmds, _cluster_up, _completion, _dledger_cmds, _msg_cmds
+from client.cli import _admin_cmds, _cluster_up, _completion, _dledger_cmds, _msg_cmds, _secure_cmd
 from client.cli._dashboard_cmd import add_dashboard
 from common.codes import Perm
 
@@ -132,7 +132,25 @@ def _add_cluster(sub: Any, common: _Parser) -> None:
     up.add_argument("--tls", action="store_true",
                     help="turn TLS on: make a throwaway CA and a loopback certificate, serve every port with it and "
                          "print the CA file to pass as --tls-ca")
+    up.add_argument("--secure", action="store_true",
+                    help="--acl and --tls together, and the cluster secret at the nameservers too: every file "
+                         "written with mode 0600 where it holds a secret; prints how a client uses them")
     _leaf(cs, "list", _admin_cmds.cmd_cluster_list, "list the brokers of each cluster", parents=[common])
+
+
+def _add_secure(sub: Any) -> None:
+    sc = sub.add_parser("secure", help="make the files of a secure cluster",
+                        description="Make the files of a secure cluster (docs/DEPLOY.md, docs/SECURITY.md).")
+    ss = sc.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
+    init = _leaf(ss, "init", _secure_cmd.cmd_secure_init,
+                 "write a CA and certificate, accounts, the cluster secret and the broker and nameserver settings",
+                 parents=[])
+    init.add_argument("--out", required=True, metavar="DIR", help="directory to write (secrets with mode 0600)")
+    init.add_argument("--host", action="append", required=True, metavar="ADDR",
+                      help="an address (or name) the servers are reached at; repeat for every host")
+    init.add_argument("--install-dir", default=None, metavar="PATH",
+                      help="where DIR will be copied on every host, as written into the settings (default: DIR)")
+    init.add_argument("--days", type=_int_in(1, 3650), default=365, help="certificate validity (default: 365)")
 
 
 def _add_topic(sub: Any, common: _Parser) -> None:
@@ -278,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     common = _common()
     _add_cluster(sub, common)
+    _add_secure(sub)
     _add_topic(sub, common)
     _add_admin(sub, common)
     _add_dledger(sub, common)

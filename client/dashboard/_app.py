@@ -125,8 +125,8 @@ def _failed(e: ClientError) -> Response:
     return _coded(ResponseCode.SYSTEM_ERROR, f"the cluster did not answer: {e}", 502)
 
 
-def _host_name(host: bytes) -> str:
-    text = host.decode("latin-1").strip().lower()
+def _host_name(host: str) -> str:
+    text = host.strip().lower()
     if text.startswith("["):
         return text[1:text.find("]")] if "]" in text else text
     return text.rpartition(":")[0] if text.count(":") == 1 else text
@@ -145,8 +145,8 @@ class Guard:
         self._expected = f"{TOKEN_SCHEME} {token}".encode()
         self._hosts = {"localhost", *(h.lower() for h in hosts)}
 
-    def trusted_host(self, host: bytes | None) -> bool:
-        if host is None:
+    def trusted_host(self, host: str) -> bool:
+        if not host:
             return False
         name = _host_name(host)
         if name in self._hosts:
@@ -160,7 +160,7 @@ class Guard:
     def __call__(self, request: Request, authorization: bytes | None) -> None:
         if request.method == "GET" and request.path != "/":
             return
-        if request.path == "/" and request.host is None:
+        if request.path == "/" and not request.host:
             return  # not a browser (every browser sends Host): nothing to rebind
         if not self.trusted_host(request.host):
             raise NoPermissionError(

@@ -110,11 +110,12 @@ def test_unsigned_wrong_secret_stale_and_replayed_requests_write_nothing(cluster
     assert refused_json(httpx.post(url, content=BODY)) == NOT_SIGNED
     r = httpx.post(url, content=BODY, auth=SigningAuth(Credentials("pub", "not-the-secret")))
     assert refused_json(r) == NOT_SIGNED
-    stale = authorization_header(CREDS["pub"], "POST", SEND, BODY, timestamp_ms=int(time.time() * 1000) - 120_000,
-                                 nonce="01")
+    host = cluster.master.addr
+    stale = authorization_header(CREDS["pub"], "POST", SEND, BODY, host=host,
+                                 timestamp_ms=int(time.time() * 1000) - 120_000, nonce="01")
     assert refused_json(httpx.post(url, content=BODY, headers={"Authorization": stale})) == NOT_SIGNED
     assert commitlog_end(cluster) == before
-    header = fresh_authorization(CREDS["pub"], "POST", SEND, BODY)
+    header = fresh_authorization(CREDS["pub"], "POST", SEND, BODY, host)
     assert httpx.post(url, content=BODY, headers={"Authorization": header}).status_code == 200
     after_one = commitlog_end(cluster)
     assert after_one > before

@@ -4,7 +4,6 @@ answer (403 NO_PERMISSION naming the missing permission, or through to the handl
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -183,34 +182,3 @@ def test_servers_bind_loopback_by_default() -> None:
 
     assert BrokerConfig().bind_host == "127.0.0.1"
     assert DEFAULT_LISTEN.startswith("127.0.0.1:")
-
-
-@pytest.mark.parametrize(("bind", "acl", "warned"), [("0.0.0.0", False, True), ("127.0.0.1", False, False),
-                                                     ("0.0.0.0", True, False)])
-def test_a_non_loopback_listener_without_acl_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                        bind: str, acl: bool, warned: bool) -> None:
-    from tests.broker.fakes import run_with_broker
-
-    async def scenario(ctrl: Any, client: Any) -> None:
-        pass
-
-    tmp_path.mkdir(exist_ok=True)
-    (tmp_path / "acl.toml").write_text(ACCOUNTS)
-    extra: dict[str, Any] = {"acl_enable": True, "acl_file": str(tmp_path / "acl.toml")} if acl else {}
-    with caplog.at_level(logging.WARNING, logger="broker.controller"):
-        run_with_broker(tmp_path, scenario, bind_address=bind, **extra)
-    assert caplog.text.count("SECURITY: broker broker-a listens on") == (1 if warned else 0)
-
-
-@pytest.mark.integration
-def test_the_nameserver_warns_on_a_non_loopback_listener_without_acl(tmp_path: Path) -> None:
-    from tests.broker.procs import Servers
-
-    servers = Servers(tmp_path)
-    try:
-        ns = servers.nameserver(("--listen", "0.0.0.0:0"))
-        assert "SECURITY: nameserver listens on 0.0.0.0" in ns.log()
-        quiet = servers.nameserver()
-        assert "SECURITY" not in quiet.log()
-    finally:
-        servers.close()

@@ -68,15 +68,17 @@ def test_same_secret_both_sides_done_whatever_the_split(chunk: int, kind: Channe
     assert (len(challenge), len(response), len(proof)) == (CHALLENGE_SIZE, RESPONSE_SIZE, PROOF_SIZE) == (22, 54, 32)
     assert server.done and client.done and server.want == client.want == 0
     # The bytes on the wire, computed here from the format in the module docstring (a known vector).
-    assert challenge == MAGIC + bytes([1, kind]) + NS
-    mac_c = hmac.new(SECRET, b"splitmq-ha client\x00" + bytes([kind]) + NS + NC, hashlib.sha256).digest()
-    assert response == MAGIC + bytes([1, kind]) + NC + mac_c
-    assert proof == hmac.new(SECRET, b"splitmq-ha server\x00" + bytes([kind]) + NC + NS, hashlib.sha256).digest()
+    assert challenge == MAGIC + bytes([2, kind]) + NS
+    # Version 2 binds both proofs to the server's address (here the empty name both sides default to).
+    mac_c = hmac.new(SECRET, b"splitmq-ha client\x00" + bytes([kind]) + NS + NC + b"\x00\x00", hashlib.sha256).digest()
+    assert response == MAGIC + bytes([2, kind]) + NC + mac_c
+    assert proof == hmac.new(SECRET, b"splitmq-ha server\x00" + bytes([kind]) + NC + NS + b"\x00\x00",
+                             hashlib.sha256).digest()
     assert SECRET not in challenge + response + proof
 
 
-def _response(secret: bytes = SECRET, ns: bytes = NS, kind: int = ChannelKind.HA, version: int = 1) -> bytes:
-    mac = hmac.new(secret, b"splitmq-ha client\x00" + bytes([kind]) + ns + NC, hashlib.sha256).digest()
+def _response(secret: bytes = SECRET, ns: bytes = NS, kind: int = ChannelKind.HA, version: int = 2) -> bytes:
+    mac = hmac.new(secret, b"splitmq-ha client\x00" + bytes([kind]) + ns + NC + b"\x00\x00", hashlib.sha256).digest()
     return MAGIC + bytes([version, kind]) + NC + mac
 
 
@@ -87,7 +89,7 @@ SERVER_CASES = [
     ("HTTP", b"GET / HTTP/1.1\r\n\r\n", "does not start with", 1),
     ("a DLedger frame", b"\x00\x00\x00\x0c\x44\x4c\x01\x01" + bytes(8), "does not start with", 1),
     ("the magic's first bytes, then junk", b"SMQ!" + bytes(50), "got b'SMQ!'", 4),
-    ("another version", _response(version=2), "version 2", 5),
+    ("another version", _response(version=1), "version 1", 5),
     ("the other port's kind", _response(kind=ChannelKind.DLEDGER), "channel kind 2", 6),
     ("a wrong secret", _response(secret=b"wrong"), "client's proof is wrong", RESPONSE_SIZE),
     ("a replay (another connection's nonce)", _response(ns=bytes(16)), "client's proof is wrong", RESPONSE_SIZE),
@@ -124,7 +126,7 @@ def test_the_server_refuses(what: str, data: bytes, error: str, fails_after: int
     assert not server.done
 
 
-def _challenge(kind: int = ChannelKind.HA, magic: bytes = MAGIC, version: int = 1) -> bytes:
+def _challenge(kind: int = ChannelKind.HA, magic: bytes = MAGIC, version: int = 2) -> bytes:
     return magic + bytes([version, kind]) + NS
 
 
@@ -134,7 +136,7 @@ CLIENT_CASES = [
     ("the other port's kind", [_challenge(kind=ChannelKind.DLEDGER)], "channel kind 2"),
     ("a challenge and frames before the proof", [_challenge() + bytes(12)], "34 bytes where the challenge has 22"),
     ("a wrong proof", [_challenge(), bytes(32)], "server's proof is wrong"),
-    ("a proof from another secret", [_challenge(), hmac.new(b"wrong", b"splitmq-ha server\x00\x01" + NC + NS,
+    ("a proof from another secret", [_challenge(), hmac.new(b"wrong", b"splitmq-ha server\x00\x01" + NC + NS + b"\x00\x00",
                                                             hashlib.sha256).digest()], "server's proof is wrong"),
     ("the proof and log bytes", [_challenge(), bytes(40)], "40 bytes where the proof has 32"),
 ]

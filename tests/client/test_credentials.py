@@ -36,6 +36,8 @@ class Recorder(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.status, self.body = status, body
         self.seen: list[tuple[str, str, bytes, str | None]] = []
+        self.hosts: dict[str, str] = {}
+        """The ``Host`` of each signed request, by its Authorization value (a signature covers it)."""
         self.addr = f"127.0.0.1:{self.server_address[1]}"
 
 
@@ -45,7 +47,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.seen.append((self.command, self.path, body, self.headers.get("Authorization")))
+        authorization = self.headers.get("Authorization")
+        if authorization is not None:
+            self.server.hosts[authorization] = self.headers.get("Host", "")
+        self.server.seen.append((self.command, self.path, body, authorization))
         self.send_response(self.server.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(self.server.body)))
@@ -61,6 +66,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[Recorder]:
     srv = Recorder()
+    srv.hosts = _HOSTS
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield srv
@@ -69,13 +75,17 @@ def server() -> Iterator[Recorder]:
         srv.server_close()
 
 
+_HOSTS: dict[str, str] = {}
+
+
 def _verified(method: str, target: str, body: bytes, header: str | None) -> str:
-    """The access key of a request whose signature verifies (asserts it does)."""
+    """The access key of a request whose signature verifies, for the ``Host`` it was sent with (asserts it does)."""
     assert header is not None, f"{method} {target} was sent unsigned"
     auth = parse_authorization(header)
     path, _, qs = target.partition("?")
     query = dict(p.split("=", 1) for p in qs.split("&") if p) if qs else {}
-    assert verify(auth, SECRETS[auth.access_key], method, path, query, body), f"{method} {target}: bad signature"
+    assert verify(auth, SECRETS[auth.access_key], method, path, query, body, host=_HOSTS[header]), \
+        f"{method} {target}: bad signature"
     return auth.access_key
 
 
@@ -151,6 +161,7 @@ REFUSAL = encode_error(ResponseCode.NO_PERMISSION, "request not signed / signatu
 
 def test_a_refused_producer_fails_at_once_with_one_request() -> None:
     srv = Recorder(403, REFUSAL)
+    srv.hosts = _HOSTS
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with Producer("pg", srv.addr, credentials=BOB, send_timeout_s=5.0) as p, \

@@ -20,15 +20,16 @@ from common.signing import (
 
 CREDS = Credentials("app1", "s3cret")
 TS = 1_700_000_000_000
+HOST = "127.0.0.1:10911"
 
 
 def signed(method: str = "POST", target: str = "/send?topic=T&queueId=1", body: bytes = b"abc") -> str:
-    return authorization_header(CREDS, method, target, body, timestamp_ms=TS, nonce="00ff")
+    return authorization_header(CREDS, method, target, body, host=HOST, timestamp_ms=TS, nonce="00ff")
 
 
-def check(header: str, method: str, target: str, body: bytes, secret: str = "s3cret") -> bool:
+def check(header: str, method: str, target: str, body: bytes, secret: str = "s3cret", host: str = HOST) -> bool:
     path, _, qs = target.partition("?")
-    return verify(parse_authorization(header), secret, method, path, parse_query(qs.encode()), body)
+    return verify(parse_authorization(header), secret, method, path, parse_query(qs.encode()), body, host=host)
 
 
 def test_a_signed_request_verifies_and_the_header_names_no_secret() -> None:
@@ -47,6 +48,12 @@ def test_a_signed_request_verifies_and_the_header_names_no_secret() -> None:
 ])
 def test_any_change_breaks_the_signature(method: str, target: str, body: bytes, secret: str) -> None:
     assert not check(signed(), method, target, body, secret)
+
+
+def test_the_signature_names_the_server_it_was_sent_to() -> None:
+    """Issue 39: the same request signed for one server does not verify for another (its Host)."""
+    assert check(signed(), "POST", "/send?topic=T&queueId=1", b"abc", host=HOST)
+    assert not check(signed(), "POST", "/send?topic=T&queueId=1", b"abc", host="127.0.0.1:10921")
 
 
 def test_argument_order_and_encoding_do_not_matter() -> None:
@@ -68,15 +75,15 @@ def test_the_sdk_signs_blake3_bodies_and_servers_take_both_schemes() -> None:
         assert SIGNING_SCHEME == SCHEME_BLAKE3
     b3 = signed(body=b"abc")
     assert b3.startswith(SCHEME_BLAKE3 + " ") and check(b3, "POST", "/send?topic=T&queueId=1", b"abc")
-    sha = RequestSigner(CREDS, SCHEME).header("POST", "/send?topic=T&queueId=1", b"abc", TS, "00ff")
+    sha = RequestSigner(CREDS, SCHEME).header("POST", "/send?topic=T&queueId=1", b"abc", TS, "00ff", HOST)
     assert sha.startswith(SCHEME + " ") and check(sha, "POST", "/send?topic=T&queueId=1", b"abc")
     # The scheme word is signed: swapping it (a downgrade to the other digest) breaks the signature.
     assert not check(SCHEME + b3[len(SCHEME_BLAKE3):], "POST", "/send?topic=T&queueId=1", b"abc")
     assert not check(SCHEME_BLAKE3 + sha[len(SCHEME):], "POST", "/send?topic=T&queueId=1", b"abc")
     # The digests are the published ones (BLAKE3's and SHA-256's of the empty input).
-    assert string_to_sign("GET", "/p", {}, 1, "n", "a", b"", scheme=SCHEME_BLAKE3).endswith(
+    assert string_to_sign("GET", "/p", {}, 1, "n", "a", b"", host=HOST, scheme=SCHEME_BLAKE3).endswith(
         b"\naf1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262")
-    assert string_to_sign("GET", "/p", {}, 1, "n", "a", b"").endswith(
+    assert string_to_sign("GET", "/p", {}, 1, "n", "a", b"", host=HOST).endswith(
         b"\ne3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
     assert body_digest(b"", SCHEME) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
     assert body_digest(b"abc", SCHEME_BLAKE3) == \
@@ -98,7 +105,7 @@ def test_a_changed_timestamp_or_nonce_breaks_it() -> None:
     auth = parse_authorization(signed())
     for changed in (auth.__class__(auth.access_key, auth.timestamp_ms + 1, auth.nonce, auth.signature, auth.scheme),
                     auth.__class__(auth.access_key, auth.timestamp_ms, "00fe", auth.signature, auth.scheme)):
-        assert not verify(changed, "s3cret", "POST", "/send", {"topic": "T", "queueId": "1"}, b"abc")
+        assert not verify(changed, "s3cret", "POST", "/send", {"topic": "T", "queueId": "1"}, b"abc", host=HOST)
 
 
 @pytest.mark.parametrize("value", [
@@ -141,7 +148,8 @@ def test_the_httpx_auth_signs_what_it_sends() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         target = request.url.raw_path.decode()
-        seen.append(check(request.headers["authorization"], request.method, target, request.content))
+        seen.append(check(request.headers["authorization"], request.method, target, request.content,
+                          host=request.headers["host"]))
         return httpx.Response(200)
 
     with httpx.Client(transport=httpx.MockTransport(handler), auth=SigningAuth(CREDS)) as c:
@@ -200,16 +208,16 @@ def test_the_sdk_sends_the_canonical_query_and_the_server_verifies_it_as_receive
     from common.signing import RequestSigner, hmac_key, parse_authorization_fields, verify_fields
 
     target = "/p?" + "&".join(fields) if fields else "/p"
-    sent, header = RequestSigner(CREDS).sign("GET", target, b"")
+    sent, header = RequestSigner(CREDS).sign("GET", target, b"", HOST)
     path, _, qs = sent.partition("?")
     query = parse_query(qs.encode())
     assert path == "/p" and query == parse_query(target.partition("?")[2].encode())
     ak, ts, nonce, sig, scheme = parse_authorization_fields(header)
     key = hmac_key("s3cret")
-    assert verify_fields(key, ak, ts, nonce, sig, "GET", path, query, b"", qs, scheme)
+    assert verify_fields(key, ak, ts, nonce, sig, "GET", path, query, b"", qs, scheme, host=HOST)
     reordered = "&".join(reversed(qs.split("&")))
-    assert verify_fields(key, ak, ts, nonce, sig, "GET", path, query, b"", reordered, scheme)
-    assert verify(parse_authorization(header), "s3cret", "GET", path, query, b"")
+    assert verify_fields(key, ak, ts, nonce, sig, "GET", path, query, b"", reordered, scheme, host=HOST)
+    assert verify(parse_authorization(header), "s3cret", "GET", path, query, b"", host=HOST)
 
 
 def test_a_received_query_string_verifies_only_what_was_signed() -> None:
@@ -218,13 +226,13 @@ def test_a_received_query_string_verifies_only_what_was_signed() -> None:
     ak, ts, nonce, sig, scheme = parse_authorization_fields(signed("GET", "/pull?topic=T&group=g", b""))
     key = hmac_key("s3cret")
     assert verify_fields(key, ak, ts, nonce, sig, "GET", "/pull", {"group": "g", "topic": "T"}, b"", "group=g&topic=T",
-                         scheme)
+                         scheme, host=HOST)
     # The raw string is only a shortcut: another received query (even one equal to what was signed, if its
     # decoding differs) does not verify.
     assert not verify_fields(key, ak, ts, nonce, sig, "GET", "/pull", {"group": "g", "topic": "U"}, b"",
-                             "group=g&topic=U", scheme)
+                             "group=g&topic=U", scheme, host=HOST)
     assert not verify_fields(key, ak, ts, nonce, sig, "GET", "/pull", {"group": "g", "topic": "T", "x": ""}, b"",
-                             "group=g&topic=T&x=", scheme)
+                             "group=g&topic=T&x=", scheme, host=HOST)
 
 
 @given(key=st.binary(max_size=200), msg=st.binary(max_size=300))
@@ -282,8 +290,8 @@ def test_a_data_path_target_is_signed_as_any_other_target(method: str, body: byt
     from common.signing import RequestSigner, parse_authorization_fields
 
     target = PullRequestHeader.of("g 1", "T|x", 3, 4096, 32).target()
-    sent, header = RequestSigner(CREDS).sign(method, target, body)
+    sent, header = RequestSigner(CREDS).sign(method, target, body, HOST)
     _, ts, nonce, _, _ = parse_authorization_fields(header)
     assert sent is target
-    assert header == authorization_header(CREDS, method, str(target), body, timestamp_ms=ts, nonce=nonce)
+    assert header == authorization_header(CREDS, method, str(target), body, host=HOST, timestamp_ms=ts, nonce=nonce)
     assert check(header, method.upper(), target, body)

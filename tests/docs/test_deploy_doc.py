@@ -51,3 +51,26 @@ def test_the_units_run_the_installed_entry_points() -> None:
 def test_the_operator_commands_parse(line: str) -> None:
     argv = shlex.split(line.split("#", 1)[0])[1:]
     build_parser().parse_args(argv)  # SystemExit(2) on an unknown command or option
+
+
+def test_the_recipe_is_the_secure_one(tmp_path: Path) -> None:
+    """Each broker file of the recipe, with the generated ``broker-secure.properties`` appended as the recipe
+    says, starts on its host's address (protected mode finds every credential) with TLS on; the nameserver unit
+    passes the flags of ``nameserver.args``; the generator's files holding secrets are mode 0600."""
+    from client.secure import generate_secure_files
+
+    files = generate_secure_files(tmp_path / "secure", ["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    fragment = files.broker_properties.read_text()
+    for text in blocks("properties"):
+        props = parse_properties(text + "\n" + fragment)
+        config = BrokerConfig.from_properties(props)
+        assert config.bind_host.startswith("10.0.0.") and config.protected_mode_refusal() is None
+        assert config.tls_enable and config.acl_enable and config.ha_auth_secret
+    assert "cat /etc/splitmq/secure/broker-secure.properties >>" in DOC.read_text()
+    flags = files.nameserver_args.read_text().replace(str(files.directory), "/etc/splitmq/secure").split()
+    unit = next(u for u in blocks("ini") if "splitmq-nameserver" in u)
+    assert all(flag in unit for flag in flags), flags
+    for path in (files.broker_properties, files.nameserver_args, files.directory / "cluster.secret",
+                 files.directory / "acl" / "plain_acl.toml", files.directory / "admin.credentials",
+                 files.directory / "tls" / "server.key"):
+        assert path.stat().st_mode & 0o777 == 0o600, path

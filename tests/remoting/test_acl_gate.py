@@ -50,11 +50,17 @@ def request(method: str, target: str, body: bytes = b"", host: str = "127.0.0.1"
     """As the Router builds it: with the query string as received (``raw=False``: without, so the gate
     canonicalises the decoded query)."""
     path, _, qs = target.partition("?")
-    return Request(method, path, parse_query(qs.encode()), body, (host, 5000), qs.encode() if raw else b"")
+    return Request(method, path, parse_query(qs.encode()), body, (host, 5000), qs.encode() if raw else b"",
+                   host=SERVER)
+
+
+#: The ``Host`` the requests of these tests are sent with (built in process: no connection, no server names, so
+#: the gate checks only that the signature covers it).
+SERVER = "127.0.0.1:10911"
 
 
 def sign(creds: Credentials, method: str, target: str, body: bytes = b"", ts: int = NOW, nonce: str = "n1") -> bytes:
-    return authorization_header(creds, method, target, body, timestamp_ms=ts, nonce=nonce).encode()
+    return authorization_header(creds, method, target, body, host=SERVER, timestamp_ms=ts, nonce=nonce).encode()
 
 
 APP, ADMIN_C = Credentials("app", "app-secret"), Credentials("admin", "admin-secret")

@@ -17,7 +17,7 @@ from broker.dledger.member import Role
 from broker.dledger.protocol import Frame, Hello, MsgType, encode_frame, encode_hello
 from broker.dledger.server import DLedgerServer
 from broker.dledger.transport import PeerClient, serve_peers
-from broker.peer_auth import CHALLENGE_SIZE, MAGIC, ChannelKind
+from broker.peer_auth import CHALLENGE_SIZE, MAGIC, VERSION, ChannelKind
 from tests.broker.dledger.test_server import Group, entries
 from tests.waiting import wait_until
 
@@ -116,8 +116,8 @@ BAD = {
     "a member without the secret: HELLO and a PUSH": (
         encode_frame(MsgType.HELLO, 0, encode_hello(Hello("g", "n0", "n1")))
         + encode_frame(MsgType.PUSH, 1, bytes(40))),
-    "an HA client's response": MAGIC + bytes([1, ChannelKind.HA]) + bytes(48),
-    "the right kind and a made-up proof": MAGIC + bytes([1, ChannelKind.DLEDGER]) + bytes(48),
+    "an HA client's response": MAGIC + bytes([VERSION, ChannelKind.HA]) + bytes(48),
+    "the right kind and a made-up proof": MAGIC + bytes([VERSION, ChannelKind.DLEDGER]) + bytes(48),
 }
 
 
@@ -130,7 +130,7 @@ def test_a_connection_without_the_secret_changes_nothing_and_is_closed(
         target = next(n for n in g.nodes.values() if n is not lead)
         end, term = target.store.end_pos, target.state.term
         got = await raw_exchange(g.peers[target.state.self_id], BAD[what])
-        assert len(got) == CHALLENGE_SIZE and got.startswith(MAGIC + bytes([1, ChannelKind.DLEDGER])), got
+        assert len(got) == CHALLENGE_SIZE and got.startswith(MAGIC + bytes([VERSION, ChannelKind.DLEDGER])), got
         assert target.store.end_pos == end and target.state.term == term  # nothing reached the member
         await lead.append(b"after")  # the group is fine
 

@@ -170,3 +170,27 @@ def test_a_handler_answers_at_once_later_or_by_raising_and_the_connection_serves
             await server.close()
 
     LOOPS[loop](main())
+
+
+@pytest.mark.parametrize(("n1_at", "admitted"), [("127.0.0.1:9", True), ("10.9.9.9:9", False), ("x:9", True)])
+def test_without_a_secret_a_member_is_known_by_its_address(n1_at: str, admitted: bool) -> None:
+    """Issue 39: without haAuthSecret a HELLO naming n1 must come from n1's address in dLegerPeers (an IP entry;
+    a name is not resolved); a stranger claiming to be n1 from elsewhere gets no request answered."""
+    async def handler(peer: str, f: Frame) -> tuple[MsgType, bytes]:
+        return MsgType.PUSH_REPLY, b"ok"
+
+    async def main() -> None:
+        peers = {"n0": "127.0.0.1:1", "n1": n1_at}
+        server = await serve_peers("127.0.0.1", 0, group="g", self_id="n0", peers=peers, handler=handler)
+        client = PeerClient("g", "n1", "n0", f"127.0.0.1:{server.port}")
+        try:
+            if admitted:
+                assert (await client.request(MsgType.PUSH, b"x", 5.0)).body == b"ok"
+            else:
+                with pytest.raises(PeerError):
+                    await client.request(MsgType.PUSH, b"x", 5.0)
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(main())

@@ -124,3 +124,25 @@ def test_the_admission_keys_come_from_the_broker_properties() -> None:
         HAConfig().ha_max_connections, HAConfig().ha_max_pending_connections, HAConfig().ha_pending_timeout_ms)
     with pytest.raises(ConfigError, match="haMaxPendingConnections"):
         BrokerConfig.from_properties({"haMaxPendingConnections": "0"})
+
+
+def test_pending_connections_are_shared_out_by_source() -> None:
+    """Issue 39: a flood from one address evicts only its own pending connections once it holds its share (a
+    quarter of the cap), never a real slave's handshake from another address; with the cap full, the source
+    holding most gives up its oldest."""
+    from broker.ha.admission import pending_to_evict_by_source, source_share
+
+    assert source_share(16) == 4 and source_share(2) == 1
+    flood = {i: (i, "10.0.0.66") for i in range(1, 5)}
+    slave = {99: (0, "10.0.0.2")}  # the oldest of all
+    assert pending_to_evict_by_source({**flood, **slave}, "10.0.0.66", 16) == [1]  # its own oldest
+    full = {**{i: (i, f"10.0.0.{100 + i}") for i in range(1, 16)}, **slave}
+    assert len(full) == 16
+    assert pending_to_evict_by_source(full, "10.0.0.200", 16) == [99]  # all hold one: the oldest goes
+    crowded = {**{i: (100 + i, "10.0.0.66") for i in range(1, 5)},
+               **{i: (i, f"10.0.0.{100 + i}") for i in range(5, 16)}, **slave}
+    assert pending_to_evict_by_source(crowded, "10.0.0.201", 16) == [1]  # the crowded source pays, not the slave
+    for _ in range(100):  # a hundred more from the flood: the slave's handshake stays
+        crowded.pop(pending_to_evict_by_source(crowded, "10.0.0.66", 16)[0])
+        crowded[max(crowded) + 1] = (1000 + len(crowded), "10.0.0.66")
+        assert 99 in crowded

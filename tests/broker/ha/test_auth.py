@@ -17,7 +17,7 @@ import pytest
 
 from broker.ha import HAConfig
 from broker.ha.protocol import encode_frame_header
-from broker.peer_auth import CHALLENGE_SIZE, MAGIC, ChannelKind, ServerHandshake
+from broker.peer_auth import CHALLENGE_SIZE, MAGIC, VERSION, ChannelKind, ServerHandshake, addr_name
 from tests.broker.ha.memlog import MemoryCommitLog
 from tests.broker.ha.test_replication import Run, assert_identical, master_service, slave_client, wait_until
 
@@ -76,8 +76,8 @@ def test_the_same_secret_replicates_as_before(
 @pytest.mark.parametrize(("what", "send"), [
     ("eight zero bytes (a report of offset 0: the old attack)", bytes(8)),
     ("garbage", b"GET /ha HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 4),
-    ("the right magic and a made-up proof", MAGIC + bytes([1, ChannelKind.HA]) + bytes(48)),
-    ("a DLedger client's response", MAGIC + bytes([1, ChannelKind.DLEDGER]) + bytes(48)),
+    ("the right magic and a made-up proof", MAGIC + bytes([VERSION, ChannelKind.HA]) + bytes(48)),
+    ("a DLedger client's response", MAGIC + bytes([VERSION, ChannelKind.DLEDGER]) + bytes(48)),
     ("nothing (the handshake times out)", b""),
 ])
 def test_a_connection_without_the_secret_gets_no_byte_of_the_log_and_is_closed(
@@ -89,7 +89,7 @@ def test_a_connection_without_the_secret_gets_no_byte_of_the_log_and_is_closed(
         async with master_service(master, auth_config) as service:
             got = await raw_exchange(service.port, send)
             # The challenge and nothing else: no frame header, no record.
-            assert len(got) == CHALLENGE_SIZE and got.startswith(MAGIC + bytes([1, ChannelKind.HA])), (what, got)
+            assert len(got) == CHALLENGE_SIZE and got.startswith(MAGIC + bytes([VERSION, ChannelKind.HA])), (what, got)
             assert SECRET_BODY not in got
             await wait_until(lambda: service.connection_count == 0, "closed")  # (wait_until returns None)
             assert service.push2slave_max_offset == 0 and service.status()["slaves"] == []
@@ -239,7 +239,7 @@ def test_a_master_address_change_during_the_handshake_goes_to_the_new_master(
         answered = asyncio.Event()
 
         async def old_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            hs = ServerHandshake(SECRET, ChannelKind.HA)
+            hs = ServerHandshake(SECRET, ChannelKind.HA, names=(addr_name(writer.get_extra_info("sockname")),))
             writer.write(hs.start())
             proof = hs.feed(await reader.readexactly(54))
             answered.set()
