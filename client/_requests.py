@@ -153,7 +153,7 @@ def map_transport_error(exc: httpx.HTTPError, addr: str, what: str) -> ClientErr
 
 def nameservers_unavailable(failures: Mapping[str, ClientError]) -> NameServerUnavailableError:
     """The error when no nameserver answered: each one and why, and what to check first."""
-    each = "; ".join(f"{addr}: {e.message}" for addr, e in failures.items())
+    each = "; ".join(e.message if addr in e.message else f"{addr}: {e.message}" for addr, e in failures.items())
     return NameServerUnavailableError(
         f"no nameserver answered at {';'.join(failures)}: is a nameserver running there? (a local cluster prints "
         f"its address as namesrv=...). {each}")

@@ -210,7 +210,9 @@ def test_a_broker_killed_between_prepare_and_commit_resolves_by_check_after_rest
         r = producer.send_message_in_transaction(Message(topic, b"C-C-crashed"), "kill")
         assert r.local_transaction_state is COMMIT  # the end failed (logged); the check will resolve it
         master.start()
-        poll_until(lambda: decisions.checked.get("C-C-crashed"), 20, "the check after the restart")
+        # the answer's end request acknowledged, not only the listener asked: the sentinel's commit must come after
+        poll_until(lambda: (decisions.checked.get("C-C-crashed") and producer.answered_checks >= 1) or None, 20,
+                   "the check after the restart, answered COMMIT")
         producer.send_message_in_transaction(Message(topic, b"C-C-sentinel"))
     with PullConsumer("txn-crash-reader", cluster.namesrv_addr) as consumer:
         (mq,) = consumer.fetch_subscribe_message_queues(topic)
