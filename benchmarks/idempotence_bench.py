@@ -41,6 +41,7 @@ import httpx
 
 from benchmarks import Row
 from benchmarks._load import wait_for
+from benchmarks.client_bench import CpuMeter
 from client import Admin, Message, MessageQueue, Producer, PullStatus, SendResult, SendStatus
 from client.cluster import BrokerHandle, LocalCluster
 from client.errors import ClientError
@@ -327,38 +328,54 @@ def dledger_leader_kills(root: Path, *, rounds: int, dedup: bool = True,
 BODY = b"x" * 1024
 
 
-def _rate(p: Producer, topic: str, batch: int, seconds: float) -> float:
-    """Messages per second sent by ``p`` from one thread for ``seconds`` (``send_batch`` of ``batch``, or single
-    sends when ``batch`` is 1); each message is new."""
+@attrs.frozen
+class Slice:
+    """One timed slice of sends."""
+
+    msgs_per_s: float
+    client_us: float
+    """Client CPU per message, µs."""
+    broker_us: float
+    """Broker CPU per message, µs."""
+
+
+def _slice(p: Producer, topic: str, batch: int, seconds: float, meter: CpuMeter) -> Slice:
+    """Sends by ``p`` from one thread for ``seconds`` (``send_batch`` of ``batch``, or single sends when ``batch``
+    is 1); each message is new."""
     sent = 0
-    t0 = time.perf_counter()
-    end = t0 + seconds
-    while time.perf_counter() < end:
-        if batch == 1:
-            p.send(Message(topic, BODY))
-        else:
-            p.send_batch([Message(topic, BODY) for _ in range(batch)])
-        sent += batch
-    return sent / (time.perf_counter() - t0)
+    out: dict[str, float] = {}
+    with meter.measure(out, 1):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            if batch == 1:
+                p.send(Message(topic, BODY))
+            else:
+                p.send_batch([Message(topic, BODY) for _ in range(batch)])
+            sent += batch
+    return Slice(out["msgs_per_s"] * sent, out["client_us"] / sent, out["broker_us"] / sent)
 
 
-def send_cost(namesrv: str, topic: str, *, batch: int, rounds: int, seconds: float,
-              progress: Callable[[str], None] | None = None) -> tuple[float, list[tuple[float, float]]]:
-    """Median ratio idempotent / plain of ``rounds`` alternating slices, and each round's ``(on, off)`` msgs/s."""
-    rounds_out: list[tuple[float, float]] = []
+def send_cost(namesrv: str, topic: str, *, batch: int, rounds: int, seconds: float, broker_pid: int | None = None,
+              progress: Callable[[str], None] | None = None) -> list[tuple[Slice, Slice]]:
+    """``rounds`` pairs of slices ``(idempotent, plain)``, taken in turns, the order swapped every round."""
+    meter = CpuMeter(broker_pid)
+    rounds_out: list[tuple[Slice, Slice]] = []
     with Producer("idem_on", namesrv, idempotent=True) as on, Producer("idem_off", namesrv, idempotent=False) as off:
         for p in (on, off):
-            _rate(p, topic, batch, 0.3)  # connections, routes
+            _slice(p, topic, batch, 0.3, meter)  # connections, routes
         for r in range(rounds):
             order = [(True, on), (False, off)] if r % 2 == 0 else [(False, off), (True, on)]
-            got: dict[bool, float] = {}
+            got: dict[bool, Slice] = {}
             for is_on, p in order:
-                got[is_on] = _rate(p, topic, batch, seconds)
-            rounds_out.append((got[True], got[False]))
+                got[is_on] = _slice(p, topic, batch, seconds, meter)
+            a, b = got[True], got[False]
+            rounds_out.append((a, b))
             if progress is not None:
-                progress(f"  {'send_batch' if batch > 1 else 'send'} round {r + 1}: on {got[True]:,.0f} off "
-                         f"{got[False]:,.0f} msgs/s ({got[True] / got[False]:.3f})")
-    return statistics.median(a / b for a, b in rounds_out), rounds_out
+                progress(f"  {'send_batch' if batch > 1 else 'send'} round {r + 1} ({'on' if r % 2 == 0 else 'off'} "
+                         f"first): on {a.msgs_per_s:,.0f} off {b.msgs_per_s:,.0f} msgs/s ({a.msgs_per_s / b.msgs_per_s:.3f}); "
+                         f"broker CPU {a.broker_us:.1f} / {b.broker_us:.1f} µs, client CPU {a.client_us:.1f} / "
+                         f"{b.client_us:.1f} µs a message")
+    return rounds_out
 
 
 def _kill_rows(report_on: KillReport, report_off: KillReport) -> list[Row]:
@@ -390,16 +407,18 @@ def run(quick: bool) -> list[Row]:
             rows += _kill_rows(*reports)
         with _cluster(root, "cost", {}, mode="async", slaves_per_group=0) as cluster:
             topic = _create_topic(cluster)
+            pid = cluster.broker(GROUP, 0).pid
             for batch, target in ((64, ">= 0.9"), (1, ">= 0.95")):
-                ratio, each = send_cost(cluster.namesrv_addr, topic, batch=batch, rounds=4 if quick else 10,
-                                        seconds=1.0 if quick else 2.0, progress=say)
-                on = statistics.median(a for a, _ in each)
-                off = statistics.median(b for _, b in each)
+                each = send_cost(cluster.namesrv_addr, topic, batch=batch, rounds=4 if quick else 10,
+                                 seconds=1.0 if quick else 2.0, broker_pid=pid, progress=say)
                 name = f"send_batch of {batch}" if batch > 1 else "single send"
-                rows.append(Row(f"{name}, idempotent (median of {len(each)} alternating rounds; each: "
-                                f"{', '.join(f'{a / b:.2f}' for a, b in each)})", on, "msgs/s",
-                                "the same, plain", off, target))
-                del ratio
+                ratios = [a.msgs_per_s / b.msgs_per_s for a, b in each]
+                rows.append(Row(f"{name}, idempotent / plain msgs/s, median of {len(each)} alternating rounds "
+                                f"(each: {', '.join(f'{r:.2f}' for r in ratios)})", statistics.median(ratios), "x",
+                                target=target))
+                for side, label in ((0, "idempotent"), (1, "plain")):
+                    rows.append(Row(f"  {name}, {label}: broker CPU a message (median)",
+                                    statistics.median(pair[side].broker_us for pair in each), "µs"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows

@@ -219,8 +219,8 @@ class BrokerConfig:
     """``duplicateWindowMs`` (SplitMQ): how long a master answers a re-sent idempotent message with its first copy
     instead of storing it again (by store time); 0 ignores the idempotent bit (docs/GUIDE.md, "Idempotent sends")."""
     duplicate_window_max_keys: int = 500_000
-    """``duplicateWindowMaxKeys`` (SplitMQ): keys the duplicate window holds at most, about 130 bytes each in
-    batches (350 for single sends); past it the oldest leave before their time (:mod:`broker.dedup`)."""
+    """``duplicateWindowMaxKeys`` (SplitMQ): keys the duplicate window holds at most, about 155 bytes each in
+    batches (340 for single sends); past it the oldest leave before their time (:mod:`broker.dedup`)."""
     tls_enable: bool = False
     """``tlsEnable`` (SplitMQ): the HTTP, HA and DLedger peer ports speak TLS only, and so do the broker's own
     connections (nameservers, its master, its peers)."""
@@ -710,8 +710,8 @@ KEY_DOCS: dict[str, str] = {
     "duplicateWindowMs": "Milliseconds (by store time) during which a master answers an idempotent producer's "
                          "re-sent message with its first copy's result instead of storing it again; rebuilt from "
                          "the log when a broker becomes master. `0` stores every message (no deduplication).",
-    "duplicateWindowMaxKeys": "Unique keys the duplicate window holds at most (about 130 bytes each in batches, "
-                              "350 for single sends); past it the oldest leave early, counted by "
+    "duplicateWindowMaxKeys": "Unique keys the duplicate window holds at most (about 155 bytes each in batches, "
+                              "340 for single sends); past it the oldest leave early, counted by "
                               "`splitmq_duplicate_window_evicted_early`.",
     "messageDelayLevel": "Delays of levels 1..N, space-separated, each a number with unit s, m, h or d.",
     "messageIndexEnable": "Index message keys and unique ids for queries by key and by msgId.",

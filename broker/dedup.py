@@ -18,15 +18,18 @@ in C (a dict-keys ``isdisjoint`` and, for more than one key, a set): the common 
 place, an earlier message of the same batch, or new), and :meth:`Duplicates.placements` gives each message's queue,
 queue offset and commit-log offset once the new ones are stored.
 
-Invariant: a key maps to at most one FirstWrite, and a FirstWrite's ``keys`` are exactly the keys that map to it
-(a key stored again after its FirstWrite expired is taken out of the old one's ``keys`` first). Eviction can
-then drop every key of a FirstWrite without looking at what it maps to.
+Invariant: a key maps to at most one FirstWrite, and a FirstWrite's ``keys`` map to it -- but for a key stored
+again after its FirstWrite expired behind a younger one (a clock that stepped back), which maps to its new copy:
+such a FirstWrite is noted, and only its eviction looks at what each key maps to. Every other eviction drops its
+keys in C.
 
-Memory, per key held: the key's bytes object (65 bytes for the SDK's 32 characters, rounded up to 72 by the
-allocator), its dict slot (about 40 bytes at the dict's load), and its share of the FirstWrite (8 bytes in the
-keys tuple and 8 in the offsets tuple, plus ~200 bytes per append shared by the batch): about 130 bytes for the
-SDK's keys in batches, about 350 for single sends, the key's length more for a caller's keys. The default bound of
-500,000 keys is thus 65 to 175 MB at most, held only while idempotent sends arrive.
+Memory, per key held (measured with ``tracemalloc``): the key's bytes object (72 bytes for the SDK's 32
+characters), its dict slot and its share of its FirstWrite -- about 155 bytes in all for keys sent in batches of
+64, about 340 for single sends (one FirstWrite each), a caller's longer keys their extra length. The default bound
+of 500,000 keys thus holds 80 to 170 MB at most, and only while idempotent sends arrive.
+
+CPU: the common case costs a batch two hash probes per key into a table of up to ``duplicateWindowMaxKeys`` keys
+(the lookup and the insert; cache misses once the table is large) and one more at eviction.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import collections
 import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
+from typing import NamedTuple
 
 from broker.store.api import StoredKey
 
@@ -51,46 +55,32 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class FirstWrite:
-    """The first copy of some keys: one append, or one run of records found in the log.
+class FirstWrite(NamedTuple):
+    """The first copy of some keys: one append, or one run of records found in the log. A tuple of plain values
+    (in the classic mode): the garbage collector stops tracking it, so a window of a million keys adds nothing to
+    a full collection but the traversal of its dict."""
 
-    Attributes:
-        keys: the keys that map to it, in the order of their records.
-        queue_id: the queue the send's answer named (for a delayed, timed or transactional message, the queue
-            the message goes to in the end, as the answer said).
-        queue_offset: queue offset of the first key's record; key ``i``'s is ``queue_offset + i``, as the answer
-            gave it to the producer.
-        offsets: commit-log offset of each key's record.
-        end: commit-log end of the append (a duplicate's durability wait covers it).
-        store_ts: store time of the append, ms.
-        store_host: the packed store host of the records (offset msgIds).
-        committed: DLedger: the entry's commit future while this leader may still be waiting for it; None when
-            the entry is known committed (read back from a caught-up log) or in the classic mode.
-        entry: DLedger: ``(index, term)`` of the entry (a failed commit future is checked against the log).
-    """
-
-    __slots__ = ("committed", "end", "entry", "keys", "offsets", "queue_id", "queue_offset", "store_host",
-                 "store_ts", "table")
-
-    def __init__(self, keys: tuple[bytes, ...], queue_id: int, queue_offset: int, offsets: tuple[int, ...],
-                 end: int, store_ts: int, store_host: bytes,
-                 committed: asyncio.Future[tuple[int, int]] | None = None,
-                 entry: tuple[int, int] | None = None) -> None:
-        self.keys = keys
-        self.queue_id = queue_id
-        self.queue_offset = queue_offset
-        self.offsets = offsets
-        self.end = end
-        self.store_ts = store_ts
-        self.store_host = store_host
-        self.committed = committed
-        self.entry = entry
-        self.table: dict[bytes, FirstWrite] | None = None
-        """The topic's dict it is in (set by :meth:`DuplicateWindow.add`)."""
-
-    def __repr__(self) -> str:
-        return (f"FirstWrite({len(self.keys)} keys, queue {self.queue_id} from {self.queue_offset}, "
-                f"end {self.end}, stored {self.store_ts})")
+    keys: tuple[bytes, ...]
+    """The keys of its records, in order (one the window took back after it expired is ``b""``)."""
+    queue_id: int
+    """The queue the send's answer named (for a delayed, timed or transactional message, the queue it goes to in
+    the end, as the answer said)."""
+    queue_offset: int
+    """Queue offset of the first key's record; key ``i``'s is ``queue_offset + i``, as the answer gave it."""
+    offsets: tuple[int, ...]
+    """Commit-log offset of each key's record."""
+    end: int
+    """Commit-log end of the append (a duplicate's durability wait covers it)."""
+    store_ts: int
+    """Store time of the append, ms."""
+    store_host: bytes
+    """The packed store host of the records (offset msgIds)."""
+    topic: str
+    """The topic the window holds its keys under."""
+    committed: asyncio.Future[tuple[int, int]] | None = None
+    """DLedger: the entry's commit future (None when it is known committed: read back from a caught-up log)."""
+    entry: tuple[int, int] | None = None
+    """DLedger: ``(index, term)`` of the entry (a failed commit future is checked against the log)."""
 
 
 #: A message's verdict in :class:`Duplicates`: ``(first write, position of the key in it)`` for a key stored
@@ -159,6 +149,8 @@ class DuplicateWindow:
         self._clock = clock_ms
         self._tables: dict[str, dict[bytes, FirstWrite]] = {}
         self._order: collections.deque[FirstWrite] = collections.deque()
+        self._taken_back: set[int] = set()
+        """``id()`` of the FirstWrites in :attr:`_order` that a key was taken back from (:meth:`forget`)."""
         self.size = 0
         """Keys held."""
         self.duplicates = 0
@@ -201,17 +193,16 @@ class DuplicateWindow:
         self.duplicates += found.hits
         return found
 
-    def add(self, topic: str, keys: tuple[bytes, ...], first: FirstWrite) -> None:
-        """``first`` stored ``keys`` (its ``keys``), none of which the window holds: from now on they map to it.
-        Expires what the window no longer holds, with ``first``'s store time as the time."""
-        table = self._tables.get(topic)
+    def add(self, first: FirstWrite) -> None:
+        """``first`` stored its ``keys``, none of which the window holds: from now on they map to it. Expires what
+        the window no longer holds, with ``first``'s store time as the time."""
+        table = self._tables.get(first.topic)
         if table is None:
-            table = self._tables[topic] = {}
-        first.table = table
-        table.update(zip(keys, repeat(first)))
+            table = self._tables[first.topic] = {}
+        table.update(zip(first.keys, repeat(first)))
         table.pop(b"", None)  # a message without a key is never a duplicate
         self._order.append(first)
-        self.size += len(keys)
+        self.size += len(first.keys)
         self._expire(first.store_ts)
 
     def _expire(self, now_ms: int) -> None:
@@ -222,22 +213,31 @@ class DuplicateWindow:
             self.size -= len(fw.keys)
             if fw.store_ts > cutoff:
                 self.evicted_early += len(fw.keys)
-            table = fw.table
-            if table is not None:
+            table = self._tables.get(fw.topic)
+            if table is None:
+                continue
+            if self._taken_back and id(fw) in self._taken_back:  # a key of it maps to a newer copy now
+                self._taken_back.discard(id(fw))
+                for k in fw.keys:
+                    if table.get(k) is fw:
+                        del table[k]
+            else:
                 collections.deque(map(table.pop, fw.keys, repeat(None)), 0)  # in C: no loop per key here
         # A clock that stepped back leaves an older FirstWrite behind a younger one: the front decides.
 
     def forget(self, fw: FirstWrite, key: bytes) -> None:
-        """Take ``key`` out of ``fw`` (it is about to be stored again: ``fw`` expired or lost it)."""
-        if fw.table is not None and fw.table.get(key) is fw:
-            del fw.table[key]
-        at = fw.keys.index(key)
-        fw.keys = (*fw.keys[:at], b"", *fw.keys[at + 1:])  # positions stay: later keys keep their offsets
+        """Take ``key`` back from ``fw`` (expired behind a younger one): it is stored again and maps to its new copy,
+        which ``fw``'s eviction must leave in place."""
+        table = self._tables.get(fw.topic)
+        if table is not None and table.get(key) is fw:
+            del table[key]
+        self._taken_back.add(id(fw))
 
     def clear(self) -> None:
         """Forget every key (the broker stopped being a master)."""
         self._tables.clear()
         self._order.clear()
+        self._taken_back.clear()
         self.size = 0
 
     # -- filling from the log -------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ class DuplicateWindow:
         if not run:
             return
         first, last = run[0], run[-1]
-        fw = FirstWrite(tuple(r.key for r in run), first.queue_id, first.queue_offset,
-                        tuple(r.offset for r in run), last.offset + last.size, first.store_ts, first.store_host)
-        self.add(first.topic, fw.keys, fw)
+        self.add(FirstWrite(tuple(r.key for r in run), first.queue_id, first.queue_offset,
+                            tuple(r.offset for r in run), last.offset + last.size, first.store_ts, first.store_host,
+                            first.topic))
         run.clear()

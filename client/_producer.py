@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import threading
 import time
 from collections.abc import Generator, Hashable, Sequence
@@ -62,7 +63,14 @@ from client._routing import DEFAULT_TOPIC, LatencyFaultTolerance, QueueSelector,
 from common import codec
 from common.codes import SendStatus, SysFlag
 from common.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
-from common.message import Message, MessageQueue, forget_resend, keep_for_resend, resend_state
+from common.message import (
+    Message,
+    MessageQueue,
+    any_resend_state,
+    forget_resend,
+    keep_for_resend,
+    resend_state,
+)
 from common.signing import Credentials
 
 __all__ = ["AsyncProducer", "Producer"]
@@ -118,6 +126,7 @@ def _now_ms() -> int:
 
 
 _IDEMPOTENT = int(SysFlag.IDEMPOTENT)
+_UNIQ_KEY = operator.attrgetter("uniq_key")
 
 
 def _abandon(batch: list[Pending]) -> None:
@@ -339,16 +348,19 @@ class _ProducerBase:
         topic = check_batch(msgs, cfg.max_message_size)
         fixed = explicit_queue(queue, topic)
         pin: str | None = None
-        if cfg.idempotent:  # keys kept by re-sent messages; the batch goes to the first group one was sent to
+        # Messages with a key of their own (a caller's, or one kept by an idempotent re-send) are looked at one by
+        # one; a batch of new messages (the common case, two passes in C to tell) takes new keys at once.
+        tracked = any(map(_UNIQ_KEY, msgs)) or (cfg.idempotent and any_resend_state(msgs))
+        if not tracked:
+            keys = self._uniq.next_many(len(msgs))
+        elif cfg.idempotent:  # keys kept by re-sent messages; the batch goes to the first group one was sent to
             chosen = [self._key_of(m) for m in msgs]
             keys = [k for k, _ in chosen]
             pin = next((g for _, g in chosen if g is not None), None)
             if pin is None and fixed is None and msgs[0].uniq_key is not None:
                 pin = yield from self._key_group_op(core, msgs[0])
-        elif any(m.uniq_key is not None for m in msgs):
-            keys = [m.uniq_key or self._uniq.next() for m in msgs]
         else:
-            keys = self._uniq.next_many(len(msgs))
+            keys = [m.uniq_key or self._uniq.next() for m in msgs]
         body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
                                   max_message_size=cfg.max_message_size, sys_flag=_IDEMPOTENT if cfg.idempotent else 0)
         where = SendWhere()
@@ -359,8 +371,9 @@ class _ProducerBase:
             for m, k in zip(msgs, keys, strict=True):
                 self._settle(m, k, None, where.group)
             raise
-        for m, k, r in zip(msgs, keys, results, strict=True):
-            self._settle(m, k, r, None)
+        if cfg.idempotent and (tracked or results[0].send_status is not SendStatus.SEND_OK):
+            for m, k, r in zip(msgs, keys, results, strict=True):
+                self._settle(m, k, r, None)
         return results
 
     def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None) -> _PausingOp[None]:

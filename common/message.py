@@ -7,7 +7,8 @@ construct one by hand except in tests.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -27,6 +28,7 @@ __all__ = [
     "Message",
     "MessageExt",
     "MessageQueue",
+    "any_resend_state",
     "forget_resend",
     "keep_for_resend",
     "resend_state",
@@ -186,6 +188,14 @@ def resend_state(msg: Message) -> tuple[str, str | None] | None:
     SEND_OK (None: there was none, or it was acknowledged since). The producer sends ``msg`` again under that key,
     to that group, where the broker answers with the first copy's result if it stored one."""
     return msg._resend
+
+
+_RESEND = operator.attrgetter("_resend")
+
+
+def any_resend_state(msgs: Iterable[Message]) -> bool:
+    """Whether any of ``msgs`` has a :func:`resend_state` (read in C: a batch's common case is none)."""
+    return any(map(_RESEND, msgs))
 
 
 def keep_for_resend(msg: Message, key: str, group: str | None) -> None:

@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 _LOOPBACK_HOST = pack_host("127.0.0.1", 0)
 _PREPARED = int(SysFlag.TRANSACTION_PREPARED)
 _IDEMPOTENT = int(SysFlag.IDEMPOTENT)
-#: Read in C over a batch (a generator over the items cost a single send more than the test itself).
+#: Read in C over a batch.
 _SYS_FLAG = attrgetter("sys_flag")
 _UNIQ_KEY = attrgetter("uniq_key")
 
@@ -106,9 +106,24 @@ def _wait_store_msg_ok(items: Sequence[BatchItem]) -> bool:
     return any(item.wait for item in items)  # read by decode_batch: no second look at the properties
 
 
-def _keys_of(items: Sequence[BatchItem]) -> tuple[bytes, ...]:
-    """The unique key of each message of an idempotent batch (empty for a message without the bit: always new)."""
-    if len(items) == 1 or functools.reduce(and_, map(_SYS_FLAG, items)) & _IDEMPOTENT:
+def _flags_of(items: Sequence[BatchItem]) -> tuple[int, int]:
+    """``(OR, AND)`` of the batch's SYSFLAGs: what any message asks, and what every one does. One pass in C (a
+    generator over the items cost a single send more than the test itself); a batch has one or two distinct
+    flags."""
+    if len(items) == 1:
+        flag = items[0].sys_flag
+        return flag, flag
+    distinct = set(map(_SYS_FLAG, items))
+    if len(distinct) == 1:
+        flag = distinct.pop()
+        return flag, flag
+    return functools.reduce(or_, distinct), functools.reduce(and_, distinct)
+
+
+def _keys_of(items: Sequence[BatchItem], every: int) -> tuple[bytes, ...]:
+    """The unique key of each message of an idempotent batch (empty for a message without the bit: always new);
+    ``every`` is the AND of their SYSFLAGs."""
+    if every & _IDEMPOTENT:
         return tuple(map(_UNIQ_KEY, items))
     return tuple(item.uniq_key if item.sys_flag & _IDEMPOTENT else b"" for item in items)
 
@@ -209,14 +224,13 @@ class SendProcessor:
                 f"broker {cfg.broker_name} ({self._addr})"
             )
         reply_queue_id = queue_id
-        # Once the topic and queue are valid: every SYSFLAG of the batch in one pass, in C.
-        flags = items[0].sys_flag if len(items) == 1 else functools.reduce(or_, map(_SYS_FLAG, items))
+        flags, every = _flags_of(items)  # once the topic and queue are valid
         dedup = self._dedup if flags & _IDEMPOTENT else None
         keys: tuple[bytes, ...] = ()
         dups: Duplicates | None = None
         wait: bool | None = None  # whether the batch waits for durability (None: read it from the items stored)
         if dedup is not None:
-            keys = _keys_of(items)
+            keys = _keys_of(items, every)
             dups = dedup.lookup(topic, keys)
             if dups is not None:
                 wait = _wait_store_msg_ok(items)
@@ -244,8 +258,9 @@ class SendProcessor:
         if dedup is not None:
             # Before the wait: a retry that comes meanwhile finds this copy and waits for it too.
             fresh = FirstWrite(keys, reply_queue_id, result.queue_offset, result.physical_offsets, result.end_offset,
-                               result.store_timestamp, self._store_host, result.committed, result.entry)
-            dedup.add(window_topic, keys, fresh)
+                               result.store_timestamp, self._store_host, window_topic, result.committed,
+                               result.entry)
+            dedup.add(fresh)
         if wait is None:
             wait = _wait_store_msg_ok(items)
         code = await self._durability.wait(result) if wait else ResponseCode.SUCCESS
