@@ -197,7 +197,9 @@ def test_without_a_quorum_a_send_fails_and_the_pending_bound_answers_at_once(clu
     followers = [b for b in cluster.members(GROUP) if b is not leader]
     target = f"http://{leader.addr}/send"
     params = {"topic": TOPIC, "queueId": 0, "producerGroup": "pg"}
-    with Producer("pg", cluster.namesrv_addr, send_timeout_s=10) as p:
+    # A plain producer: its three attempts at "alone" append three entries, which fill maxPendingRequestsNum (an
+    # idempotent one's retries are answered from the first entry, which appends nothing more).
+    with Producer("pg", cluster.namesrv_addr, send_timeout_s=10, idempotent=False) as p:
         p.send(Message(TOPIC, b"before", keys="before"))
         for f in followers:
             f.pause()
