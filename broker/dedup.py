@@ -168,7 +168,10 @@ class DuplicateWindow:
         """None when every key of the batch is new and none repeats in it; else the verdict of each message.
         An empty key (a message without ``UNIQ_KEY``) is always new."""
         table = self._tables.get(topic)
-        if (table is None or table.keys().isdisjoint(keys)) and (len(keys) == 1 or len(set(keys)) == len(keys)):
+        if len(keys) == 1:  # a single send: one probe, no view or set
+            if table is None or keys[0] not in table:
+                return None
+        elif (table is None or table.keys().isdisjoint(keys)) and len(set(keys)) == len(keys):
             return None
         now = self._clock()
         self._expire(now)
@@ -199,8 +202,13 @@ class DuplicateWindow:
         table = self._tables.get(first.topic)
         if table is None:
             table = self._tables[first.topic] = {}
-        table.update(zip(first.keys, repeat(first)))
-        table.pop(b"", None)  # a message without a key is never a duplicate
+        keys = first.keys
+        if len(keys) == 1:
+            if keys[0]:
+                table[keys[0]] = first
+        else:
+            table.update(zip(keys, repeat(first)))
+            table.pop(b"", None)  # a message without a key is never a duplicate
         self._order.append(first)
         self.size += len(first.keys)
         self._expire(first.store_ts)
@@ -221,6 +229,8 @@ class DuplicateWindow:
                 for k in fw.keys:
                     if table.get(k) is fw:
                         del table[k]
+            elif len(fw.keys) == 1:
+                table.pop(fw.keys[0], None)
             else:
                 collections.deque(map(table.pop, fw.keys, repeat(None)), 0)  # in C: no loop per key here
         # A clock that stepped back leaves an older FirstWrite behind a younger one: the front decides.
