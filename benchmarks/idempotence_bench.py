@@ -180,6 +180,7 @@ class ResendLoop:
                 self.errors[rs[0].send_status.name] += 1
             except ClientError as e:
                 self.errors[type(e).__name__] += 1
+                time.sleep(0.05)  # the application's back-off after a failed send (the SDK waited its own way)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{msgs[0].body[:20]!r}... not acknowledged within {5 * WAIT_S} s: {self.errors}")
             with self._lock:

@@ -27,6 +27,7 @@ from tests.broker.fakes import (
     make_controller,
     run_with_broker,
 )
+from tests.waiting import wait_until
 
 IDEM = int(SysFlag.IDEMPOTENT)
 
@@ -188,29 +189,22 @@ def test_a_duplicate_waits_for_its_first_copy_like_a_new_send(tmp_path: Path) ->
     store = fresh_store(BrokerRole.SYNC_MASTER)
     ha = HeldAcks()
 
-    async def until(cond: Any) -> None:
-        for _ in range(500):
-            if cond():
-                return
-            await asyncio.sleep(0.002)  # the loop serving the requests runs meanwhile
-        raise AssertionError("not reached")
-
     async def main() -> None:
         ctrl = make_controller(tmp_path, role=BrokerRole.SYNC_MASTER, store=store, ha_service=ha)
         await ctrl.start()
         try:
             async with http_client(ctrl) as client:
                 one = asyncio.create_task(send(client, body("a", "b")))
-                await until(lambda: len(ha.pending) == 1)
+                await wait_until(lambda: len(ha.pending) == 1, 5, "the first send waiting for the slave")
                 two = asyncio.create_task(send(client, body("a", "b")))
-                await until(lambda: len(ha.pending) == 2)
+                await wait_until(lambda: len(ha.pending) == 2, 5, "the re-send waiting for the slave too")
                 assert ha.pending[0][0] == ha.pending[1][0]  # the same end: the first copy's
                 ha.give(False)
                 first, again = await one, await two
                 assert first.code == again.code == ResponseCode.FLUSH_SLAVE_TIMEOUT
                 assert places(first) == places(again) and stored(store) == 2
                 three = asyncio.create_task(send(client, body("b", "a")))
-                await until(lambda: len(ha.pending) == 1)
+                await wait_until(lambda: len(ha.pending) == 1, 5, "the later re-send waiting for the slave")
                 ha.give(True)
                 last = await three
                 assert last.code == ResponseCode.SUCCESS and places(last) == places(first)[::-1]
