@@ -17,8 +17,8 @@ SDK's public API only:
   slave (the broker's data path alone), an idempotent and a plain producer taking turns in short slices within
   one run, the order swapped every round; each round's ratio is printed and the median is the row (targets:
   ``send_batch`` >= 0.9, single send >= 0.95). The window holds every key sent in the run. Then the broker's own
-  CPU per message of ``POST /send`` of 64, idempotent and plain in turns, in this process (:func:`broker_cost`):
-  no network, no client, the figure a busy machine blurs least.
+  CPU per message of ``POST /send`` of 64, idempotent and plain in turns, in this process (:func:`broker_cost`: the
+  send processor over a file store): no network, no client.
 
 Noise: on a shared 2-core machine single slices swing by 20 % and more; the alternation cancels slow drifts, not
 bursts. Quote every round.
@@ -46,7 +46,11 @@ from benchmarks import Row
 from benchmarks._load import wait_for
 from benchmarks.client_bench import CpuMeter
 from broker.config import BrokerConfig
-from broker.controller import BrokerController
+from broker.dedup import DuplicateWindow
+from broker.durability import DurabilityWaiter
+from broker.metadata import SubscriptionGroupManager, TopicConfigManager
+from broker.metrics import BrokerMetrics
+from broker.processor.send import SendProcessor
 from broker.store.file_store import FileMessageStore
 from client import Admin, Message, MessageQueue, Producer, PullStatus, SendResult, SendStatus
 from client.cluster import BrokerHandle, LocalCluster
@@ -54,6 +58,7 @@ from client.errors import ClientError
 from client.lowlevel import BrokerClient
 from common.codec import UniqKeyGenerator, decode_records, encode_batch, pack_host
 from common.codes import SysFlag
+from remoting.router import Request
 
 __all__ = ["KillReport", "ResendLoop", "broker_cost", "dledger_leader_kills", "read_back", "run", "send_cost",
            "sync_master_kills"]
@@ -390,11 +395,17 @@ def send_cost(namesrv: str, topic: str, *, batch: int, rounds: int, seconds: flo
 def broker_cost(root: Path, *, rounds: int, batches: int = 400, batch: int = 64,
                 progress: Callable[[str], None] | None = None) -> list[tuple[float, float]]:
     """The broker's own CPU per message of ``POST /send`` with and without the idempotent bit, in this process:
-    a master's controller over a file store (no slave, no index), each request served through its router, then
-    dispatched; ``rounds`` pairs of ``batches`` requests of ``batch`` new messages, taken in turns, the order
+    a master's send processor over a file store (no slave, no index), each request handled, then dispatched; ``rounds`` pairs of ``batches`` requests of ``batch`` new messages, taken in turns, the order
     swapped every round. Returns each round's ``(idempotent, plain)`` CPU µs per message. Without the network and
     the client this is the cost the window adds where it is paid, clear of a busy machine's noise."""
     return asyncio.run(_broker_cost(root, rounds, batches, batch, progress))
+
+
+class _NoReplicas:
+    """An ASYNC_MASTER's durability wait never asks for replica acks."""
+
+    def wait_for_replicas(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool] | None:
+        return None
 
 
 async def _broker_cost(root: Path, rounds: int, batches: int, batch: int,
@@ -406,8 +417,19 @@ async def _broker_cost(root: Path, rounds: int, batches: int, batch: int,
     store = FileMessageStore(cfg.to_store_config(host))
     store.load()
     store.start()
-    ctrl = BrokerController(cfg, store, addr="127.0.0.1:10911", store_host=host)
-    await ctrl.start()
+    cfg_dir = Path(cfg.config_dir)
+    def wall_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    topics = TopicConfigManager(cfg_dir, auto_create_topic_enable=True, default_topic_queue_nums=4,
+                                delay_level_count=18, max_auto_create=100, clock_ms=wall_ms)
+    window = DuplicateWindow(cfg.duplicate_window_ms, cfg.duplicate_window_max_keys)
+    send = SendProcessor(cfg, addr="127.0.0.1:10911", store_host=host, store=store, topics=topics,
+                         groups=SubscriptionGroupManager(cfg_dir, clock_ms=wall_ms), metrics=BrokerMetrics("C", GROUP, "ASYNC_MASTER"),
+                         durability=DurabilityWaiter(flush_disk_type=cfg.flush_disk_type, broker_role=cfg.broker_role,
+                                                     sync_flush_timeout_ms=cfg.sync_flush_timeout_ms,
+                                                     flush_future=store.flush_future, replicas=_NoReplicas()),
+                         request_registration=lambda: None, dedup=window)
     out: list[tuple[float, float]] = []
     try:
         keys = UniqKeyGenerator()
@@ -417,21 +439,21 @@ async def _broker_cost(root: Path, rounds: int, batches: int, batch: int,
             got: dict[bool, float] = {}
             for idem in ((True, False) if r % 2 == 0 else (False, True)):
                 flag = int(SysFlag.IDEMPOTENT) if idem else 0
-                bodies = [encode_batch(msgs, born_timestamp_ms=1, uniq_keys=keys.next_many(batch), sys_flag=flag)
-                          for _ in range(batches)]
+                requests = [Request("POST", "/send", None, encode_batch(msgs, born_timestamp_ms=1,
+                                                                        uniq_keys=keys.next_many(batch), sys_flag=flag),
+                                    ("127.0.0.1", 1), query) for _ in range(batches)]
                 t0 = time.process_time()
-                for body in bodies:
-                    resp = await ctrl.router.serve("POST", "/send", query, body, ("127.0.0.1", 1), None)
-                    assert resp.status == 200, resp.body[:200]
+                for request in requests:
+                    await send.handle(request)
                 while store.dispatch_available(64 << 20):
                     pass
                 got[idem] = (time.process_time() - t0) / (batches * batch) * 1e6
             out.append((got[True], got[False]))
             if progress is not None:
                 progress(f"  in-process broker round {r + 1}: {got[True]:.2f} / {got[False]:.2f} µs of CPU a message "
-                         f"(window {len(ctrl.dedup or ())} keys)")
+                         f"(window {len(window)} keys)")
     finally:
-        await ctrl.stop()
+        store.shutdown()
     return out
 
 
