@@ -29,6 +29,7 @@ ENTRIES: dict[str, str] = {
     "fuzz": "benchmarks.fuzz_bench:run",
     "isolation": "benchmarks.isolation_bench:run",
     "ha": "benchmarks.ha_bench:run_rows",
+    "idempotence": "benchmarks.idempotence_bench:run",
     "peers": "benchmarks.peers_bench:run",
     "replication": "benchmarks.replication_bench:run",
     "retention": "benchmarks.soak_bench:run_cleaner_overhead",

@@ -223,6 +223,12 @@ class BrokerConfig:
     """``transactionTimeOut``: a half message younger than this (by born time) is not checked back yet."""
     transaction_check_max: int = 15
     """``transactionCheckMax``: check-backs of one transaction before it moves to TRANS_CHECK_MAX_TIME_TOPIC."""
+    duplicate_window_ms: int = 120_000
+    """``duplicateWindowMs`` (SplitMQ): how long a master answers a re-sent idempotent message with its first copy
+    instead of storing it again (by store time); 0 ignores the idempotent bit (docs/GUIDE.md, "Idempotent sends")."""
+    duplicate_window_max_keys: int = 500_000
+    """``duplicateWindowMaxKeys`` (SplitMQ): keys the duplicate window holds at most, about 155 bytes each in
+    batches (340 for single sends); past it the oldest leave before their time (:mod:`broker.dedup`)."""
     tls_enable: bool = False
     """``tlsEnable`` (SplitMQ): the HTTP, HA and DLedger peer ports speak TLS only, and so do the broker's own
     connections (nameservers, its master, its peers)."""
@@ -645,6 +651,8 @@ KEYS: dict[str, tuple[str, Converter]] = {
     "timerMaxDelaySec": ("timer_max_delay_sec", _P),
     "timerRollWindowSlot": ("timer_roll_window_slot", _P),
     "timerMaxInMemory": ("timer_max_in_memory", _P),
+    "duplicateWindowMs": ("duplicate_window_ms", _NN),
+    "duplicateWindowMaxKeys": ("duplicate_window_max_keys", _P),
     "messageDelayLevel": ("message_delay_level", _delay_levels),
     "messageIndexEnable": ("message_index_enable", _bool),
     "maxHashSlotNum": ("max_hash_slot_num", _P),
@@ -768,6 +776,12 @@ KEY_DOCS: dict[str, str] = {
     "timerRollWindowSlot": "Seconds ahead the timer keeps messages in memory; later ones are found again by reading "
                            "`rmq_sys_wheel_timer` as time advances.",
     "timerMaxInMemory": "Timed messages held in memory at most; the rest wait in the log until there is room.",
+    "duplicateWindowMs": "Milliseconds (by store time) during which a master answers an idempotent producer's "
+                         "re-sent message with its first copy's result instead of storing it again; rebuilt from "
+                         "the log when a broker becomes master. `0` stores every message (no deduplication).",
+    "duplicateWindowMaxKeys": "Unique keys the duplicate window holds at most (about 155 bytes each in batches, "
+                              "340 for single sends); past it the oldest leave early, counted by "
+                              "`splitmq_duplicate_window_evicted_early`.",
     "messageDelayLevel": "Delays of levels 1..N, space-separated, each a number with unit s, m, h or d.",
     "messageIndexEnable": "Index message keys and unique ids for queries by key and by msgId.",
     "maxHashSlotNum": "Hash slots per index file (4 bytes each).",

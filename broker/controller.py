@@ -33,6 +33,7 @@ import httpx
 from broker.acl import build_gate
 from broker.clients import ClientTable, LastPulls
 from broker.config import BrokerConfig
+from broker.dedup import DuplicateWindow
 from broker.dispatch_driver import DispatchDriver
 from broker.dledger.config import AppendError, DLedgerConfig
 from broker.dledger.election import ElectionTimings
@@ -68,6 +69,7 @@ from broker.store.api import AppendResult, MessageStore
 from broker.store.config import parse_delay_levels
 from broker.timer import TimerMessageService
 from broker.transaction import HALF_TOPIC, CheckQueues, CheckRules, TransactionalMessageService
+from common.codes import BrokerRole
 from common.errors import InvalidParameterError, ServiceNotAvailableError
 from common.route import TopicConfig
 from common.signing import Credentials, SigningAuth, cluster_credentials
@@ -165,6 +167,10 @@ class BrokerController:
         self.ha_service: HAServiceAPI = ha_service
         self.ha_client: HAClientAPI | None = ha_client
         self.dledger_roles: RoleHandler | None = None
+        self.dedup = (DuplicateWindow(config.duplicate_window_ms, config.duplicate_window_max_keys,
+                                      clock_ms=self._clock_ms) if config.duplicate_window_ms > 0 else None)
+        """The duplicate window of idempotent sends (None with ``duplicateWindowMs=0``): filled from the log when
+        the broker becomes a master (:meth:`rebuild_dedup`), emptied when it stops being one."""
         self.durability: Durability
         if config.enable_dleger_commit_log:
             self._build_dledger()
@@ -241,13 +247,36 @@ class BrokerController:
             role=self.role, follower_id=cfg.dledger_broker_id,
             leading=lambda term: self.dledger is not None and self.dledger.leads(term),
             caught_up=lambda: self.dispatch.catch_up() and store.ledger_caught_up,
-            set_store_role=store.set_broker_role,
+            set_store_role=self._set_store_role,
             become_master=self._became_master, become_slave=self._became_slave)
         node = self.dledger = DLedgerServer(dledger_config, store.ledger, on_role_change=roles.changed,
                                             on_commit=store.committed_moved)
         store.attach(node)
         store.add_append_listener(lambda _end: roles.poke())
         self.durability = QuorumWait(group=cfg.dledger_group, max_wait_ack_ms=cfg.max_wait_ack_time_ms)
+
+    def _set_store_role(self, role: BrokerRole) -> None:
+        """DLedger mode: the store's role, and the duplicate window of the new role. A leader that caught up (every
+        entry of its log committed, none the clients were acknowledged missing) fills the window from its log
+        before it takes its first send; a follower empties it."""
+        if role is BrokerRole.SLAVE:
+            if self.dedup is not None:
+                self.dedup.clear()
+        else:
+            self.rebuild_dedup()
+        self.store.set_broker_role(role)  # type: ignore[attr-defined]  # the DLedger store (checked at build)
+
+    def rebuild_dedup(self) -> int:
+        """Fill the duplicate window from the idempotent records of the log within ``duplicateWindowMs`` (the
+        broker becomes a master); returns the keys found."""
+        dedup = self.dedup
+        if dedup is None:
+            return 0
+        t0 = time.monotonic()
+        found = dedup.rebuild(self.store.idempotent_keys(dedup.since_ms()))
+        log.info("duplicate window rebuilt from the log: %d keys of the last %d ms in %.0f ms", found,
+                 dedup.window_ms, (time.monotonic() - t0) * 1000)
+        return found
 
     async def _became_master(self) -> None:
         self.master_addr = None
@@ -279,7 +308,10 @@ class BrokerController:
                              metrics=metrics, durability=self.durability,
                              request_registration=self.request_registration, role=self.role,
                              clock_ms=self._clock_ms,
-                             half_item=TransactionalMessageService.half_item, half_topic=HALF_TOPIC)
+                             half_item=TransactionalMessageService.half_item, half_topic=HALF_TOPIC,
+                             dedup=self.dedup,
+                             entry_committed=store.entry_committed if isinstance(store, DLedgerMessageStore)
+                             else None)
         pull = PullProcessor(cfg, addr=addr, store=store, topics=topics, groups=groups, offsets=self.offsets,
                              hold=self.hold, catch_up_dispatch=self.dispatch.catch_up,
                              master_link_up=self.master_link_up, last_pulls=self.last_pulls, metrics=metrics,
@@ -368,6 +400,8 @@ class BrokerController:
         self._spawn(self.dispatch.run(), "dispatch")
         self._spawn(self.retention.run(), "retention")
         if not cfg.is_slave:
+            if dledger is None:
+                self.rebuild_dedup()  # before the first send: a retry of a send the crash left unanswered is known
             await self.schedule.start()  # only a master redelivers delayed messages (docs/SEMANTICS.md 8.2)
             if self.timer is not None:
                 await self.timer.start()
@@ -562,6 +596,7 @@ class BrokerController:
             retention_files_deleted=cleaner.stats.files_deleted,
             retention_bytes_reclaimed=cleaner.stats.bytes_reclaimed,
             dledger=self.dledger.status() if self.dledger is not None else None,
+            dedup=self.dedup_status(),
         )
 
     async def _clean_now(self) -> dict[str, Any]:
@@ -603,7 +638,16 @@ class BrokerController:
             "registrationRounds": self.registrar.rounds if self.registrar else 0,
             "slaveSyncRounds": self.slave_sync.rounds if self.slave_sync else 0,
             "dledger": self.dledger.status() if self.dledger is not None else None,
+            "duplicateWindow": self.dedup_status(),
         }
+
+    def dedup_status(self) -> dict[str, int] | None:
+        """The duplicate window's figures (None when ``duplicateWindowMs=0``)."""
+        d = self.dedup
+        if d is None:
+            return None
+        return {"windowMs": d.window_ms, "maxKeys": d.max_keys, "keys": d.size, "duplicates": d.duplicates,
+                "evictedEarly": d.evicted_early, "rebuiltKeys": d.rebuilt}
 
     def dledger_status(self) -> dict[str, Any]:
         """``GET /dledger``: the member's status and the broker's role and id."""

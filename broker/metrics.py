@@ -14,7 +14,9 @@ SplitMQ's own (not RocketMQ's): ``splitmq_pull_served_total{role}`` (messages se
 broker's role: read/write splitting at work), ``splitmq_send_requests_total{code}``,
 ``splitmq_pull_requests_total{code}``, ``splitmq_parked_pulls``, ``splitmq_commitlog_max_offset``, and for HA
 ``splitmq_ha_slave_ack_offset{slave}``, ``splitmq_ha_slave_diff_bytes{slave}``, ``splitmq_ha_in_sync_slaves``,
-``splitmq_ha_transfer_bytes_total{slave}`` (master side; ``slave`` is the slave's connection address).
+``splitmq_ha_transfer_bytes_total{slave}`` (master side; ``slave`` is the slave's connection address), and for
+idempotent sends ``splitmq_duplicate_window_keys``, ``splitmq_duplicates_total`` and
+``splitmq_duplicate_window_evicted_early_total``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class BrokerState:
     retention_bytes_reclaimed: int = 0
     dledger: Mapping[str, Any] | None = None
     """The DLedger member's ``status()`` (DLedger mode), or None."""
+    dedup: Mapping[str, int] | None = None
+    """The duplicate window's figures (``BrokerController.dedup_status``), or None when it is off."""
 
 
 class _StateCollector(Collector):
@@ -87,6 +91,8 @@ class _StateCollector(Collector):
             lag.add_metric((*self._base, group, topic), n)
         yield lag
         yield from self._retention(st)
+        if st.dedup is not None:
+            yield from self._dedup(st.dedup)
         yield from self._ha(st.ha or {})
         if st.dledger is not None:
             yield from self._dledger(st.dledger)
@@ -111,6 +117,22 @@ class _StateCollector(Collector):
             ("splitmq_retention_files_deleted", "Commit-log files deleted by retention", st.retention_files_deleted),
             ("splitmq_retention_bytes_reclaimed", "Commit-log bytes deleted by retention",
              st.retention_bytes_reclaimed),
+        ):
+            c = CounterMetricFamily(name, doc, labels=names)
+            c.add_metric(self._base, value)
+            yield c
+
+    def _dedup(self, d: Mapping[str, int]) -> Iterator[Any]:
+        names = ("cluster", "node_type", "node_id")
+        keys = GaugeMetricFamily("splitmq_duplicate_window_keys", "Unique keys of idempotent sends the duplicate "
+                                 "window holds", labels=names)
+        keys.add_metric(self._base, d.get("keys", 0))
+        yield keys
+        for name, doc, value in (
+            ("splitmq_duplicates", "Messages of idempotent sends answered with their first copy instead of being "
+             "stored again", d.get("duplicates", 0)),
+            ("splitmq_duplicate_window_evicted_early", "Keys that left the duplicate window before "
+             "duplicateWindowMs because it held duplicateWindowMaxKeys", d.get("evictedEarly", 0)),
         ):
             c = CounterMetricFamily(name, doc, labels=names)
             c.add_metric(self._base, value)

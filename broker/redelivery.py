@@ -75,7 +75,7 @@ def put_copy(store: MessageStore, d: Delivery, msg: MessageExt, record: bytes, p
     return store.put_message(
         d.topic, d.queue_id, msg.body, props, born_host=packed_born_host(record, msg.sys_flag),
         born_timestamp=msg.born_timestamp, flag=msg.flag,
-        sys_flag=msg.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6),
+        sys_flag=msg.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6 | SysFlag.IDEMPOTENT),
         reconsume_times=msg.reconsume_times,
     )
 

@@ -273,6 +273,14 @@ def plain_to_tls_error(origin: tuple[str, int]) -> TlsHandshakeError:
         "CA (ClientConfig(tls_ca_file=...), the CLI's --tls-ca or SPLITMQ_TLS_CA)")
 
 
+def lost_after_write(origin: tuple[str, int], exc: httpx.HTTPError) -> httpx.RemoteProtocolError:
+    """The error of a request whose first connection died after the request was written, and whose retry on a new
+    connection could not connect (a server killed mid-request): the request may have been received and acted on,
+    so it is not reported as a connection that never happened (``ConnectError``), which would say it never left."""
+    return httpx.RemoteProtocolError(f"{origin[0]}:{origin[1]} closed the connection without a complete response, "
+                                     f"and a new connection failed: {exc}")
+
+
 def retry_or_raise(e: Incomplete, reused: bool, attempt: int, origin: tuple[str, int]) -> None:
     """Return when the request may go again on a new connection: the server closed an idle keep-alive
     connection under us before answering anything (first attempt only); else raise."""

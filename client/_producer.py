@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import threading
 import time
 from collections.abc import Generator, Hashable, Sequence
@@ -49,10 +50,12 @@ from client._producer_core import (
     Pending,
     ProducerConfig,
     SendAttempts,
+    SendWhere,
     Sharding,
     check_batch,
     encode_one,
     explicit_queue,
+    group_for_key,
     validate_message,
 )
 from client._requests import Answer, Exchange, Op, SendResult
@@ -64,8 +67,16 @@ from client._routing import (
     normalize_namesrv_addr,
 )
 from common import codec
+from common.codes import SendStatus, SysFlag
 from common.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
-from common.message import Message, MessageQueue
+from common.message import (
+    Message,
+    MessageQueue,
+    any_resend_state,
+    forget_resend,
+    keep_for_resend,
+    resend_state,
+)
 from common.signing import Credentials
 
 __all__ = ["AsyncProducer", "Producer"]
@@ -120,6 +131,10 @@ def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+_IDEMPOTENT = int(SysFlag.IDEMPOTENT)
+_UNIQ_KEY = operator.attrgetter("uniq_key")
+
+
 def _abandon(batch: list[Pending]) -> None:
     """Members left without an outcome (the leader was interrupted) get an error instead of None."""
     for p in batch:
@@ -171,18 +186,47 @@ class _ProducerBase:
         """The producer group."""
         return self.config.group
 
-    def _prepare(self, msg: Message) -> tuple[bytes, str]:
-        msg = validate_message(msg, self.config.max_message_size)
-        uniq = self._uniq.next()
-        return encode_one(msg, uniq, int(time.time() * 1000), self.config.max_message_size), uniq
+    def _key_of(self, msg: Message) -> tuple[str, str | None]:
+        """The message's key and the group its send is pinned to: the caller's key, else (idempotent) the key and
+        group of its last send that did not end in SEND_OK, else a new key."""
+        if self.config.idempotent:
+            state = resend_state(msg)
+            if state is not None:
+                return state
+        return msg.uniq_key or self._uniq.next(), None
 
-    def _admit(self, msg: Message, queue: MessageQueue | None, waker: Any) -> tuple[Hashable, MessageQueue | None,
-                                                                                    Pending]:
-        """A message of ``send``: its batching key, explicit queue, and its place in a batch."""
-        item, uniq = self._prepare(msg)
+    def _prepare(self, msg: Message) -> tuple[bytes, str, str | None]:
+        """The message encoded as a send-batch item, its key, and the group its send is pinned to."""
+        msg = validate_message(msg, self.config.max_message_size)
+        uniq, pin = self._key_of(msg)
+        flag = _IDEMPOTENT if self.config.idempotent else 0
+        return encode_one(msg, uniq, int(time.time() * 1000), self.config.max_message_size, flag), uniq, pin
+
+    def _needs_key_group(self, msg: Message, queue: MessageQueue | None) -> bool:
+        """An idempotent send of a caller's key goes to the key's group (:func:`group_for_key`), unless the
+        message names its queue or its last send already went to a group."""
+        if not self.config.idempotent or getattr(msg, "uniq_key", None) is None or queue is not None:
+            return False  # (not a Message: the send refuses it before any I/O)
+        state = resend_state(msg)
+        return state is None or state[1] is None
+
+    def _key_group_op(self, core: _InstanceCore, msg: Message) -> Op[str | None]:
+        """The group of a caller's key among the topic's groups."""
+        info = yield from core.publish_info_op(msg.topic)
+        assert msg.uniq_key is not None
+        return group_for_key(info, msg.uniq_key)
+
+    def _admit(self, msg: Message, queue: MessageQueue | None, waker: Any, key_group: str | None = None
+               ) -> tuple[Hashable, MessageQueue | None, str | None, Pending]:
+        """A message of ``send``: its batching key, explicit queue, the group it is pinned to, and its place in a
+        batch (pinned messages are batched per group)."""
+        item, uniq, pin = self._prepare(msg)
+        pin = pin or key_group
         fixed = explicit_queue(queue, msg.topic)
-        key: Hashable = fixed if fixed is not None else msg.topic
-        return key, fixed, Pending(item, uniq, time.monotonic() + self.config.send_timeout_s, waker)
+        key: Hashable = fixed if fixed is not None else (msg.topic, pin) if pin is not None else msg.topic
+        me = Pending(item, uniq, time.monotonic() + self.config.send_timeout_s, waker)
+        me.msg = msg
+        return key, fixed, pin, me
 
     def _select_op(self, core: _InstanceCore, msg: Message, sharding: Sharding) -> Op[MessageQueue]:
         """The queue of an ordered send: the selector's pick among the topic's writable queues."""
@@ -197,26 +241,41 @@ class _ProducerBase:
         info = yield from core.publish_info_op(topic)
         return sharding.choose(info, msgs[0])
 
-    @staticmethod
-    def _outcome(me: Pending) -> SendResult:
+    def _outcome(self, me: Pending) -> SendResult:
+        if me.msg is not None:
+            self._settle(me.msg, me.uniq_key, me.result if me.error is None else None, me.group)
         if me.error is not None:
             raise me.error
         result: SendResult = me.result
         return result
 
-    def _attempts(self, info: TopicPublishInfo, fixed: MessageQueue | None, deadline: float) -> SendAttempts:
+    def _settle(self, msg: Message, key: str, result: SendResult | None, group: str | None) -> None:
+        """Idempotent: a send of ``msg`` under ``key`` ended in SEND_OK (its next send is a new message), or not
+        (the next send of the object is a re-send: same key, same group)."""
+        if not self.config.idempotent:
+            return
+        if result is not None and result.send_status is SendStatus.SEND_OK:
+            forget_resend(msg, key)
+        else:
+            keep_for_resend(msg, key, result.message_queue.broker_name if result is not None else group)
+
+    def _attempts(self, info: TopicPublishInfo, fixed: MessageQueue | None, deadline: float,
+                  pin: str | None = None) -> SendAttempts:
         cfg = self.config
         return SendAttempts(info, fixed, deadline, group=cfg.group, retries=cfg.retry_times_when_send_failed,
-                            selector=self._selector, fault=self._fault, await_master=True)
+                            selector=self._selector, fault=self._fault, await_master=True,
+                            idempotent=cfg.idempotent, pinned=pin)
 
     # --- operations ---
 
     def _send_op(self, core: _InstanceCore, topic: str, body: bytes, uniq_keys: list[str],
-                 fixed: MessageQueue | None, deadline: float) -> _PausingOp[list[SendResult]]:
+                 fixed: MessageQueue | None, deadline: float, pin: str | None = None,
+                 where: SendWhere | None = None) -> _PausingOp[list[SendResult]]:
         metrics = self._metrics
         began = time.perf_counter() if metrics.on else 0.0
+        run: SendAttempts | None = None
         try:
-            run = self._attempts((yield from core.publish_info_op(topic)), fixed, deadline)
+            run = self._attempts((yield from core.publish_info_op(topic)), fixed, deadline, pin)
             while True:
                 try:
                     mq, reply = yield from send_op(core, run, body, len(uniq_keys))
@@ -235,6 +294,8 @@ class _ProducerBase:
         except Exception as e:
             if metrics.on:
                 metrics.send_failed(topic, e, len(uniq_keys), began)
+            if where is not None and run is not None:
+                where.group = run.pinned
             raise
 
     def _await_master_op(self, core: _InstanceCore, run: SendAttempts) -> _PausingOp[None]:
@@ -247,7 +308,7 @@ class _ProducerBase:
         """
         topic, group = run.info.topic, run.awaiting
         log.info("send to %s: the master of %s is gone (%s); reading the route until a new master registers",
-                 topic, group, run.attempts[-1][1])
+                 topic, group, run.attempts[-1][1] if run.attempts else "none in the route")
         while True:
             yield from core.update_route_op(topic)
             if run.info.from_default_topic:  # the topic is not in the nameserver yet: its groups come from TBW102
@@ -265,8 +326,8 @@ class _ProducerBase:
                                         f"master of {group}")
             yield _Pause(run.poll_pause_s())
 
-    def _batch_op(self, core: _InstanceCore, topic: str, fixed: MessageQueue | None, batch: list[Pending]
-                  ) -> _PausingOp[None]:
+    def _batch_op(self, core: _InstanceCore, topic: str, fixed: MessageQueue | None, pin: str | None,
+                  batch: list[Pending]) -> _PausingOp[None]:
         """Send the members of an automatic batch still within their timeout; each gets its result or error."""
         live = _live_members(batch, topic)
         if not live:
@@ -276,34 +337,63 @@ class _ProducerBase:
         else:
             body, keys, deadline = b"".join([p.item for p in live]), [p.uniq_key for p in live], min(
                 p.deadline for p in live)
+        where = SendWhere()
         try:
-            results = yield from self._send_op(core, topic, body, keys, fixed, deadline)
+            results = yield from self._send_op(core, topic, body, keys, fixed, deadline, pin, where)
         except Exception as e:  # an interruption (BaseException) leaves the members to _abandon
             for p in live:
                 p.error = e
+                p.group = where.group
             return
         for p, r in zip(live, results, strict=True):
             p.result = r
 
     def _send_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], queue: MessageQueue | None
                        ) -> _PausingOp[list[SendResult]]:
-        topic = check_batch(msgs, self.config.max_message_size)
-        keys = self._uniq.next_many(len(msgs))
-        body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
-                                  max_message_size=self.config.max_message_size)
+        cfg = self.config
+        topic = check_batch(msgs, cfg.max_message_size)
         fixed = explicit_queue(queue, topic)
-        return (yield from self._send_op(core, topic, body, keys, fixed,
-                                         time.monotonic() + self.config.send_timeout_s))
+        pin: str | None = None
+        # Messages with a key of their own (a caller's, or one kept by an idempotent re-send) are looked at one by
+        # one; a batch of new messages (the common case, two passes in C to tell) takes new keys at once.
+        tracked = any(map(_UNIQ_KEY, msgs)) or (cfg.idempotent and any_resend_state(msgs))
+        if not tracked:
+            keys = self._uniq.next_many(len(msgs))
+        elif cfg.idempotent:  # keys kept by re-sent messages; the batch goes to the first group one was sent to
+            chosen = [self._key_of(m) for m in msgs]
+            keys = [k for k, _ in chosen]
+            pin = next((g for _, g in chosen if g is not None), None)
+            if pin is None and fixed is None and msgs[0].uniq_key is not None:
+                pin = yield from self._key_group_op(core, msgs[0])
+        else:
+            keys = [m.uniq_key or self._uniq.next() for m in msgs]
+        body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
+                                  max_message_size=cfg.max_message_size, sys_flag=_IDEMPOTENT if cfg.idempotent else 0)
+        where = SendWhere()
+        try:
+            results = yield from self._send_op(core, topic, body, keys, fixed,
+                                               time.monotonic() + cfg.send_timeout_s, pin, where)
+        except Exception:
+            for m, k in zip(msgs, keys, strict=True):
+                self._settle(m, k, None, where.group)
+            raise
+        if cfg.idempotent and (tracked or results[0].send_status is not SendStatus.SEND_OK):
+            for m, k, r in zip(msgs, keys, results, strict=True):
+                self._settle(m, k, r, None)
+        return results
 
     def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None) -> _PausingOp[None]:
         """One attempt; a failure to send is logged, not raised (invalid messages and a closed client are)."""
-        item, uniq = self._prepare(msg)
+        item, uniq, pin = self._prepare(msg)
         fixed = explicit_queue(queue, msg.topic)
         deadline = time.monotonic() + self.config.send_timeout_s
         try:
             if fixed is None:
                 info = yield from core.publish_info_op(msg.topic)
-                fixed = self._selector.select(info.message_queues, None, fault=self._fault, now_ms=_now_ms())
+                queues = info.message_queues
+                if pin is not None:
+                    queues = tuple(q for q in queues if q.broker_name == pin) or queues
+                fixed = self._selector.select(queues, None, fault=self._fault, now_ms=_now_ms())
             yield from self._send_op(core, msg.topic, item, [uniq], fixed, deadline)
         except ClientClosedError:
             raise
@@ -395,7 +485,8 @@ class Producer(SyncLifecycle, _ProducerBase):
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = client.drive(self._select_op(client, msg, sharding))
-        key, fixed, me = self._admit(msg, queue, None)
+        key_group = client.drive(self._key_group_op(client, msg)) if self._needs_key_group(msg, queue) else None
+        key, fixed, pin, me = self._admit(msg, queue, None, key_group)
         with self._lock:
             self._wait_room(len(me.item), me.deadline)
             batch = self._acc.offer(key, me)
@@ -412,7 +503,7 @@ class Producer(SyncLifecycle, _ProducerBase):
             time.sleep(self.config.batch_linger_s)
             with self._lock:
                 batch = self._acc.join_pending(key, batch)
-        self._lead(client, key, msg.topic, fixed, batch)
+        self._lead(client, key, msg.topic, fixed, pin, batch)
         return self._outcome(me)
 
     def _wait_room(self, size: int, deadline: float) -> None:
@@ -427,10 +518,10 @@ class Producer(SyncLifecycle, _ProducerBase):
                 )
 
     def _lead(self, client: ClientInstance, key: Hashable, topic: str, fixed: MessageQueue | None,
-              batch: list[Pending]) -> None:
+              pin: str | None, batch: list[Pending]) -> None:
         """Send ``batch``, deliver each member's result, then hand the lead of the next batches on."""
         try:
-            self._run(client, self._batch_op(client, topic, fixed, batch))
+            self._run(client, self._batch_op(client, topic, fixed, pin, batch))
         finally:
             self._hand_on(key, batch)
 
@@ -533,7 +624,8 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = await client.drive(self._select_op(client, msg, sharding))
-        key, fixed, me = self._admit(msg, queue, loop.create_future())
+        key_group = await client.drive(self._key_group_op(client, msg)) if self._needs_key_group(msg, queue) else None
+        key, fixed, pin, me = self._admit(msg, queue, loop.create_future(), key_group)
         if not self._acc.has_room(len(me.item)):  # the common case skips a coroutine call
             await self._wait_room(len(me.item), me.deadline, loop)
         batch = self._acc.offer(key, me)
@@ -548,7 +640,7 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
             # join this batch instead of waiting a whole round trip behind a batch of one.
             await asyncio.sleep(self.config.batch_linger_s)
             batch = self._acc.join_pending(key, batch)
-        await self._lead(client, key, msg.topic, fixed, batch)
+        await self._lead(client, key, msg.topic, fixed, pin, batch)
         return self._outcome(me)
 
     async def _wait_room(self, size: int, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
@@ -567,10 +659,10 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                 raise ClientClosedError(f"producer {self.group} is closed")
 
     async def _lead(self, client: AsyncClientInstance, key: Hashable, topic: str, fixed: MessageQueue | None,
-                    batch: list[Pending]) -> None:
+                    pin: str | None, batch: list[Pending]) -> None:
         """See :meth:`Producer._lead`."""
         try:
-            await self._run(client, self._batch_op(client, topic, fixed, batch))
+            await self._run(client, self._batch_op(client, topic, fixed, pin, batch))
         finally:
             self._hand_on(key, batch)
 

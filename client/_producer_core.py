@@ -35,7 +35,7 @@ import attrs
 
 from client._routing import FaultToleranceConfig, LatencyFaultTolerance, QueueSelector, TopicPublishInfo
 from common import codec
-from common.codes import ResponseCode
+from common.codes import Perm, ResponseCode
 from common.errors import (
     AccessDeniedError,
     BrokerConnectError,
@@ -44,7 +44,9 @@ from common.errors import (
     ClientError,
     InvalidParameterError,
     MessageIllegalError,
+    ProtocolViolationError,
     SendFailedError,
+    TransportError,
 )
 from common.message import Message, MessageQueue
 from common.properties import validate_group
@@ -60,11 +62,14 @@ __all__ = [
     "Pending",
     "ProducerConfig",
     "SendAttempts",
+    "SendWhere",
     "Sharding",
     "check_batch",
     "encode_one",
+    "group_for_key",
     "is_retriable",
     "lost_master",
+    "may_be_stored",
     "select_by_hash",
     "send_failed",
     "sharding_hash",
@@ -127,6 +132,11 @@ class ProducerConfig:
     """Requests in flight per topic (or per explicit queue) at most; beyond the first, only full batches."""
     close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
     """Bound on waiting for in-flight sends at close."""
+    idempotent: bool = True
+    """Each message is stored once within the broker's duplicate window, whatever retries and re-sends of it
+    happen (docs/GUIDE.md, "Idempotent sends"): its sends carry ``SysFlag.IDEMPOTENT``, a retry after an attempt
+    that may have stored it stays in that broker group (waiting there for a new master), and a ``Message`` sent
+    again after a send that did not end in SEND_OK keeps its key and group."""
 
 
 def validate_message(msg: object, max_message_size: int) -> Message:
@@ -148,15 +158,16 @@ def validate_message(msg: object, max_message_size: int) -> Message:
     return msg
 
 
-def encode_one(msg: Message, uniq_key: str, born_ms: int, max_message_size: int) -> bytes:
+def encode_one(msg: Message, uniq_key: str, born_ms: int, max_message_size: int, sys_flag: int = 0) -> bytes:
     """One send-batch item (items concatenate into a batch body)."""
-    return codec.encode_item(msg, born_timestamp_ms=born_ms, uniq_key=uniq_key, max_message_size=max_message_size)
+    return codec.encode_item(msg, born_timestamp_ms=born_ms, uniq_key=uniq_key, max_message_size=max_message_size,
+                             sys_flag=sys_flag)
 
 
 class Pending:
     """One message waiting in (or leading) an automatic batch."""
 
-    __slots__ = ("batch", "deadline", "error", "item", "lead", "result", "uniq_key", "waker")
+    __slots__ = ("batch", "deadline", "error", "group", "item", "lead", "msg", "result", "uniq_key", "waker")
 
     def __init__(self, item: bytes, uniq_key: str, deadline: float, waker: Any) -> None:
         self.item = item
@@ -167,6 +178,20 @@ class Pending:
         self.error: BaseException | None = None
         self.lead = False
         self.batch: list[Pending] | None = None
+        self.msg: Message | None = None
+        """The message (its key and group are kept on it when the send does not end in SEND_OK)."""
+        self.group: str | None = None
+        """After a failure: the group that may hold the message (an idempotent send's pinned group)."""
+
+
+class SendWhere:
+    """Where a failed send's attempts went: the group that may hold its messages (the pinned group of an
+    idempotent send, :attr:`SendAttempts.pinned`), or None."""
+
+    __slots__ = ("group",)
+
+    def __init__(self) -> None:
+        self.group: str | None = None
 
 
 class _KeyState:
@@ -403,6 +428,38 @@ def lost_master(err: ClientError) -> bool:
     return isinstance(err, BrokerConnectError | BrokerNotFoundError)
 
 
+def may_be_stored(err: ClientError) -> bool:
+    """True when an attempt that failed with ``err`` may have stored the message (issue 38): its answer was lost
+    or came after the store. An idempotent send's next attempts then go to the same broker group, whose duplicate
+    window alone can tell.
+
+    That is a request that may have left (a reset connection, no answer in time: ``request_sent``), an answer we
+    cannot read, and the codes a broker answers after an append: SYSTEM_BUSY and SYSTEM_ERROR (DLedger's quorum
+    wait timed out), SERVICE_NOT_AVAILABLE from a ``SLAVE`` (a leader that stepped down while it waited; a
+    follower refusing says the same, and the retry then waits for the group's new leader). Not stored: no
+    connection made, no address in the route, any other code (a refusal before the store).
+    """
+    if isinstance(err, BrokerError):
+        return err.code in _AFTER_APPEND_CODES or (err.code == ResponseCode.SERVICE_NOT_AVAILABLE
+                                                   and err.broker_role == "SLAVE")
+    if isinstance(err, TransportError):
+        return err.request_sent
+    return isinstance(err, ProtocolViolationError)
+
+
+_AFTER_APPEND_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY})
+
+
+def group_for_key(info: TopicPublishInfo, key: str) -> str | None:
+    """The broker group a caller's key goes to: ``crc32(key)`` over the names of every group in the topic's route
+    that has write permission, master or not (so an outage does not move keys), sorted; None when there is none.
+    A replay of the key from any producer lands where the first send did while the topic's groups stay the
+    same, so that group's duplicate window sees it."""
+    names = sorted({qd.broker_name for qd in info.route.queue_datas if Perm.writeable(qd.perm)}) or sorted(
+        {q.broker_name for q in info.message_queues})
+    return names[zlib.crc32(key.encode("utf-8")) % len(names)] if names else None
+
+
 def master_gone(topic: str, lost: dict[str, set[str]], attempts: list[tuple[str, Any]], elapsed_ms: int,
                 route_reads: int) -> SendFailedError:
     """The error of a send that waited for a new master until its deadline.
@@ -471,6 +528,13 @@ class SendAttempts:
     as it was. Neither the wait nor those attempts use the retry budget: an election can take seconds, and the
     deadline bounds both.
 
+    With ``idempotent`` (issue 38) an attempt that may have stored the message (:func:`may_be_stored`) pins the
+    send to its group: :attr:`pinned` is set, every later attempt goes to a queue of that group, and a lost
+    master there makes the send wait for the group's new master (with ``await_master``) even when other groups
+    could take it -- only that group's duplicate window can tell a retry from a new message. ``pinned`` given at
+    the start (a message sent again, a caller's key) pins it from the first attempt; a pinned group without a
+    writable queue in the route is waited for like a lost master.
+
     Args:
         info: the topic's writable queues.
         fixed: the explicit queue of the send, or None.
@@ -484,14 +548,20 @@ class SendAttempts:
         rand: uniform random source in [0, 1) for the pause between route reads (injected by tests).
         poll_s: bounds of the pause between route reads.
         same_master_retry_s: how often an address that failed is tried again while the route still names it.
+        idempotent: pin the send to a group that may hold it (above).
+        pinned: the group the send is pinned to from the start (None: none yet).
     """
 
     def __init__(self, info: TopicPublishInfo, fixed: MessageQueue | None, deadline: float, *, group: str,
                  retries: int, selector: QueueSelector, fault: LatencyFaultTolerance,
                  clock: Callable[[], float] = time.monotonic, await_master: bool = False,
                  rand: Callable[[], float] = random.random, poll_s: tuple[float, float] = MASTER_POLL_S,
-                 same_master_retry_s: float = SAME_MASTER_RETRY_S) -> None:
+                 same_master_retry_s: float = SAME_MASTER_RETRY_S, idempotent: bool = False,
+                 pinned: str | None = None) -> None:
         self.info = info
+        self._idempotent = idempotent
+        self.pinned = None if fixed is not None else pinned
+        """The group every attempt goes to (None: any): one that may hold the message (``idempotent``)."""
         self._fixed = fixed
         self._deadline = deadline
         self._group = group
@@ -524,7 +594,8 @@ class SendAttempts:
         return int(self._clock() * 1000)
 
     def next(self) -> tuple[MessageQueue, float] | None:
-        """The queue and time budget (s) of the next attempt, or None when attempts or time ran out."""
+        """The queue and time budget (s) of the next attempt, or None when attempts or time ran out (or, with
+        :attr:`awaiting` set, when the pinned group has no writable queue in the route yet)."""
         self.awaiting = None
         mq = self._pick()
         if mq is None:
@@ -548,6 +619,16 @@ class SendAttempts:
         if self._fixed is not None:
             return self._fixed
         queues = self.info.message_queues
+        if self.pinned is not None:
+            name = self.pinned
+            queues = tuple(q for q in queues if q.broker_name == name)
+            if not queues:  # the group has no master in the route (yet): wait for one, as for a lost master
+                self._left_attempts += 1
+                if self._await_master:
+                    self._lost.setdefault(name, set())
+                    self.awaiting = name
+                return None
+            return self._selector.select(queues, None, fault=self._fault, now_ms=self._now_ms())
         if self._unwritable:
             queues = tuple(q for q in queues if q.broker_name not in self._unwritable)
             if not queues:
@@ -576,6 +657,15 @@ class SendAttempts:
         self._fault.update_fault_item(name, now - self._started_ms, isolation=True, now_ms=now)
         if not is_retriable(err):
             return False
+        if self._idempotent and self.pinned is None and self._fixed is None and may_be_stored(err):
+            self.pinned = name
+        if self.pinned is not None:
+            if self._await_master and lost_master(err):  # only this group's window can tell: wait for it
+                self._lost.setdefault(name, set()).update(a for a in (err.broker_addr, self._attempt_addr) if a)
+                self.awaiting = name
+                self._same_retry_at = self._clock() + self._same_master_retry_s
+                return False
+            return True
         if self._await_master and lost_master(err):
             # The address the error names, and the one this attempt was resumed on: were the broker to name
             # itself otherwise than the route does, the route's address must still count as tried.

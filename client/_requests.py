@@ -30,6 +30,7 @@ from common.errors import (
     ProtocolViolationError,
     RequestTimeoutError,
     TlsError,
+    TransportError,
 )
 from common.lazy import LazyFields, read_fields_with
 from common.message import MessageExt, MessageQueue
@@ -143,12 +144,19 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 
 def map_transport_error(exc: httpx.HTTPError, addr: str, what: str) -> ClientError:
-    """A client error for an httpx failure talking to ``addr`` (``what`` names the peer and request)."""
-    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+    """A client error for an httpx failure talking to ``addr`` (``what`` names the peer and request); its
+    ``request_sent`` is False when no connection was made (the request never left)."""
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
         return RequestTimeoutError(f"{what}: {exc}", broker_addr=addr)
+    err: TransportError
     if isinstance(exc, TlsHandshakeError):
-        return TlsError(f"{what}: {exc}", broker_addr=addr)
-    return BrokerConnectError(f"{what}: {type(exc).__name__}: {exc}", broker_addr=addr)
+        err = TlsError(f"{what}: {exc}", broker_addr=addr)
+    elif isinstance(exc, httpx.PoolTimeout):
+        err = RequestTimeoutError(f"{what}: {exc}", broker_addr=addr)
+    else:
+        err = BrokerConnectError(f"{what}: {type(exc).__name__}: {exc}", broker_addr=addr)
+    err.request_sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+    return err
 
 
 def nameservers_unavailable(failures: Mapping[str, ClientError]) -> NameServerUnavailableError:
@@ -315,6 +323,12 @@ def parse_send(resp: Answer, addr: str, expected: int) -> wire.SendReply:
 def send_results(reply: wire.SendReply, mq: MessageQueue, uniq_keys: Sequence[str]) -> list[SendResult]:
     """One SendResult per message of a stored batch, each with its own offsets (read from the reply when used)."""
     status = SendStatus.from_code(reply.code)
+    if reply.placements:  # an idempotent send answered partly from earlier copies: each message's own place
+        host, places = reply.store_host, reply.placements
+        return [SendResult(status, key, mq if mq.queue_id == places[2 * i] else
+                           MessageQueue(mq.topic, mq.broker_name, places[2 * i]), places[2 * i + 1],
+                           codec.create_offset_msg_id(host, offset))
+                for i, (key, offset) in enumerate(zip(uniq_keys, reply.commit_log_offsets, strict=True))]
     queue = mq if mq.queue_id == reply.queue_id else MessageQueue(mq.topic, mq.broker_name, reply.queue_id)
     # codec.create_offset_msg_id, its host part written once per batch
     batch = (status, queue, uniq_keys, reply.queue_offset, reply.store_host.hex().upper(), reply.commit_log_offsets)

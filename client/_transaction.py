@@ -40,13 +40,13 @@ import attrs
 
 from client import _requests as rq
 from client._instance import ClientConfig
-from client._producer_core import validate_message
+from client._producer_core import SendWhere, group_for_key, validate_message
 from client._requests import Answer, Op, call_op
 from client.lowlevel import AsyncBrokerClient, BrokerClient
 from common import codec
 from common.codes import SendStatus, SysFlag
 from common.errors import ClientClosedError, ClientError, MessageIllegalError, ProtocolViolationError
-from common.message import Message, MessageExt, MessageQueue
+from common.message import Message, MessageExt, MessageQueue, forget_resend, keep_for_resend, resend_state
 from common.properties import PGROUP, TRAN_MSG, validate_group
 from common.signing import Credentials
 from common.transaction import (
@@ -155,7 +155,7 @@ class _TransactionCore:
     """State and operations shared by both producers (no I/O)."""
 
     def __init__(self, group: str, listener: TransactionListener, topics: Iterable[str], *, send_timeout_s: float,
-                 retries: int, check_poll_s: float, max_message_size: int) -> None:
+                 retries: int, check_poll_s: float, max_message_size: int, idempotent: bool = True) -> None:
         validate_group(group)
         if check_poll_s <= 0 or send_timeout_s <= 0 or retries < 0:
             raise ValueError("check_poll_s and send_timeout_s must be > 0, retries >= 0")
@@ -169,6 +169,7 @@ class _TransactionCore:
         self._retries = retries
         self._check_poll_s = check_poll_s
         self._max_message_size = max_message_size
+        self._idempotent = idempotent
         self._uniq = codec.UniqKeyGenerator()
         self.answered_checks = 0
         """Checks answered with COMMIT or ROLLBACK since start."""
@@ -177,26 +178,44 @@ class _TransactionCore:
     def group(self) -> str:
         return self._group
 
-    def _half_body(self, msg: Message) -> tuple[bytes, str, Message]:
+    def _half_body(self, msg: Message) -> tuple[bytes, str, str | None, Message]:
+        """The half message's send body, its key (the transaction id) and the group its send is pinned to (an
+        idempotent re-send of ``msg``: the key and group of its last send that did not end in SEND_OK)."""
         msg = validate_message(msg, self._max_message_size)
         if msg.delay_level:
             raise MessageIllegalError(f"a transactional message to topic {msg.topic} cannot have a delay level "
                                       f"({msg.delay_level})")
-        uniq = self._uniq.next()
+        state = resend_state(msg) if self._idempotent else None
+        uniq, pin = state if state is not None else (msg.uniq_key or self._uniq.next(), None)
         half = attrs.evolve(msg, properties={**msg.properties, TRAN_MSG: "true", PGROUP: self._group})
+        flag = int(SysFlag.TRANSACTION_PREPARED) | (int(SysFlag.IDEMPOTENT) if self._idempotent else 0)
         body = codec.encode_batch([half], born_timestamp_ms=int(time.time() * 1000), uniq_keys=[uniq],
-                                  max_message_size=self._max_message_size,
-                                  sys_flag=int(SysFlag.TRANSACTION_PREPARED))
-        return body, uniq, msg
+                                  max_message_size=self._max_message_size, sys_flag=flag)
+        return body, uniq, pin, msg
 
     def prepare_op(self, low: BrokerClient | AsyncBrokerClient, msg: Message
                    ) -> Op[tuple[TransactionSendResult, str]]:
         """Store the half message; returns the result (state UNKNOW until the local transaction ran) and the
-        address of the master that stored it."""
-        body, uniq, msg = self._half_body(msg)
+        address of the master that stored it. Idempotent: a half message sent again (the same ``Message`` after a
+        send that did not end in SEND_OK, or the same ``uniq_key``) is stored once; its result is the first's."""
+        body, uniq, pin, msg = self._half_body(msg)
         self._topics.add(msg.topic)
-        raw = yield from low._send_op(msg.topic, body, 1, self._group, None, self._send_timeout_s, self._retries)
+        if self._idempotent and pin is None and msg.uniq_key is not None:
+            pin = group_for_key((yield from low._publish_info_op(msg.topic, False)), msg.uniq_key)
+        where = SendWhere()
+        try:
+            raw = yield from low._send_op(msg.topic, body, 1, self._group, None, self._send_timeout_s,
+                                          self._retries, self._idempotent, pin, where)
+        except Exception:
+            if self._idempotent:
+                keep_for_resend(msg, uniq, where.group or pin)
+            raise
         reply = raw.reply
+        if self._idempotent:
+            if reply.code == 0:
+                forget_resend(msg, uniq)
+            else:
+                keep_for_resend(msg, uniq, raw.message_queue.broker_name)
         addr = low.routes.find_broker_address_in_publish(raw.message_queue.broker_name) or ""
         offset_msg_id = codec.create_offset_msg_id(reply.store_host, reply.commit_log_offsets[0])
         result = TransactionSendResult(SendStatus.from_code(reply.code), uniq, raw.message_queue,
@@ -308,14 +327,18 @@ class TransactionProducer(_ProducerShell):
         client_config: timeouts and connection bounds of the SDK's HTTP client.
         credentials: with the ACL on, the account that signs every request (PUB on the topics, and on the
             producer group for the check polls).
+        idempotent: a half message sent again is stored once (as ``Producer(idempotent=True)``; its retries
+            stay in the group that may hold it, without waiting for a new master there).
     """
 
     def __init__(self, group: str, namesrv_addr: str, listener: TransactionListener, *, topics: Iterable[str] = (),
                  send_timeout_s: float = 3.0, retries: int = 2, check_poll_s: float = 5.0,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
-                 client_config: ClientConfig | None = None, credentials: Credentials | None = None) -> None:
+                 client_config: ClientConfig | None = None, credentials: Credentials | None = None,
+                 idempotent: bool = True) -> None:
         self._core = _TransactionCore(group, listener, topics, send_timeout_s=send_timeout_s, retries=retries,
-                                      check_poll_s=check_poll_s, max_message_size=max_message_size)
+                                      check_poll_s=check_poll_s, max_message_size=max_message_size,
+                                      idempotent=idempotent)
         self._listener = listener
         self._low = BrokerClient(namesrv_addr, config=client_config, credentials=credentials)
         self._client_id = f"{self._low._inst.client_id}@{group}"
@@ -447,9 +470,11 @@ class AsyncTransactionProducer(_ProducerShell):
     def __init__(self, group: str, namesrv_addr: str, listener: TransactionListener, *, topics: Iterable[str] = (),
                  send_timeout_s: float = 3.0, retries: int = 2, check_poll_s: float = 5.0,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
-                 client_config: ClientConfig | None = None, credentials: Credentials | None = None) -> None:
+                 client_config: ClientConfig | None = None, credentials: Credentials | None = None,
+                 idempotent: bool = True) -> None:
         self._core = _TransactionCore(group, listener, topics, send_timeout_s=send_timeout_s, retries=retries,
-                                      check_poll_s=check_poll_s, max_message_size=max_message_size)
+                                      check_poll_s=check_poll_s, max_message_size=max_message_size,
+                                      idempotent=idempotent)
         self._listener = listener
         self._low = AsyncBrokerClient(namesrv_addr, config=client_config, credentials=credentials)
         self._client_id = f"{self._low._inst.client_id}@{group}"

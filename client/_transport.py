@@ -10,9 +10,11 @@ servers speak and no more:
 * one request at a time per connection (no pipelining), idle connections kept per ``host:port`` (LIFO, at most
   ``max_idle_per_host``), at most ``max_connections_per_host`` open; a caller waits for a free slot at most the
   request's ``pool`` timeout;
-* an idle connection the server closed is noticed before reuse (it reads as readable; one that answered within
-  the last second is not looked at, see :data:`_FRESH_S`); a request on a reused connection that dies before
-  any response byte is retried once on a new connection.
+* an idle connection the server closed is noticed before reuse (it reads as readable: one ``select`` per reuse);
+  a request on a reused connection that dies before any response byte is retried once on a new connection, and
+  when that connection cannot be made the error says the request may have been received
+  (:func:`~client._http11.lost_after_write`): a server that died with it in hand may have acted on it, which an
+  idempotent send must know (``TransportError.request_sent``).
 
 Failures map onto httpx's exceptions (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout``,
 ``PoolTimeout``, ``RemoteProtocolError``, ``ReadError``), so the layers above see the same errors as with httpcore.
@@ -58,6 +60,7 @@ from client._http11 import (
     check_target,
     closed_unanswered,
     encode_head,
+    lost_after_write,
     origin_of,
     plain_to_tls_error,
     raw_head,
@@ -129,10 +132,8 @@ _RECEIVE = _ReceiveBuffer()
 # --- sync ------------------------------------------------------------------------------------------------
 
 
-#: A connection that answered this recently is reused without the ``select`` of :meth:`_SyncConnection.is_stale`:
-#: the servers close an idle connection only after ``keep_alive_timeout_s`` (5 s), and a connection closed sooner
-#: (a server stopping) fails its request before any answer byte, which is retried once on a new connection.
-_FRESH_S = 1.0
+#: Before ``answered_at`` is first set.
+_NEVER = -1.0
 
 
 class _Signed:
@@ -180,14 +181,14 @@ class _SyncConnection:
         self._timeout = sock.gettimeout()
         """The socket's timeout as last set (``gettimeout`` reads it back through nanoseconds, and a float that
         does not survive the round trip compared unequal: every request set it twice)."""
-        self.answered_at = -_FRESH_S
+        self.answered_at = _NEVER
         """``time.monotonic()`` of the last complete answer."""
 
     def is_stale(self) -> bool:
-        """An idle connection that is readable was closed by the server (or sent junk): drop it. One that
-        answered within :data:`_FRESH_S` is taken as it is (no system call)."""
-        if time.monotonic() - self.answered_at < _FRESH_S:
-            return False
+        """An idle connection that is readable was closed by the server (or sent junk): drop it. Asked before
+        every reuse (one ``select``, about a microsecond): a request written on a connection the server had
+        already closed was never received, and is then not sent at all, while one that fails after a live server
+        took it may have been acted on (:func:`~client._http11.lost_after_write`)."""
         try:
             readable, _, _ = select.select([self.sock], [], [], 0)
         except (OSError, ValueError):
@@ -359,7 +360,12 @@ class SyncTransport(httpx.BaseTransport):
                   no_body: bool, signed: _Signed | None = None) -> ResponseParser:
         pool = self._pool(origin)
         for attempt in range(2):
-            conn, reused = self._acquire(pool, origin, timeouts)
+            try:
+                conn, reused = self._acquire(pool, origin, timeouts)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+                if attempt:  # the first connection died with the request written
+                    raise lost_after_write(origin, e) from None
+                raise
             if signed is not None:
                 head = signed.head(conn.bound_to, body)
             try:
@@ -454,12 +460,15 @@ class _AsyncConnection(asyncio.Protocol):
         self.tls = False
         self.bound_to: str | None = None
         """The account this TLS connection is bound to at the server (its requests then go unsigned)."""
+        self.fileno = -1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCP transport is not registered as an asyncio.Transport subclass: no isinstance check here.
         self.transport = cast(asyncio.Transport, transport)
         self.tls = transport.get_extra_info("sslcontext") is not None
-        tune_loopback(transport.get_extra_info("socket"))
+        sock = transport.get_extra_info("socket")
+        tune_loopback(sock)
+        self.fileno = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
         parser, waiter = self.parser, self.waiter
@@ -485,7 +494,17 @@ class _AsyncConnection(asyncio.Protocol):
                 waiter.set_exception(Incomplete(self.got_bytes))
 
     def is_stale(self) -> bool:
-        return self.closed
+        """Closed, or closed by the server in a way the loop has not handled yet (the socket reads as readable
+        while idle): see :meth:`_SyncConnection.is_stale`."""
+        if self.closed:
+            return True
+        if self.fileno < 0 or self.tls:  # a TLS socket may hold a record the loop has not read: trust the loop
+            return False
+        try:
+            readable, _, _ = select.select([self.fileno], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
 
     def close(self) -> None:
         self.closed = True
@@ -632,7 +651,12 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                         no_body: bool, signed: _Signed | None = None) -> ResponseParser:
         pool = self._pool(origin)
         for attempt in range(2):
-            conn, reused = await self._acquire(pool, origin, timeouts)
+            try:
+                conn, reused = await self._acquire(pool, origin, timeouts)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+                if attempt:  # the first connection died with the request written
+                    raise lost_after_write(origin, e) from None
+                raise
             if signed is not None:
                 head = signed.head(conn.bound_to, body)
             try:

@@ -53,9 +53,12 @@ from client._ops import pull_op, send_op
 from client._producer_core import (
     RETRY_RESPONSE_CODES,
     SendAttempts,
+    SendWhere,
     check_batch,
     explicit_queue,
+    group_for_key,
     is_retriable,
+    may_be_stored,
     validate_message,
 )
 from client._requests import Op, PullResult, RawPullResult, RawSendResult, call_op
@@ -104,11 +107,14 @@ __all__ = [
     "RouteCache",
     "SendAttempts",
     "SendRequestHeader",
+    "SendWhere",
     "TopicPublishInfo",
     "check_batch",
     "default_route_for",
     "find_broker_address_in_subscribe",
+    "group_for_key",
     "is_retriable",
+    "may_be_stored",
     "plan_pull",
     "raw_pull_refused",
     "topic_route_to_publish_info",
@@ -214,11 +220,18 @@ class _LowLevelCore:
         return (yield from self._core.subscribe_queues_op(topic))
 
     def _send_op(self, topic: str, body: bytes, count: int, group: str, queue: MessageQueue | None,
-                 timeout_s: float, retries: int) -> Op[RawSendResult]:
+                 timeout_s: float, retries: int, idempotent: bool = False, pinned: str | None = None,
+                 where: SendWhere | None = None) -> Op[RawSendResult]:
         info = yield from self._publish_info_op(topic, False)
         run = SendAttempts(info, explicit_queue(queue, info.topic), time.monotonic() + timeout_s, group=group,
-                           retries=retries, selector=self._selector, fault=self._fault)
-        mq, reply = yield from send_op(self._core, run, body, count)
+                           retries=retries, selector=self._selector, fault=self._fault, idempotent=idempotent,
+                           pinned=pinned)
+        try:
+            mq, reply = yield from send_op(self._core, run, body, count)
+        except Exception:
+            if where is not None:
+                where.group = run.pinned
+            raise
         return RawSendResult(mq, reply)
 
     def _pull_op(self, mq: MessageQueue, offset: int, group: str, max_nums: int, max_bytes: int | None,
@@ -334,7 +347,8 @@ class BrokerClient(_LowLevelCore):
     # --- data path ----------------------------------------------------------------------------------------
 
     def send_encoded(self, topic: str, body: bytes, count: int, *, group: str, queue: MessageQueue | None = None,
-                     timeout_s: float = 3.0, retries: int = 2) -> RawSendResult:
+                     timeout_s: float = 3.0, retries: int = 2, idempotent: bool = False,
+                     pinned: str | None = None) -> RawSendResult:
         """Send one encoded batch of ``count`` messages of ``topic`` to a master, with the producer's retries.
 
         Args:
@@ -346,6 +360,11 @@ class BrokerClient(_LowLevelCore):
             queue: send to this queue only, one attempt.
             timeout_s: bound on the whole send, all attempts included.
             retries: extra attempts on another broker group after a retriable failure.
+            idempotent: the items carry ``SysFlag.IDEMPOTENT``: once an attempt may have stored them
+                (:func:`may_be_stored`), the retries stay in its group (:class:`SendAttempts`). The reply may then
+                carry each message's own place (``SendReply.placements``).
+            pinned: send to a queue of this broker group only (a re-send of a batch that may be stored there; a
+                caller's keys placed by :func:`group_for_key`).
 
         Returns:
             The queue that stored the batch and the broker's reply (codes 10/11/12 included: stored, not yet
@@ -357,7 +376,8 @@ class BrokerClient(_LowLevelCore):
             MessageIllegalError: ``queue`` is not a queue of ``topic``.
             RouteNotFoundError: the topic has no writable queue with a master.
         """
-        return self._inst.drive(self._send_op(topic, body, count, group, queue, timeout_s, retries))
+        return self._inst.drive(self._send_op(topic, body, count, group, queue, timeout_s, retries, idempotent,
+                                              pinned))
 
     def pull_raw(self, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
                  max_bytes: int | None = None, sub_expression: str | MessageSelector = "*", timeout_s: float = 5.0,
@@ -471,10 +491,11 @@ class AsyncBrokerClient(_LowLevelCore):
         return await self._inst.drive(self._subscribe_queues_op(topic, refresh))
 
     async def send_encoded(self, topic: str, body: bytes, count: int, *, group: str,
-                           queue: MessageQueue | None = None, timeout_s: float = 3.0, retries: int = 2
-                           ) -> RawSendResult:
+                           queue: MessageQueue | None = None, timeout_s: float = 3.0, retries: int = 2,
+                           idempotent: bool = False, pinned: str | None = None) -> RawSendResult:
         """See :meth:`BrokerClient.send_encoded`."""
-        return await self._inst.drive(self._send_op(topic, body, count, group, queue, timeout_s, retries))
+        return await self._inst.drive(self._send_op(topic, body, count, group, queue, timeout_s, retries,
+                                                    idempotent, pinned))
 
     async def pull_raw(self, mq: MessageQueue, offset: int, *, group: str, max_nums: int = 32,
                        max_bytes: int | None = None, sub_expression: str | MessageSelector = "*", timeout_s: float = 5.0,

@@ -336,7 +336,8 @@ def encode_batch(
         born_timestamp_ms: producer clock for every item.
         uniq_keys: a ``UNIQ_KEY`` per message (None entries add none).
         max_message_size: limit on each message's stored record size.
-        sys_flag: SYSFLAG of every item (``SysFlag.TRANSACTION_PREPARED`` for a transaction's half message).
+        sys_flag: SYSFLAG of every item (``SysFlag.TRANSACTION_PREPARED`` for a transaction's half message,
+            ``SysFlag.IDEMPOTENT`` from an idempotent producer).
 
     Raises:
         MessageIllegalError: a message would exceed ``max_message_size`` or its properties 32767 bytes.
@@ -361,9 +362,9 @@ def encode_batch(
 
 
 def encode_item(msg: Message, *, born_timestamp_ms: int, uniq_key: str | None,
-                max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
+                max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, sys_flag: int = 0) -> bytes:
     """One message as a send-batch item: ``encode_batch([msg], ...)`` without the batch's lists (a producer's
-    single send encodes one; items concatenate into a batch body).
+    single send encodes one; items concatenate into a batch body). ``sys_flag`` as in :func:`encode_batch`.
 
     Raises:
         MessageIllegalError: as :func:`encode_batch`.
@@ -376,8 +377,8 @@ def encode_item(msg: Message, *, born_timestamp_ms: int, uniq_key: str | None,
             f"message 0 to topic {msg.topic} is {size} bytes stored, more than maxMessageSize {max_message_size}"
         )
     return b"".join((
-        BATCH_ITEM_HEAD.pack(BATCH_FIXED_SIZE + len(body) + len(props), BATCH_MAGIC, body_crc(body), msg.flag, 0,
-                             born_timestamp_ms, len(body)),
+        BATCH_ITEM_HEAD.pack(BATCH_FIXED_SIZE + len(body) + len(props), BATCH_MAGIC, body_crc(body), msg.flag,
+                             sys_flag, born_timestamp_ms, len(body)),
         body, _U16.pack(len(props)), props,
     ))
 

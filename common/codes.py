@@ -169,6 +169,10 @@ class SysFlag(enum.IntFlag):
     STOREHOST_V6 = 0x20
     NEED_UNWRAP = 0x40
     INNER_BATCH = 0x80
+    IDEMPOTENT = 0x1000
+    """SplitMQ: sent by an idempotent producer. The broker checks the record's ``UNIQ_KEY`` against its window of
+    recent keys (``duplicateWindowMs``) and rebuilds that window from the records of its log that carry the bit;
+    copies the broker makes (a delayed delivery, a send-back, a committed transaction) do not carry it."""
 
     @staticmethod
     def transaction_type(flag: int) -> int:

@@ -116,9 +116,16 @@ class BrokerNotFoundError(ClientError):
 
 
 class TransportError(ClientError):
-    """The request did not get an answer: connection refused or reset, or a timeout."""
+    """The request did not get an answer: connection refused or reset, or a timeout.
+
+    Attributes:
+        request_sent: False when the request never left (no connection was made: refused, a connect timeout, no
+            pooled connection in time, a failed TLS handshake), so a send that failed so stored nothing; True
+            when it may have reached the server (reset, or no answer in time): the server may have acted on it.
+    """
 
     retriable = True
+    request_sent: bool = True
 
 
 class NameServerUnavailableError(TransportError):

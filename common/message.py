@@ -7,7 +7,8 @@ construct one by hand except in tests.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -21,13 +22,25 @@ from common.properties import (
     validate_topic,
 )
 
-__all__ = ["TIMER_MAX_DELAY_S", "Message", "MessageExt", "MessageQueue"]
+__all__ = [
+    "MAX_UNIQ_KEY_LENGTH",
+    "TIMER_MAX_DELAY_S",
+    "Message",
+    "MessageExt",
+    "MessageQueue",
+    "any_resend_state",
+    "forget_resend",
+    "keep_for_resend",
+    "resend_state",
+]
 
 #: Highest delay level accepted by the SDK; the broker clamps to its own ``messageDelayLevel`` count.
 MAX_DELAY_LEVEL = 64
 #: Longest timed delivery the SDK sends: the broker's default ``timerMaxDelaySec`` (7 days). A broker configured
 #: lower refuses what is beyond its own bound with MESSAGE_ILLEGAL.
 TIMER_MAX_DELAY_S = 7 * 24 * 3600
+#: Longest unique key a caller may give a message (``Message.uniq_key``); the SDK's own are 32 characters.
+MAX_UNIQ_KEY_LENGTH = 128
 
 
 def _to_keys(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -75,6 +88,13 @@ def _check_delay(_: Any, attribute: Any, value: int) -> None:
         raise MessageIllegalError(f"delay_level must be an int in [0, {MAX_DELAY_LEVEL}], got {value!r}")
 
 
+def _check_uniq_key(value: object) -> None:
+    if (type(value) is not str or not 0 < len(value) <= MAX_UNIQ_KEY_LENGTH or not value.isprintable()
+            or any(c.isspace() for c in value)):
+        raise MessageIllegalError(f"uniq_key must be a str of 1 to {MAX_UNIQ_KEY_LENGTH} printable characters "
+                                  f"without white space, got {value!r:.80}")
+
+
 def _check_deliver_at(_: Any, attribute: Any, value: object) -> None:
     if value is not None and (type(value) is not int or value < 0):
         raise MessageIllegalError(f"deliver_at_ms must be an int of ms since the epoch (>= 0), got {value!r}")
@@ -113,10 +133,20 @@ class Message:
     delay_s: float | None = attrs.field(default=None, kw_only=True)
     """Timed delivery after this many seconds from the broker's store time (any value, not only the 18 levels);
     0 or less delivers at once, more than ``TIMER_MAX_DELAY_S`` is refused."""
+    uniq_key: str | None = attrs.field(default=None, kw_only=True)
+    """The message's unique key (the ``UNIQ_KEY`` property, ``SendResult.msg_id``), chosen by the caller: 1 to
+    ``MAX_UNIQ_KEY_LENGTH`` printable characters without white space. None lets the SDK give it one (32 hex
+    characters). An idempotent producer stores a key once within the broker's duplicate window: two messages
+    with one key are one message (docs/GUIDE.md, "Idempotent sends")."""
+    _resend: tuple[str, str | None] | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    """The SDK's own key of a send of this object that did not end in SEND_OK, and the broker group that may hold
+    it: an idempotent producer sends the object again with them (:func:`resend_state`)."""
 
     def __attrs_post_init__(self) -> None:
-        # The timer fields are checked here, not by field validators: a message without a timer (nearly every
-        # one) then pays one test, not two validator calls per construction.
+        # The timer fields and the key are checked here, not by field validators: a message without them (nearly
+        # every one) then pays two tests, not three validator calls per construction.
+        if self.uniq_key is not None:
+            _check_uniq_key(self.uniq_key)
         at, delay = self.deliver_at_ms, self.delay_s
         if at is None and delay is None:
             return
@@ -151,6 +181,35 @@ class Message:
         if float(delay).is_integer():
             return TIMER_DELAY_SEC, str(int(delay))
         return TIMER_DELAY_MS, str(max(1, round(delay * 1000)))
+
+
+def resend_state(msg: Message) -> tuple[str, str | None] | None:
+    """``(key, broker group or None)`` of the last send of ``msg`` by an idempotent producer that did not end in
+    SEND_OK (None: there was none, or it was acknowledged since). The producer sends ``msg`` again under that key,
+    to that group, where the broker answers with the first copy's result if it stored one."""
+    return msg._resend
+
+
+_RESEND = operator.attrgetter("_resend")
+
+
+def any_resend_state(msgs: Iterable[Message]) -> bool:
+    """Whether any of ``msgs`` has a :func:`resend_state` (read in C: a batch's common case is none)."""
+    return any(map(_RESEND, msgs))
+
+
+def keep_for_resend(msg: Message, key: str, group: str | None) -> None:
+    """Remember that a send of ``msg`` under the SDK's ``key`` did not end in SEND_OK and may be stored in
+    ``group`` (None: in no group, as far as the producer knows). Thread-safe: one assignment."""
+    object.__setattr__(msg, "_resend", (key, group))
+
+
+def forget_resend(msg: Message, key: str) -> None:
+    """A send of ``msg`` under ``key`` ended in SEND_OK: its next send is a new message with a new key (a message
+    built once and sent many times, each acknowledged, stays many messages)."""
+    state = msg._resend
+    if state is not None and state[0] == key:
+        object.__setattr__(msg, "_resend", None)
 
 
 @attrs.frozen(order=True)

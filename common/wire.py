@@ -9,6 +9,10 @@ Send response (``POST /send`` answered 200), big-endian::
      20   1  HOSTLEN         8 (IPv4) or 20 (IPv6)
      21   .  STOREHOST       packed store host (ip + int32 port), for offset msgIds
       .   8*COUNT            commit-log offset of each message, in order
+      .  12*COUNT            optional: queue id (4) and queue offset (8) of each message, in order. Present only
+                             when an idempotent send's messages are not all at QUEUEID from QUEUEOFFSET on (some
+                             were stored before, by an earlier send of the same keys); QUEUEID and QUEUEOFFSET
+                             are then the first message's. A reader tells the two forms by the answer's length.
 
 Pull response (``GET /pull`` answered 200), big-endian::
 
@@ -65,23 +69,34 @@ class SendReply(NamedTuple):
     queue_offset: int
     store_host: bytes
     commit_log_offsets: tuple[int, ...]
+    placements: tuple[int, ...] = ()
+    """Empty: message ``i`` is at ``queue_offset + i`` of ``queue_id``. Else ``(queue id, queue offset)`` of each
+    message, flattened: message ``i`` at ``placements[2 * i]``, ``placements[2 * i + 1]``."""
 
 
 def encode_send_reply(
-    code: int, queue_id: int, queue_offset: int, store_host: bytes, commit_log_offsets: Sequence[int]
+    code: int, queue_id: int, queue_offset: int, store_host: bytes, commit_log_offsets: Sequence[int],
+    placements: Sequence[int] = (),
 ) -> bytes:
+    """A send response; ``placements`` as :attr:`SendReply.placements` (empty for the plain form)."""
     n = len(commit_log_offsets)
-    return b"".join((
-        SEND_HEAD.pack(code, queue_id, queue_offset, n, len(store_host)),
-        store_host,
-        struct.pack(f">{n}q", *commit_log_offsets),
-    ))
+    parts = [SEND_HEAD.pack(code, queue_id, queue_offset, n, len(store_host)), store_host,
+             _offsets_of(n).pack(*commit_log_offsets)]
+    if placements:
+        parts.append(_placements_of(n).pack(*placements))
+    return b"".join(parts)
 
 
 @functools.lru_cache(maxsize=64)
 def _offsets_of(n: int) -> struct.Struct:
     """The struct of ``n`` commit-log offsets (a producer's batches come in a few sizes)."""
     return struct.Struct(f">{n}q")
+
+
+@functools.lru_cache(maxsize=64)
+def _placements_of(n: int) -> struct.Struct:
+    """The struct of ``n`` (queue id, queue offset) pairs."""
+    return struct.Struct(">" + "iq" * n)
 
 
 def decode_send_reply(data: bytes) -> SendReply:
@@ -93,9 +108,12 @@ def decode_send_reply(data: bytes) -> SendReply:
         offsets = _offsets_of(n).unpack_from(data, p + host_len)
     except struct.error as e:
         raise ProtocolViolationError(f"malformed send response ({len(data)} bytes): {e}") from None
-    if len(host) != host_len or p + host_len + 8 * n != len(data):
+    end = p + host_len + 8 * n
+    if len(host) != host_len or (end != len(data) and end + 12 * n != len(data)):
         raise ProtocolViolationError(f"malformed send response: {len(data)} bytes for {n} offsets")
-    return SendReply(code, queue_id, queue_offset, host, offsets)
+    if end == len(data):
+        return SendReply(code, queue_id, queue_offset, host, offsets)
+    return SendReply(code, queue_id, queue_offset, host, offsets, _placements_of(n).unpack_from(data, end))
 
 
 class PullHeader(NamedTuple):

@@ -225,7 +225,12 @@ Read at scrape time, beside the table above: `rocketmq_storage_size`, `rocketmq_
 `splitmq_store_writeable` (0 while sends are refused for a full disk or a write error),
 `splitmq_retention_files_deleted_total` and `splitmq_retention_bytes_reclaimed_total`. `GET /runtime` has the
 same figures (`storeWriteable`, `storeNotWriteableReason`, `diskUsedRatio`, `retentionFilesDeleted`,
-`retentionBytesReclaimed`).
+`retentionBytesReclaimed`). The duplicate window of idempotent sends (`duplicateWindowMs` above; 0 turns it and
+these off): `splitmq_duplicate_window_keys` (keys held), `splitmq_duplicates_total` (messages answered with
+their first copy instead of being stored again) and `splitmq_duplicate_window_evicted_early_total` (keys that
+left before `duplicateWindowMs` because the window held `duplicateWindowMaxKeys`: when it moves, raise the bound
+or accept a shorter window); `GET /runtime`'s `duplicateWindow` has them with `rebuiltKeys`, what the last
+rebuild from the log found.
 
 ## Retention and disk space
 

@@ -107,14 +107,16 @@ class SteadyProducer(threading.Thread):
 
     def _send(self, producer: Producer, seq: int) -> None:
         deadline = time.monotonic() + WAIT_S
+        msg = Message(TOPIC, f"seq {seq}".encode())  # one object: a re-send of it is the same message
         while True:
             try:
-                result = producer.send(Message(TOPIC, f"seq {seq}".encode()))
+                result = producer.send(msg)
                 break
             except ClientError as e:
                 # The SDK rides through a leader change by itself within send_timeout_s; a send that still fails
-                # (an election longer than that) is sent again here. Sends are at-least-once: a message stored by
-                # the dying leader whose answer was lost is sent again (by the SDK or here), a duplicate.
+                # (an election longer than that) is sent again here. The producer is idempotent (the default): a
+                # message the dying leader stored without answering is answered by the new leader from its
+                # duplicate window, not stored twice (docs/GUIDE.md, "Idempotent sends").
                 if time.monotonic() > deadline:
                     raise
                 self.retries += 1
@@ -206,8 +208,8 @@ def main() -> int:
         missing = sorted(set(producer.acked) - set(seqs))
         duplicates = len(seqs) - len(set(seqs))
         print(f"read back {len(seqs)} messages: {len(set(producer.acked))} acknowledged, {len(missing)} of them "
-              f"missing {missing[:10]}, {duplicates} duplicate(s) (a send stored by the dying leader whose answer "
-              f"was lost, sent again: at-least-once)")
+              f"missing {missing[:10]}, {duplicates} duplicate(s) (the producer is idempotent: a send the dying "
+              f"leader stored without answering is answered by the new leader, not stored again)")
     print(f"dledger_failover: the new leader took writes {took:.2f} s after the kill; {len(producer.acked)} of "
           f"{producer.sent} messages acknowledged and read back, {len(missing)} missing; {old_peer} rejoined as a "
           f"follower")

@@ -1,6 +1,7 @@
 """A chaos run's report: the figures, the rows of the benchmark table, and the list of failures (empty when the
 run kept every promise: nothing acknowledged lost in SYNC mode or beyond the lag in ASYNC mode, no duplicate the
-client's retries do not explain, no reordering, no consumer stuck, replicas identical, targets reached)."""
+client's retries do not explain -- and with idempotent producers, no duplicate at all --, no reordering, no consumer
+stuck, replicas identical, targets reached)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class ChaosReport:
     targets: tuple[int, int] = (0, 0)
     """The profile's faults and acknowledged targets."""
     stuck_after_s: float = 15.0
+    idempotent: bool = True
+    """The producers were idempotent (issue 38): then no message may be stored twice, explained or not."""
 
     @property
     def faults_by_kind(self) -> Counter[FaultKind]:
@@ -68,6 +71,7 @@ class ChaosReport:
         if v.acknowledged < want_acked:
             out.append(f"{v.acknowledged} acknowledged messages, the profile needs {want_acked}")
         checks = [("lost", v.lost), ("duplicated_unexplained", v.duplicated_unexplained),
+                  ("duplicated_explained", v.duplicated_explained if self.idempotent else 0),
                   ("out_of_order", v.out_of_order), ("replica_mismatch", v.replica_mismatches),
                   ("consumer_mismatch", v.consumer_mismatches), ("foreign", v.foreign),
                   ("unreadable", v.unreadable)]
@@ -112,7 +116,8 @@ class ChaosReport:
             rows.append(Row("lost within the replication lag before a fault", float(v.lost_within_lag), "msgs"))
         rows += [
             Row("sent in more than one request by the client (retries)", float(v.resent), "msgs"),
-            Row("duplicated, explained by client retries", float(v.duplicated_explained), "msgs"),
+            Row("duplicated, explained by client retries", float(v.duplicated_explained), "msgs",
+                target="0 (idempotent producers)" if self.idempotent else ""),
             Row("duplicated, unexplained", float(v.duplicated_unexplained), "msgs", target="0"),
             Row("out of order (per producer, per queue)", float(v.out_of_order), "msgs", target="0"),
             Row("stuck consumers", float(len(self.stuck)), "queues", target="0"),
@@ -135,7 +140,8 @@ class ChaosReport:
 
     def summary(self) -> str:
         """One paragraph: the run's settings, and its failures or "no failure"."""
-        head = (f"chaos {self.profile} profile, {self.mode.upper()} mode, disk {self.disk}, seed {self.seed}: "
+        head = (f"chaos {self.profile} profile, {self.mode.upper()} mode, "
+                f"{'idempotent' if self.idempotent else 'plain'} producers, disk {self.disk}, seed {self.seed}: "
                 f"{len(self.faults)} faults, {self.verdict.acknowledged:,} acknowledged in {self.duration_s:.0f} s")
         fails = self.failures()
         if not fails:

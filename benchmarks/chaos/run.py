@@ -44,7 +44,8 @@ PRODUCER_JOIN_S = 15.0
 
 
 def run_chaos(profile: Profile, *, mode: str = "sync", seed: int | None = None, disk: str = "auto",
-              root: Path | None = None, progress: Callable[[str], None] | None = None) -> ChaosReport:
+              root: Path | None = None, progress: Callable[[str], None] | None = None,
+              idempotent: bool = True) -> ChaosReport:
     """Run ``profile`` against a fresh cluster of ``mode`` (``sync`` or ``async``) groups.
 
     Args:
@@ -55,6 +56,7 @@ def run_chaos(profile: Profile, *, mode: str = "sync", seed: int | None = None, 
         root: where the cluster lives; a new temporary directory when None, deleted after a clean run and kept
             (named in the report) after a failed one.
         progress: called with a line now and then (a long run says how far it is).
+        idempotent: the producers' ``idempotent`` (issue 38): then a duplicate of any kind fails the run.
     """
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be sync or async, got {mode!r}")
@@ -66,7 +68,8 @@ def run_chaos(profile: Profile, *, mode: str = "sync", seed: int | None = None, 
                        broker_config={"mappedFileSizeConsumeQueue": str(profile.consume_queue_file_bytes),
                                       **profile.broker_config})
     report = ChaosReport(profile=profile.name, mode=mode, disk=spec.disk, seed=seed, root=str(root),
-                         targets=(profile.faults, profile.acknowledged), stuck_after_s=profile.stuck_after_s)
+                         targets=(profile.faults, profile.acknowledged), stuck_after_s=profile.stuck_after_s,
+                         idempotent=idempotent)
     t0 = time.monotonic()
     try:
         with ChaosCluster(root / "cluster", spec) as cluster:
@@ -117,8 +120,9 @@ class _Run:
         # Producers attach to the client instance of their nameserver list: this one, with the counting transport.
         instance = ClientInstance.acquire(self.cluster.namesrv_addr, transport=counter)
         try:
-            with Producer(PRODUCER_GROUP, self.cluster.namesrv_addr) as batch_p, \
-                    Producer(PRODUCER_GROUP + "-single", self.cluster.namesrv_addr) as single_p:
+            idem = self.report.idempotent
+            with Producer(PRODUCER_GROUP, self.cluster.namesrv_addr, idempotent=idem) as batch_p, \
+                    Producer(PRODUCER_GROUP + "-single", self.cluster.namesrv_addr, idempotent=idem) as single_p:
                 self._produce_under_faults(batch_p, single_p)
         finally:
             instance.release()

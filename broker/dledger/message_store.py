@@ -21,19 +21,20 @@ import asyncio
 import collections
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from broker.dledger.config import AppendError
 from broker.dledger.entry import BODY_OFFSET
 from broker.dledger.server import DLedgerServer
 from broker.dledger.store import DLedgerStore
-from broker.store.api import AppendResult, PutMessageStatus, StoreError
+from broker.store.api import AppendResult, PutMessageStatus, StoredKey, StoreError
 from broker.store.cleaner import StoreCleaner
 from broker.store.commitlog import Run
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from broker.store.dispatch import HANDOVER_MAX_MESSAGES, Dispatcher, DispatchListener
 from broker.store.file_store import FileMessageStore
+from broker.store.idempotent import record_keys, store_time_at
 from broker.store.index import IndexService
 from broker.store.io import FileIO
 from common.codec import BatchItem, write_batch_records
@@ -290,7 +291,7 @@ class DLedgerMessageStore(FileMessageStore):
         self.entries.handover_entry(index, node.state.term, pos + BODY_OFFSET, runs, total, store_ts, offsets)
         self._stored(advances, store_ts, total)
         return AppendResult(PutMessageStatus.PUT_OK, "", pos + BODY_OFFSET, total, first_queue_offset, len(items),
-                            store_ts, tuple(offsets), committed=fut)
+                            store_ts, tuple(offsets), committed=fut, entry=(index, node.state.term))
 
     def append_to_commitlog(self, physical_offset: int, data: bytes | memoryview) -> None:
         raise StoreError("a DLedger store is replicated by its DLedger member, not by the classic HA channel")
@@ -305,10 +306,55 @@ class DLedgerMessageStore(FileMessageStore):
     def get_commitlog_data(self, physical_offset: int, max_bytes: int) -> memoryview | None:
         return None  # no classic HA stream in DLedger mode
 
+    def idempotent_keys(self, since_ms: int) -> Iterator[StoredKey]:
+        """The idempotent records of every entry of this member's log, committed or not, from the last entry
+        stored at ``since_ms`` or before (found by bisection: entries are in store order)."""
+        ledger = self.ledger
+        lo, hi = max(ledger.begin_index, 0), ledger.end_index + 1
+        while lo < hi:  # the first entry stored after since_ms
+            mid = (lo + hi) // 2
+            ts = self._entry_store_time(mid, hi)
+            if ts is not None and ts <= since_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        for index in range(max(lo - 1, ledger.begin_index, 0), ledger.end_index + 1):
+            unit = ledger.unit(index)
+            if unit is None or unit[1] <= BODY_OFFSET:  # gone, or a leader's empty entry
+                continue
+            pos, size, _ = unit
+            mf = ledger.data.file_for(pos)
+            if mf is None:
+                continue
+            at = pos - mf.start
+            yield from record_keys(mf.mm, at + BODY_OFFSET, at + size, mf.start, since_ms)
+
+    def _entry_store_time(self, index: int, before: int) -> int | None:
+        """Store time of the first record at or after entry ``index`` (below ``before``; None: none there)."""
+        ledger = self.ledger
+        for i in range(index, before):
+            unit = ledger.unit(i)
+            if unit is None:
+                return None
+            pos, size, _ = unit
+            if size <= BODY_OFFSET:
+                continue  # a leader's empty entry: the next one tells
+            mf = ledger.data.file_for(pos)
+            return None if mf is None else store_time_at(mf.mm, pos - mf.start + BODY_OFFSET, pos - mf.start + size)
+        return None
+
     @property
     def max_physical_offset(self) -> int:
         """The committed position: readers and dispatch see committed entries only."""
         return max(self.ledger.committed_pos, self.commitlog.min_offset)
+
+    def entry_committed(self, entry: tuple[int, int]) -> bool:
+        """Whether the entry ``(index, term)`` is committed in this member's log (it is there, of that term, at or
+        below the committed index: committed entries are never truncated)."""
+        index, term = entry
+        ledger = self.ledger
+        unit = ledger.unit(index)
+        return index <= ledger.committed_index and unit is not None and unit[2] == term
 
     @property
     def ledger_caught_up(self) -> bool:

@@ -13,6 +13,15 @@ append, unless every message says ``WAIT=false``, the send waits as :mod:`broker
 ``inSyncReplicas - 1`` connected slaves, one by default (``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``;
 ``SLAVE_NOT_AVAILABLE`` at once when fewer connected slaves are in sync, i.e. have their own last ack within
 ``haMaxGapNotInSync`` of the put); the replica status wins when both fail.
+
+Idempotent sends (issue 38, docs/GUIDE.md "Idempotent sends"): a batch whose messages carry
+``SysFlag.IDEMPOTENT`` is looked up, key by key, in the broker's duplicate window (:mod:`broker.dedup`) before
+anything is stored. A message whose ``UNIQ_KEY`` the window holds is not stored again: it is answered with its
+first copy's queue, queue offset and commit-log offset, once that copy is as durable as a new send would be (the
+same wait, on the first copy's end; in DLedger mode, its entry's commit). The others are stored as one append, and
+their keys enter the window at once, before the durability wait, so a concurrent retry of them waits for the same
+copy. When the messages of an answer are not all at consecutive offsets of one queue, the reply carries each
+message's place (docs/PROTOCOL.md). With ``duplicateWindowMs=0`` the bit is ignored.
 """
 
 from __future__ import annotations
@@ -21,10 +30,10 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from itertools import repeat
-from operator import and_, attrgetter
+from operator import and_, attrgetter, or_
 
 from broker.config import BrokerConfig
+from broker.dedup import Duplicates, DuplicateWindow, FirstWrite
 from broker.durability import Durability
 from broker.metadata import SubscriptionGroupManager, TopicConfigManager
 from broker.metadata.topics import NOT_ALLOWED_SEND_TOPICS
@@ -58,8 +67,10 @@ log = logging.getLogger(__name__)
 
 _LOOPBACK_HOST = pack_host("127.0.0.1", 0)
 _PREPARED = int(SysFlag.TRANSACTION_PREPARED)
-#: Read in C over a batch (a generator over the items cost a single send more than the test itself).
+_IDEMPOTENT = int(SysFlag.IDEMPOTENT)
+#: Read in C over a batch.
 _SYS_FLAG = attrgetter("sys_flag")
+_UNIQ_KEY = attrgetter("uniq_key")
 
 _FAILURES: dict[PutMessageStatus, type[BrokerError]] = {
     PutMessageStatus.MESSAGE_ILLEGAL: MessageIllegalError,
@@ -95,6 +106,38 @@ def _wait_store_msg_ok(items: Sequence[BatchItem]) -> bool:
     return any(item.wait for item in items)  # read by decode_batch: no second look at the properties
 
 
+def _flags_of(items: Sequence[BatchItem]) -> tuple[int, int]:
+    """``(OR, AND)`` of the batch's SYSFLAGs: what any message asks, and what every one does. One pass in C (a
+    generator over the items cost a single send more than the test itself); a batch has one or two distinct
+    flags."""
+    if len(items) == 1:
+        flag = items[0].sys_flag
+        return flag, flag
+    distinct = set(map(_SYS_FLAG, items))
+    if len(distinct) == 1:
+        flag = distinct.pop()
+        return flag, flag
+    return functools.reduce(or_, distinct), functools.reduce(and_, distinct)
+
+
+def _keys_of(items: Sequence[BatchItem], every: int) -> tuple[bytes, ...]:
+    """The unique key of each message of an idempotent batch (empty for a message without the bit: always new);
+    ``every`` is the AND of their SYSFLAGs."""
+    if every & _IDEMPOTENT:
+        return tuple(map(_UNIQ_KEY, items))
+    return tuple(item.uniq_key if item.sys_flag & _IDEMPOTENT else b"" for item in items)
+
+
+def _reply(code: int, placements: Sequence[tuple[int, int, int]], store_host: bytes) -> bytes:
+    """A send reply for messages at ``placements`` (queue id, queue offset, commit-log offset): the plain form
+    when they are consecutive offsets of one queue, else with each message's place."""
+    qid, first = placements[0][0], placements[0][1]
+    offsets = [p[2] for p in placements]
+    if all(p[0] == qid and p[1] == first + i for i, p in enumerate(placements)):
+        return encode_send_reply(code, qid, first, store_host, offsets)
+    return encode_send_reply(code, qid, first, store_host, offsets, [x for p in placements for x in p[:2]])
+
+
 class SendProcessor:
     """Serves ``POST /send`` for one broker.
 
@@ -112,6 +155,9 @@ class SendProcessor:
         clock_ms: wall clock in ms (timed messages' delays count from it).
         half_item: turns a prepared (transactional) send into the half message stored in ``half_topic``
             (:meth:`broker.transaction.TransactionalMessageService.half_item`); None refuses prepared sends.
+        dedup: the duplicate window of idempotent sends (None: ``duplicateWindowMs=0``, the bit is ignored).
+        entry_committed: DLedger: whether the entry ``(index, term)`` is committed in this member's log (a
+            duplicate whose first copy's commit future failed is answered SEND_OK once it is).
     """
 
     def __init__(self, config: BrokerConfig, *, addr: str, store_host: bytes, store: MessageStore,
@@ -119,8 +165,11 @@ class SendProcessor:
                  durability: Durability, request_registration: Callable[[], None],
                  role: RoleState | None = None, clock_ms: Callable[[], int] | None = None,
                  half_item: Callable[[str, int, str, list[BatchItem]], BatchItem] | None = None,
-                 half_topic: str = "") -> None:
+                 half_topic: str = "", dedup: DuplicateWindow | None = None,
+                 entry_committed: Callable[[tuple[int, int]], bool] | None = None) -> None:
         self._config = config
+        self._dedup = dedup
+        self._entry_committed = entry_committed
         self._half_item = half_item
         self._half_topic = half_topic
         self._role = role or RoleState(config.broker_role, config.broker_id)
@@ -175,7 +224,22 @@ class SendProcessor:
                 f"broker {cfg.broker_name} ({self._addr})"
             )
         reply_queue_id = queue_id
-        if any(map(and_, map(_SYS_FLAG, items), repeat(_PREPARED))):  # once the topic and queue are valid
+        flags, every = _flags_of(items)  # once the topic and queue are valid
+        dedup = self._dedup if flags & _IDEMPOTENT else None
+        keys: tuple[bytes, ...] = ()
+        dups: Duplicates | None = None
+        wait: bool | None = None  # whether the batch waits for durability (None: read it from the items stored)
+        if dedup is not None:
+            keys = _keys_of(items, every)
+            dups = dedup.lookup(topic, keys)
+            if dups is not None:
+                wait = _wait_store_msg_ok(items)
+                if not dups.new:
+                    return await self._answer_duplicates(dups, wait)
+                items = [items[i] for i in dups.new]
+                keys = tuple(keys[i] for i in dups.new)
+        window_topic = topic
+        if flags & _PREPARED:
             if self._half_item is None:
                 raise MessageIllegalError(f"broker {cfg.broker_name} does not take transactional messages")
             items = [self._half_item(topic, queue_id, req.group, items)]
@@ -190,10 +254,42 @@ class SendProcessor:
         if result.status is not PutMessageStatus.PUT_OK:
             self._raise_failure(topic, queue_id, result)
         self._metrics.stored(topic, result.msg_count, result.wrote_bytes)
-        code = await self._durability.wait(result) if _wait_store_msg_ok(items) else ResponseCode.SUCCESS
+        fresh = None
+        if dedup is not None:
+            # Before the wait: a retry that comes meanwhile finds this copy and waits for it too.
+            fresh = FirstWrite(keys, reply_queue_id, result.queue_offset, result.physical_offsets, result.end_offset,
+                               result.store_timestamp, self._store_host, window_topic, result.committed,
+                               result.entry)
+            dedup.add(fresh)
+        if wait is None:
+            wait = _wait_store_msg_ok(items)
+        code = await self._durability.wait(result) if wait else ResponseCode.SUCCESS
         self._metrics.count_request(code, pull=False)
+        if dups is not None:
+            return Response(_reply(int(code), dups.placements(fresh), self._store_host))
         return Response(encode_send_reply(int(code), reply_queue_id, result.queue_offset, self._store_host,
                                           result.physical_offsets))
+
+    async def _answer_duplicates(self, dups: Duplicates, wait: bool) -> Response:
+        """Every message of the batch was stored before: answer with the first copies, once the latest of them
+        is as durable as the mode asks (what its own send waited for)."""
+        first = dups.latest()
+        assert first is not None
+        code = await self._wait_first(first) if wait else ResponseCode.SUCCESS
+        self._metrics.count_request(code, pull=False)
+        hosts = {v[0].store_host for v in dups.verdicts if type(v) is tuple}
+        return Response(_reply(int(code), dups.placements(None), hosts.pop() if len(hosts) == 1 else self._store_host))
+
+    async def _wait_first(self, first: FirstWrite) -> ResponseCode:
+        """The durability wait of a first copy: its end (classic), or its entry's commit (DLedger). A commit future
+        that failed (the quorum wait timed out) is checked against the log: the entry may have committed since."""
+        fut = first.committed
+        if (fut is not None and fut.done() and (fut.cancelled() or fut.exception() is not None)
+                and first.entry is not None and self._entry_committed is not None
+                and self._entry_committed(first.entry)):
+            fut = None
+        return await self._durability.wait(AppendResult(PutMessageStatus.PUT_OK, wrote_offset=first.end,
+                                                        committed=fut))
 
     def _maybe_dead_letter(self, topic: str, tc: TopicConfig, queue_id: int, items: list[BatchItem],
                            reconsume_times: int) -> tuple[str, TopicConfig, int, list[BatchItem]]:

@@ -164,7 +164,7 @@ class SendBackProcessor:
         result = self._store.put_message(
             tc.topic_name, queue_id, msg.body, props, born_host=packed_born_host(record, msg.sys_flag),
             born_timestamp=msg.born_timestamp, flag=msg.flag,
-            sys_flag=msg.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6),
+            sys_flag=msg.sys_flag & ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6 | SysFlag.IDEMPOTENT),
             reconsume_times=msg.reconsume_times + 1,
         )
         if result.status is not PutMessageStatus.PUT_OK:

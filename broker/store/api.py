@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import attrs
 
@@ -38,6 +38,7 @@ __all__ = [
     "QueryResult",
     "StoreCorruptError",
     "StoreError",
+    "StoredKey",
 ]
 
 
@@ -85,6 +86,8 @@ class AppendResult:
     committed: asyncio.Future[tuple[int, int]] | None = attrs.field(default=None, eq=False, repr=False)
     """DLedger mode: completes once a quorum of the group stores the entry (fails with the reason it cannot);
     the broker's durability wait awaits it. None in the classic mode."""
+    entry: tuple[int, int] | None = None
+    """DLedger mode: ``(index, term)`` of the entry. None in the classic mode."""
 
     @property
     def end_offset(self) -> int:
@@ -152,6 +155,29 @@ class QueryResult:
     records: list[bytes]
     index_last_update_timestamp: int = 0
     index_last_update_phy_offset: int = 0
+
+
+class StoredKey(NamedTuple):
+    """A record stored through the idempotent path, as :meth:`MessageStore.idempotent_keys` reads it back (what the
+    duplicate window needs, :mod:`broker.dedup`)."""
+
+    topic: str
+    """The topic the send named (``REAL_TOPIC`` of a record the broker parked in a system topic: a delayed, timed
+    or transactional message)."""
+    queue_id: int
+    """The queue the send's answer named (``REAL_QID`` of a parked record)."""
+    queue_offset: int
+    """The record's own queue offset (what the send's answer gave)."""
+    offset: int
+    """Its commit-log offset."""
+    size: int
+    """Its size."""
+    store_ts: int
+    """Its store time, ms."""
+    key: bytes
+    """Its ``UNIQ_KEY``, as the send carried it."""
+    store_host: bytes
+    """Its packed store host."""
 
 
 #: ``(topic, queue_id, tags_code_or_none) -> bool``: consume-queue filter for ``get_message``.
@@ -317,3 +343,10 @@ class MessageStore(Protocol):
     def truncate(self, physical_offset: int) -> None:
         """Drop commit-log bytes from ``physical_offset`` on and consume-queue units pointing there (HA / DLedger
         divergence repair)."""
+
+    def idempotent_keys(self, since_ms: int) -> Iterator[StoredKey]:
+        """The records of the log stored through the idempotent path (``SysFlag.IDEMPOTENT``) whose store time is
+        after ``since_ms``, oldest first: every record appended, dispatched or not (DLedger: every entry of the
+        member's log, committed or not). Reads from the first file (DLedger: entry) stored at ``since_ms`` or
+        before; what the window needs when the broker becomes a master (:mod:`broker.dedup`)."""
+        ...

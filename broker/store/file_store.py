@@ -14,7 +14,7 @@ import errno
 import fcntl
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
 from broker.store import reader, recovery
@@ -24,6 +24,7 @@ from broker.store.api import (
     PutMessageStatus,
     QueryResult,
     RecordFilter,
+    StoredKey,
     StoreError,
     TagFilter,
 )
@@ -34,6 +35,7 @@ from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueueTable
 from broker.store.dispatch import Dispatcher
 from broker.store.flush import FlushService, GroupCommitService
+from broker.store.idempotent import commitlog_keys
 from broker.store.index import IndexService
 from broker.store.io import FileIO
 from broker.store.read_memory import MemoryLimitCache, memory_bytes_for_reads
@@ -515,6 +517,10 @@ class FileMessageStore:
 
     def get_commitlog_data(self, physical_offset: int, max_bytes: int) -> memoryview | None:
         return self.commitlog.get_data(physical_offset, max_bytes)
+
+    def idempotent_keys(self, since_ms: int) -> Iterator[StoredKey]:
+        """See the MessageStore protocol (:func:`broker.store.idempotent.commitlog_keys`)."""
+        return commitlog_keys(self.commitlog, since_ms)
 
     @property
     def memory_bytes_for_reads(self) -> int:

@@ -80,7 +80,8 @@ RECALL_AT_START = 10_000
 _READ_BATCH = 256
 _READ_MAX_BYTES = 8 << 20
 _TRANSACTION_BITS = int(SysFlag.TRANSACTION_ROLLBACK)
-_HOST_BITS = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
+#: Cleared in the committed copy: its hosts are its own, and it is the broker's copy, not an idempotent send.
+_HOST_BITS = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6 | SysFlag.IDEMPOTENT)
 
 
 @attrs.frozen

@@ -8,7 +8,7 @@ next offsets of docs/SEMANTICS.md 3.1 (master rules).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -19,8 +19,10 @@ from broker.store.api import (
     PutMessageStatus,
     QueryResult,
     RecordFilter,
+    StoredKey,
     TagFilter,
 )
+from broker.store.idempotent import record_keys
 from broker.store.retention import CleanDecision, DeletedFile, DiskState, DiskUsage, RetentionStats
 from common.codec import BatchItem, parse_dispatch_info, record_size, write_batch_records
 from common.codes import BrokerRole
@@ -73,6 +75,8 @@ class FakeStore:
         self.cleaner = FakeCleaner()
         self.max_message_size = 4 << 20
         """The broker's ``maxMessageSize`` (set by :func:`make_controller`): a store refuses a larger record."""
+        self.store_ts = 1000
+        """Store time of every record (ms)."""
 
     # lifecycle
     def load(self) -> None: ...
@@ -105,13 +109,16 @@ class FakeStore:
         if len(born_host) != 8:
             born_host = STORE_HOST
         offsets = write_batch_records(self.log, pos, 0, topic=raw_topic, queue_id=queue_id, first_queue_offset=first,
-                                      items=items, born_host=born_host, store_timestamp=1000, store_host=STORE_HOST,
+                                      items=items, born_host=born_host, store_timestamp=self.store_ts, store_host=STORE_HOST,
                                       reconsume_times=reconsume_times)
         self.next_queue_offset[key] = first + len(items)
         for cb in self.append_listeners:
             cb(len(self.log))
         return AppendResult(PutMessageStatus.PUT_OK, wrote_offset=pos, wrote_bytes=size, queue_offset=first,
-                            msg_count=len(items), store_timestamp=1000, physical_offsets=tuple(offsets))
+                            msg_count=len(items), store_timestamp=self.store_ts, physical_offsets=tuple(offsets))
+
+    def idempotent_keys(self, since_ms: int) -> Iterator[StoredKey]:
+        return record_keys(self.log, 0, len(self.log), 0, since_ms)
 
     def flush_future(self, end_offset: int) -> Future[bool]:
         fut: Future[bool] = Future()

@@ -141,6 +141,15 @@ def test_the_report_turns_each_finding_into_a_failure() -> None:
     assert len(rep.failures()) == 3
 
 
+@pytest.mark.parametrize(("idempotent", "failures"), [(True, ["duplicated_explained"]), (False, [])])
+def test_a_duplicate_the_retries_explain_fails_a_run_of_idempotent_producers(idempotent: bool,
+                                                                              failures: list[str]) -> None:
+    rep = ChaosReport(profile="t", mode="sync", disk="fault-layer", seed=1, root="/x", targets=(0, 0),
+                      idempotent=idempotent)
+    rep.verdict = run(ledger([0, 2], [1, 2]), keys(0, 1, 1))
+    assert [f.split(":")[0] for f in rep.failures()] == failures
+
+
 @pytest.mark.parametrize(("mode", "failures"), [("sync", 1), ("async", 0)])
 def test_acknowledged_messages_a_slave_lacked_fail_only_a_sync_run(mode: str, failures: int) -> None:
     rep = ChaosReport(profile="t", mode=mode, disk="fault-layer", seed=1, root="/x", targets=(0, 0))

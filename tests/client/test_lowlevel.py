@@ -28,8 +28,9 @@ def test_public_names_are_pinned_and_documented() -> None:
         "DEFAULT_TOPIC", "RETRY_RESPONSE_CODES", "AsyncBrokerClient", "BrokerClient", "BrokerDownTable",
         "FaultToleranceConfig", "FindBrokerResult", "LatencyFaultTolerance", "PullNodeTable", "PullPlan",
         "PullRequestHeader", "PullTarget", "QueueSelector", "RawPullResult", "RawSendResult", "RouteCache",
-        "SendAttempts", "SendRequestHeader", "TopicPublishInfo", "check_batch", "default_route_for",
-        "find_broker_address_in_subscribe", "is_retriable", "plan_pull", "raw_pull_refused",
+        "SendAttempts", "SendRequestHeader", "SendWhere", "TopicPublishInfo", "check_batch", "default_route_for",
+        "find_broker_address_in_subscribe", "group_for_key", "is_retriable", "may_be_stored", "plan_pull",
+        "raw_pull_refused",
         "topic_route_to_publish_info", "topic_route_to_subscribe_info", "validate_message",
     ]
     for name in ll.__all__:

@@ -46,13 +46,20 @@ def test_send_ok_and_unique_key(fake, producer) -> None:
     assert r.offset_msg_id == codec.create_offset_msg_id(codec.pack_host("127.0.0.1", 10911), 0)
 
 
-def test_system_busy_then_success_on_another_broker(fake, producer) -> None:
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_system_busy_then_success_on_another_broker(fake, idempotent: bool) -> None:
+    """RocketMQ's rule: the retry avoids the broker that answered SYSTEM_BUSY. An idempotent send stays: that
+    answer may come after the broker stored the message (DLedger's quorum wait), and only that group's duplicate
+    window can tell a retry from a new message."""
+    fake.add_topic("T", GROUPS)
+    fake.instance()
     fake.script[A] = [2]  # start_index 0: the first pick is broker-a:1
-    r = producer.send(Message("T", b"x"))
+    with Producer("pg", fake.namesrv, start_index=0, idempotent=idempotent) as p:
+        r = p.send(Message("T", b"x"))
     sends = fake.sends()
     assert len(sends) == 2
     first, second = (f"{s.url.host}:{s.url.port}" for s in sends)
-    assert first != second  # the retry avoided the broker that answered SYSTEM_BUSY
+    assert (first != second) is not idempotent
     assert r.send_status is SendStatus.SEND_OK
     assert r.message_queue.broker_name == ("broker-a" if second == A else "broker-b")
 

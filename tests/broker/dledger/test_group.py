@@ -197,7 +197,9 @@ def test_without_a_quorum_a_send_fails_and_the_pending_bound_answers_at_once(clu
     followers = [b for b in cluster.members(GROUP) if b is not leader]
     target = f"http://{leader.addr}/send"
     params = {"topic": TOPIC, "queueId": 0, "producerGroup": "pg"}
-    with Producer("pg", cluster.namesrv_addr, send_timeout_s=10) as p:
+    # A plain producer: its three attempts at "alone" append three entries, which fill maxPendingRequestsNum (an
+    # idempotent one's retries are answered from the first entry, which appends nothing more).
+    with Producer("pg", cluster.namesrv_addr, send_timeout_s=10, idempotent=False) as p:
         p.send(Message(TOPIC, b"before", keys="before"))
         for f in followers:
             f.pause()
@@ -208,13 +210,12 @@ def test_without_a_quorum_a_send_fails_and_the_pending_bound_answers_at_once(clu
             took = time.monotonic() - t0
             assert "quorum" in str(e.value) or "SYSTEM_BUSY" in str(e.value) or "busy" in str(e.value).lower()
             assert took < 3 * (1.0 + 0.5), took  # maxWaitAckTimeMs per attempt (1 + 2 retries), with slack
-            results: list[tuple[int, float]] = []
+            results: list[tuple[int, bytes]] = []
 
             def one() -> None:
-                t = time.monotonic()
                 body = encode_one(f"burst{threading.get_ident()}")
                 r = httpx.post(target, params=params, content=body, timeout=10)
-                results.append((r.status_code, time.monotonic() - t))
+                results.append((r.status_code, r.content))
 
             threads = [threading.Thread(target=one) for _ in range(6)]
             for t in threads:
@@ -222,8 +223,10 @@ def test_without_a_quorum_a_send_fails_and_the_pending_bound_answers_at_once(clu
             for t in threads:
                 t.join()
             assert all(code != 200 for code, _ in results), results
-            quick = [took for code, took in results if took < 0.5]
-            assert len(quick) >= 3, results  # past maxPendingRequestsNum=3 the leader answers at once
+            # past maxPendingRequestsNum=3 the leader answers at once, naming the bound (not after a quorum wait;
+            # read from the answer, not a wall clock a loaded machine stretches)
+            bounded = [body for code, body in results if b"maxPendingRequestsNum" in body]
+            assert len(bounded) >= 3, results
         finally:
             for f in followers:
                 f.resume()

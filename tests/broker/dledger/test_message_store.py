@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from broker.dledger.config import DLedgerConfig
 from broker.dledger.election import ElectionTimings
@@ -17,8 +18,9 @@ from broker.dledger.member import Role
 from broker.dledger.message_store import DLedgerMessageStore
 from broker.dledger.server import DLedgerServer, peer_clients
 from broker.store.api import GetMessageStatus, PutMessageStatus
-from common.codec import decode_records
-from common.codes import BrokerRole
+from common.codec import decode_batch, decode_records, encode_batch
+from common.codes import BrokerRole, SysFlag
+from common.message import Message
 from tests.broker.dledger.faults import Faults, FaultyNetwork
 from tests.broker.store.conftest import FakeClock, batch, small_config
 from tests.waiting import wait_until
@@ -267,5 +269,47 @@ def test_the_leader_dispatches_its_entries_from_the_hand_over_only_for_the_same_
         await second.committed  # type: ignore[misc]
         assert queue_bodies(store) == [b"own", b"own", b"other", b"other"]
         assert used == [first.wrote_offset] and parsed == [second.wrote_offset]
+
+    run(tmp_path, scenario)
+
+
+def test_a_new_leader_reads_back_the_idempotent_records_of_its_log(tmp_path: Path) -> None:
+    """What fills a new leader's duplicate window: every idempotent record of its log, those of the old leader's
+    entries included (none of the plain ones); the leader's own entries that no quorum stored yet too."""
+    idem = int(SysFlag.IDEMPOTENT)
+
+    def items(*keys: str, bit: bool = True) -> list[Any]:
+        return decode_batch(encode_batch([Message("T", b"x" * 50) for _ in keys], born_timestamp_ms=1,
+                                         uniq_keys=list(keys), sys_flag=idem if bit else 0))
+
+    async def scenario(m: Members) -> None:
+        node, store = await m.leader()
+        results = [store.append_batch("T", 0, items("a", "b"), born_host=HOST),
+                   store.append_batch("T", 0, items("p", bit=False), born_host=HOST),
+                   store.append_batch("T", 0, items("c"), born_host=HOST)]
+        for r in results:
+            await r.committed  # type: ignore[misc]
+        want = [(b"a", results[0].physical_offsets[0], 0), (b"b", results[0].physical_offsets[1], 1),
+                (b"c", results[2].physical_offsets[0], 3)]
+        old = node.state.self_id
+        await node.stop()
+        new = await wait_until(lambda: next((n for p, n in m.nodes.items() if p != old
+                                             and n.state.role is Role.LEADER), None), 10, "a new leader")
+        new_store = await m.serve(new)
+        assert [(k.key, k.offset, k.queue_offset) for k in new_store.idempotent_keys(0)] == want
+        since = results[0].store_timestamp
+        assert [k.key for k in new_store.idempotent_keys(since)] == (
+            [b"c"] if results[2].store_timestamp > since else [])
+        lonely = next(p for p in m.peers if p not in (old, new.state.self_id))
+        m.faults(new).block(lonely)  # no quorum: the next entry stays uncommitted on the leader
+        r = new_store.append_batch("T", 0, items("d"), born_host=HOST)
+        assert r.status is PutMessageStatus.PUT_OK and not r.committed.done()  # type: ignore[union-attr]
+        assert [k.key for k in new_store.idempotent_keys(0)] == [b"a", b"b", b"c", b"d"]
+        assert new_store.entry_committed(r.entry) is False  # type: ignore[arg-type]
+        m.faults(new).heal()
+        await r.committed  # type: ignore[misc]
+        assert new_store.entry_committed(r.entry) is True  # type: ignore[arg-type]
+        m.nodes.pop(old)
+        m.stores.pop(old).shutdown()
 
     run(tmp_path, scenario)
