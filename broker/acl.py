@@ -89,6 +89,11 @@ def _producer_group(principal: Principal, request: Request) -> None:
 
 _TOPIC_SUB = topic_arg("topic", SUB)
 
+
+def _any_account(principal: Principal, request: Request) -> None:
+    """Any signed account: the group identity is an opaque id every reader that keeps offsets needs (a Spark
+    job's account has SUB on its topic only, and the id names no topic)."""
+
 #: ``{(method, path): rule}`` for every broker endpoint.
 BROKER_RULES: Mapping[tuple[str, str], Rule] = {
     # data path
@@ -122,6 +127,7 @@ BROKER_RULES: Mapping[tuple[str, str], Rule] = {
     ("GET", "/offsets"): ADMIN,
     ("GET", "/delay-offsets"): ADMIN,
     ("GET", "/runtime"): ADMIN,
+    ("GET", "/identity"): _any_account,
     ("GET", "/ha"): ADMIN,
     ("GET", "/metrics"): ADMIN,  # or the aclMetricsToken bearer token, checked by the gate
     ("POST", "/commitlog/clean"): ADMIN,

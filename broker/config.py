@@ -26,7 +26,8 @@ from broker.store.retention import RetentionConfig, parse_delete_when
 from common.codes import BrokerRole, FlushDiskType, Perm
 from common.tls import TlsConfigError, client_context, server_context
 
-__all__ = ["BrokerConfig", "BrokerTls", "ConfigError", "LoadedConfig", "load_config", "parse_set_options"]
+__all__ = ["SLAVE_TRANSFER_DEFAULTS", "BrokerConfig", "BrokerTls", "ConfigError", "LoadedConfig", "load_config",
+           "parse_set_options"]
 
 
 class ConfigError(ValueError):
@@ -786,10 +787,10 @@ KEY_DOCS: dict[str, str] = {
     "messageIndexEnable": "Index message keys and unique ids for queries by key and by msgId.",
     "maxHashSlotNum": "Hash slots per index file (4 bytes each).",
     "maxIndexNum": "Entries per index file (20 bytes each); a full file is followed by a new one.",
-    "maxTransferBytesOnMessageInMemory": "Bytes per pull answer at most while the consumer reads hot data.",
-    "maxTransferCountOnMessageInMemory": "Messages per pull answer at most while the consumer reads hot data.",
-    "maxTransferBytesOnMessageInDisk": "Bytes per pull answer at most while the consumer reads cold data.",
-    "maxTransferCountOnMessageInDisk": "Messages per pull answer at most while the consumer reads cold data.",
+    "maxTransferBytesOnMessageInMemory": "Bytes per pull answer at most while the consumer reads hot data. The default is a master's (RocketMQ's); a slave (`brokerRole=SLAVE`) that does not set it serves 4194304 (4 MiB): it takes no client writes and serves the large reads of a read/write split (docs/SPARK.md).",
+    "maxTransferCountOnMessageInMemory": "Messages per pull answer at most while the consumer reads hot data. The default is a master's (RocketMQ's); a slave (`brokerRole=SLAVE`) that does not set it serves 1024, what the Spark connector asks per pull (docs/SPARK.md).",
+    "maxTransferBytesOnMessageInDisk": "Bytes per pull answer at most while the consumer reads cold data (a master's cap keeps cold reads from evicting its writers' pages). A slave (`brokerRole=SLAVE`) that does not set it serves 4194304: replays are cold by nature, and a slave is where they belong.",
+    "maxTransferCountOnMessageInDisk": "Messages per pull answer at most while the consumer reads cold data. A slave (`brokerRole=SLAVE`) that does not set it serves 1024. DLedger members keep a master's caps (any of them may lead).",
     "longPollingEnable": "A pull that finds nothing waits for new messages up to its suspend timeout (else `shortPollingTimeMills`).",
     "shortPollingTimeMills": "Milliseconds an empty pull is held when long polling is off.",
     "maxSuspendTimeoutMs": "SplitMQ: upper bound in milliseconds of a parked pull, whatever the request asks.",
@@ -865,13 +866,31 @@ def _derive_dledger(values: dict[str, Any]) -> None:
     values["broker_id"] = -1
 
 
+#: The pull-answer caps of a slave (``brokerRole=SLAVE``) whose file does not set them, field -> value. A master
+#: keeps RocketMQ's (32 messages / 256 KiB hot, 8 / 64 KiB cold). Those caps protect a master: a pull answer is
+#: built while writers wait on the same broker, and a cold read's page faults evict the pages its producers and
+#: tailing consumers use. A slave in a read/write split takes no client writes and exists to serve exactly the
+#: reads that are large and cold (replays, Spark jobs); with RocketMQ's caps each of its answers carries 8 to 32
+#: messages and the reader waits a round trip per handful of messages (``benchmarks peers``: 60k msgs/s from a
+#: slave with the caps, 241k with these). 1024 messages / 4 MiB, hot or cold, is what the Spark connector and the
+#: benchmarks ask per pull (``pullBatchSize`` / ``pullMaxBytes``), so one answer is one pull.
+SLAVE_TRANSFER_DEFAULTS: Mapping[str, int] = {
+    "max_transfer_count_on_message_in_memory": 1024,
+    "max_transfer_bytes_on_message_in_memory": 4 * 1024 * 1024,
+    "max_transfer_count_on_message_in_disk": 1024,
+    "max_transfer_bytes_on_message_in_disk": 4 * 1024 * 1024,
+}
+
+
 def _derive(values: dict[str, Any], given: set[str]) -> None:
     role = values.get("broker_role", BrokerRole.ASYNC_MASTER)
     if values.get("enable_dleger_commit_log"):
-        _derive_dledger(values)
+        _derive_dledger(values)  # a member may lead at any time: it keeps a master's caps
     elif role is BrokerRole.SLAVE:
         if values.get("broker_id", 0) <= 0:
             raise ConfigError(f"Slave's brokerId must be > 0 (brokerId={values.get('broker_id', 0)})")
+        for field, value in SLAVE_TRANSFER_DEFAULTS.items():
+            values.setdefault(field, value)
     else:
         values["broker_id"] = 0  # RocketMQ forces masters to id 0 whatever the file says
     listen = values.get("listen_port", 10911)

@@ -41,6 +41,7 @@ from broker.dledger.message_store import DLedgerMessageStore
 from broker.dledger.roles import RoleHandler
 from broker.dledger.server import DLedgerServer
 from broker.durability import Durability, DurabilityWaiter, QuorumWait
+from broker.group_identity import GroupIdentity
 from broker.ha import HAClient, HAService
 from broker.ha.api import HAClientAPI, HAServiceAPI
 from broker.long_polling import PullHoldService
@@ -140,6 +141,8 @@ class BrokerController:
                                                max_auto_create=config.max_auto_create_subscription_groups,
                                                clock_ms=self._clock_ms)
         self.delay_offsets = DelayOffsetManager(cfg_dir)
+        self.group_identity = GroupIdentity(cfg_dir, config.broker_name, clock_ms=self._clock_ms)
+        """The id of this group's store that readers keep with their offsets (:mod:`broker.group_identity`)."""
         self.clients = ClientTable(clock_ms=self._clock_ms)
         self.last_pulls = LastPulls()
         self.hold = PullHoldService(config.max_parked_pulls)
@@ -280,6 +283,7 @@ class BrokerController:
 
     async def _became_master(self) -> None:
         self.master_addr = None
+        self._mint_group_identity()
         await self.schedule.start()
         if self.timer is not None:
             await self.timer.start()
@@ -328,7 +332,8 @@ class BrokerController:
                                register_now=self.register_now, clean_now=self._clean_now,
                                status=StatusViews(self.runtime_info, self.ha_status, self.metrics_text,
                                                   self.dledger_status if self.dledger else None,
-                                                  self._transfer_leadership if self.dledger else None))
+                                                  self._transfer_leadership if self.dledger else None,
+                                                  self.group_identity.to_json))
         queue_locks = QueueLockProcessor(cfg, addr=addr, role=self.role, table=self.queue_locks)
         transactions = TransactionProcessor(self.transactions, durability=self.durability, role=self.role,
                                             broker_name=cfg.broker_name, addr=addr,
@@ -368,6 +373,15 @@ class BrokerController:
         """Read the JSON metadata files (each falls back to its ``.bak``)."""
         for manager in (self.topics, self.offsets, self.groups, self.delay_offsets):
             manager.load()
+        self.group_identity.load()
+
+    def _mint_group_identity(self) -> None:
+        """As master: make sure the group has an identity (a failed write is retried at the next start)."""
+        try:
+            self.group_identity.ensure_minted()
+        except OSError as e:
+            log.error("cannot persist the group identity of %s (readers cannot check their offsets against this "
+                      "store until it is): %s", self.config.broker_name, e)
 
     async def start(self, *, dledger_sock: socket.socket | None = None) -> None:
         """Load metadata, hook the store, start HA (or the DLedger member, listening on ``dledger_sock`` when
@@ -402,6 +416,7 @@ class BrokerController:
         if not cfg.is_slave:
             if dledger is None:
                 self.rebuild_dedup()  # before the first send: a retry of a send the crash left unanswered is known
+            self._mint_group_identity()
             await self.schedule.start()  # only a master redelivers delayed messages (docs/SEMANTICS.md 8.2)
             if self.timer is not None:
                 await self.timer.start()
@@ -430,7 +445,7 @@ class BrokerController:
             self.slave_sync = SlaveSynchronizer(
                 master_addr=lambda: self.master_addr if self.role.is_slave else None, own_addr=self.addr,
                 topics=self.topics, offsets=self.offsets, groups=self.groups, delay_offsets=self.delay_offsets,
-                client=self.http, scheme=self._scheme,
+                client=self.http, scheme=self._scheme, identity=self.group_identity,
             )
             self._spawn(self.slave_sync.run_periodic(cfg.slave_metadata_sync_interval_ms / 1000.0), "slave-sync")
         if dledger is not None:
@@ -616,6 +631,8 @@ class BrokerController:
             "haAddr": self.ha_addr,
             "flushDiskType": cfg.flush_disk_type.value,
             "slaveReadEnable": cfg.slave_read_enable,
+            "enablePropertyFilter": cfg.enable_property_filter,
+            "groupIdentity": self.group_identity.value,
             "brokerPermission": cfg.broker_permission,
             "commitLogMaxOffset": store.max_physical_offset,
             "commitLogMinOffset": store.min_physical_offset,

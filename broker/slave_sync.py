@@ -1,5 +1,6 @@
 """Slave metadata sync (docs/SEMANTICS.md 5, 4.9.3 rules, decision 7): every ``slaveMetadataSyncInterval`` (10 s) a
-slave fetches its master's topics, consumer offsets, delay offsets and subscription groups and applies them.
+slave fetches its master's topics, consumer offsets, delay offsets and subscription groups and applies them, and
+the group identity of the store (:mod:`broker.group_identity`).
 
 Apply rules, kept pure (:func:`plan_topics`, :func:`plan_groups`, :func:`merge_offsets`):
 topics and groups are replaced wholesale when the master's DataVersion differs from the slave's; consumer
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from broker.group_identity import GroupIdentity
 from broker.metadata import (
     ConsumerOffsetManager,
     DelayOffsetManager,
@@ -81,7 +83,7 @@ class SlaveSynchronizer:
     def __init__(self, *, master_addr: Callable[[], str | None], own_addr: str, topics: TopicConfigManager,
                  offsets: ConsumerOffsetManager, groups: SubscriptionGroupManager,
                  delay_offsets: DelayOffsetManager, client: httpx.AsyncClient, timeout_s: float = 3.0,
-                 scheme: str = "http") -> None:
+                 scheme: str = "http", identity: GroupIdentity | None = None) -> None:
         self._master_addr = master_addr
         self._scheme = scheme  # "https" with tlsEnable
         self._own_addr = own_addr
@@ -89,6 +91,7 @@ class SlaveSynchronizer:
         self._offsets = offsets
         self._groups = groups
         self._delay = delay_offsets
+        self._identity = identity
         self._client = client
         self._timeout_s = timeout_s
         self.rounds = 0
@@ -122,8 +125,14 @@ class SlaveSynchronizer:
             self._groups.replace_all(*plan)
             log.info("synced %d subscription groups from the master", len(plan[0]))
 
+    def _apply_identity(self, obj: dict[str, Any]) -> None:
+        assert self._identity is not None
+        if self._identity.adopt(obj):
+            log.info("synced the group identity %s from the master", self._identity.value)
+
     async def sync_all(self) -> int:
-        """One round over the four items; returns how many succeeded (0 when paused)."""
+        """One round over the items (four, five with the group identity); returns how many succeeded (0 when
+        paused)."""
         addr = self._master_addr()
         if not addr or addr == self._own_addr:
             return 0
@@ -131,6 +140,8 @@ class SlaveSynchronizer:
             ("/topics", self._apply_topics), ("/offsets", self._apply_offsets),
             ("/delay-offsets", self._apply_delay), ("/subscription-groups", self._apply_groups),
         ]
+        if self._identity is not None:
+            items.append(("/identity", self._apply_identity))
         ok = 0
         for path, apply in items:
             try:

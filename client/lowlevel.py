@@ -263,6 +263,12 @@ class _LowLevelCore:
                                    f"{kind} offset of {mq} from {addr}", rq.parse_offset))
 
     @staticmethod
+    def _group_identity_op(addr: str) -> Op[str | None]:
+        obj = yield from call_op("GET", addr, "/identity", f"group identity of {addr}", rq.json_of)
+        value = obj.get("groupIdentity")
+        return value if isinstance(value, str) and value else None
+
+    @staticmethod
     def _commit_offsets_op(addr: str, group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> Op[None]:
         yield from call_op("POST", addr, "/offset/consumer", f"consumer offset commit to {addr}", rq.json_of,
                            rq.commit_offsets_body(group, offsets))
@@ -438,6 +444,18 @@ class BrokerClient(_LowLevelCore):
         """
         return self._inst.drive(self._queue_offset_op(addr, kind, mq, timestamp_ms))
 
+    def group_identity(self, addr: str) -> str | None:
+        """The identity of the store of the broker group the member at ``addr`` belongs to (``GET /identity``):
+        minted by the group's first master, copied to its slaves, kept across restarts; another cluster, or a
+        wiped store, has another. None while a slave has not copied its master's yet. Queue offsets only
+        mean something in the store of one identity: keep it with offsets you keep.
+
+        Raises:
+            TransportError: no answer.
+            BrokerError: the broker answered an error code.
+        """
+        return self._inst.drive(self._group_identity_op(addr))
+
     def commit_offsets(self, addr: str, group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> None:
         """Store ``group``'s consumed offset of each queue on the member at ``addr`` (``POST /offset/consumer``).
 
@@ -517,6 +535,10 @@ class AsyncBrokerClient(_LowLevelCore):
                            ) -> int:
         """See :meth:`BrokerClient.queue_offset`."""
         return await self._inst.drive(self._queue_offset_op(addr, kind, mq, timestamp_ms))
+
+    async def group_identity(self, addr: str) -> str | None:
+        """See :meth:`BrokerClient.group_identity`."""
+        return await self._inst.drive(self._group_identity_op(addr))
 
     async def commit_offsets(self, addr: str, group: str, offsets: Iterable[tuple[MessageQueue, int]]) -> None:
         """See :meth:`BrokerClient.commit_offsets`."""

@@ -3,21 +3,33 @@
 Spark hands a data source its options as a case-insensitive mapping whose keys arrive lower-cased and whose
 values are all strings. Everything is validated here, on the driver, when ``load()`` calls ``schema()``, so a
 bad option fails before any task runs and the message names the option as the user spelled it in the docs.
-Unknown options only log a warning (a typo should be visible, but must not break a job).
+An unknown source option fails too, naming the nearest known one (a typo such as ``startingOffset`` would
+otherwise read from the default position without a word); an unknown sink option only logs a warning.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from client import ClientConfig, Credentials
-from spark_connector.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets_json
+from common.selector import EXPRESSION_TYPES, SQL92, TAG
+from spark_connector.errors import OptionError
+from spark_connector.offsets import (
+    EARLIEST,
+    LATEST,
+    OffsetMap,
+    OffsetSpec,
+    parse_offsets_json,
+    parse_timestamps_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +49,21 @@ DEFAULT_PULL_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_PULL_CONCURRENCY = 4
 MAX_PULL_CONCURRENCY = 64
 DEFAULT_SEND_CONCURRENCY = 4
+#: Kafka's default ``maxTriggerDelay``: with ``minOffsetsPerTrigger``, a micro-batch runs at the latest this long
+#: after the previous one, however little is new.
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 
 #: Canonical (documented) spelling of every source option, keyed by its lower-cased form.
 _SOURCE_KEYS = {
     k.lower(): k
     for k in (
-        "nameserver", "namesrvAddr", "topic", "subExpression", "startingOffsets", "startingTimestamp",
-        "endingOffsets", "endingTimestamp", "maxOffsetsPerTrigger", "minPartitions", "maxRecordsPerPartition",
-        "failOnDataLoss", "pullFrom", "slaveFallback", "pullBatchSize", "pullMaxBytes", "pullConcurrency",
-        "pullTimeoutMs", "pullRetries",
-        "retryBackoffMs", "includeProperties", "group", "commitOffsetsToBroker", "maxBatchRows",
-        "maxBatchBytes", "path", "accessKey", "secretKey", "tlsCaFile",
+        "nameserver", "namesrvAddr", "topic", "subscribe", "subscribePattern", "subExpression", "expressionType",
+        "filterPushdown", "startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp", "endingOffsets",
+        "endingTimestamp", "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
+        "maxTriggerDelay", "minPartitions", "maxRecordsPerPartition", "failOnDataLoss", "pullFrom", "slaveFallback",
+        "pullBatchSize", "pullMaxBytes", "pullConcurrency", "pullTimeoutMs", "pullRetries", "retryBackoffMs",
+        "includeProperties", "includeHeaders", "group", "commitOffsetsToBroker", "maxBatchRows", "maxBatchBytes",
+        "path", "accessKey", "secretKey", "tlsCaFile",
     )
 }
 _SINK_KEYS = {
@@ -67,32 +83,43 @@ def redacted(options: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): "<redacted>" if str(k).lower() in _SECRET_OPTIONS else str(v) for k, v in options.items()}
 
 
-class OptionError(ValueError):
-    """A ``rocketmq`` source or sink option is missing or has a bad value; the message names the option."""
-
-
 @attrs.frozen
 class SourceOptions:
     """Validated options of a batch or streaming read."""
 
     nameserver: str
     """Nameserver addresses, ``;``-joined."""
-    topic: str
-    """Topic to read."""
+    topics: tuple[str, ...] = ()
+    """Topics to read (``topic`` or ``subscribe``); empty with ``subscribePattern``."""
+    topic_pattern: str | None = None
+    """``subscribePattern``: read every topic whose whole name matches this regular expression."""
     streaming: bool = False
     """Whether these options belong to a ``readStream`` (changes defaults and what is allowed)."""
     sub_expression: str = "*"
-    """Tag filter, ``*`` or ``TagA || TagB``."""
+    """The subscription: a tag filter ``*`` / ``TagA || TagB``, or an SQL92 filter with ``expression_type``."""
+    expression_type: str = TAG
+    """``TAG`` or ``SQL92`` (``expressionType``): how the brokers read ``sub_expression``."""
+    filter_pushdown: bool = True
+    """Batch reads: hand Spark's filters on tags, keys, store times, offsets and queues to the brokers."""
     starting_offsets: OffsetSpec = EARLIEST
     """``"earliest"``, ``"latest"`` or ``{(topic, brokerName, queueId): offset}`` with -2/-1 markers."""
     starting_timestamp_ms: int | None = None
-    """Start each queue at the first message stored at or after this time; beats ``starting_offsets``."""
+    """Start each queue at the first message stored at or after this time; beats the two below."""
+    starting_offsets_by_timestamp: OffsetMap | None = None
+    """``startingOffsetsByTimestamp``: per queue, the time to start at; beats ``starting_offsets`` for the queues it
+    names."""
     ending_offsets: OffsetSpec = LATEST
     """Batch only: ``"latest"`` or a JSON map (-1 = latest)."""
     ending_timestamp_ms: int | None = None
     """Batch only: end each queue at the first message stored at or after this time."""
+    ending_offsets_by_timestamp: OffsetMap | None = None
+    """Batch only, ``endingOffsetsByTimestamp``: per queue, the time to end at."""
     max_offsets_per_trigger: int | None = None
     """Streaming: the most offsets per micro-batch, prorated by backlog."""
+    min_offsets_per_trigger: int | None = None
+    """Streaming: skip a trigger while fewer offsets than this are new (at most ``max_trigger_delay_ms``)."""
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    """Streaming, with ``min_offsets_per_trigger``: the longest a micro-batch waits for that many."""
     min_partitions: int | None = None
     """Split queue ranges so the task count reaches about this many."""
     max_records_per_partition: int | None = None
@@ -138,6 +165,23 @@ class SourceOptions:
             return None
         return ClientConfig(credentials=self.credentials, tls_ca_file=self.tls_ca_file)
 
+    @property
+    def topic(self) -> str:
+        """The one topic of a single-topic read (the first of several).
+
+        Raises:
+            ValueError: the read names no topic (``subscribePattern``).
+        """
+        if not self.topics:
+            raise ValueError(f"subscribePattern {self.topic_pattern!r} names no single topic")
+        return self.topics[0]
+
+    def describe_topics(self) -> str:
+        """The topics as a message names them."""
+        if self.topic_pattern is not None:
+            return f"topics matching {self.topic_pattern!r}"
+        return ("topic " if len(self.topics) == 1 else "topics ") + ", ".join(self.topics)
+
 
 @attrs.frozen
 class SinkOptions:
@@ -164,9 +208,15 @@ class SinkOptions:
 
 
 class _Reader:
-    """Typed access to a lower-cased option mapping; each getter names the option in its error."""
+    """Typed access to a lower-cased option mapping; each getter names the option in its error.
 
-    def __init__(self, options: Mapping[str, Any], known: Mapping[str, str]) -> None:
+    Args:
+        options: Spark's option mapping.
+        known: the documented options, keyed by their lower-cased spelling.
+        strict: an unknown option is an :class:`OptionError` (the source) rather than a warning (the sink).
+    """
+
+    def __init__(self, options: Mapping[str, Any], known: Mapping[str, str], *, strict: bool) -> None:
         self.values: dict[str, str] = {}
         self.client: dict[str, str] = {}
         unknown: list[str] = []
@@ -178,6 +228,13 @@ class _Reader:
                 self.values[low] = "" if value is None else str(value)
             else:
                 unknown.append(str(key))
+        if unknown and strict:
+            hints = []
+            for name in sorted(unknown):
+                near = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.6)
+                hints.append(f"{name} (did you mean {known[near[0]]}?)" if near else name)
+            raise OptionError(f"unknown rocketmq source option {', '.join(hints)}: remove it or fix its name "
+                              f"(every option is in docs/SPARK.md, client.* passes SDK settings through)")
         if unknown:
             log.warning("rocketmq: ignoring unknown option(s) %s; known options: %s",
                         ", ".join(sorted(unknown)), ", ".join(sorted(known.values())))
@@ -257,6 +314,16 @@ def _credentials(r: _Reader) -> Credentials | None:
         raise OptionError(f"option accessKey/secretKey: {e}") from None
 
 
+def _checked_topic(name: str, topic: str) -> str:
+    from common.properties import validate_topic
+
+    try:
+        validate_topic(topic)
+    except Exception as e:
+        raise OptionError(f"option {name}: {e}") from None
+    return topic
+
+
 def _topic(r: _Reader, *, required: bool) -> str | None:
     topic = r.get_str("topic")
     if topic is None:
@@ -264,14 +331,88 @@ def _topic(r: _Reader, *, required: bool) -> str | None:
             raise OptionError("option topic is required")
         return None
     if "," in topic:
-        raise OptionError(f"option topic: one topic per query is supported, got {topic!r}")
-    from common.properties import validate_topic
+        raise OptionError(f"option topic names one topic, got {topic!r}: use option subscribe for several")
+    return _checked_topic("topic", topic)
 
+
+def _source_topics(r: _Reader) -> tuple[tuple[str, ...], str | None]:
+    """``(topics, pattern)`` from exactly one of ``topic``, ``subscribe`` and ``subscribePattern``."""
+    given = [name for name in ("topic", "subscribe", "subscribePattern") if r.has(name)]
+    if not given:
+        raise OptionError("option topic is required (or subscribe=T1,T2, or subscribePattern=regex)")
+    if len(given) > 1:
+        raise OptionError(f"options {' and '.join(given)} both choose the topics: give only one of topic, "
+                          "subscribe and subscribePattern")
+    if given[0] == "topic":
+        topic = _topic(r, required=True)
+        assert topic is not None
+        return (topic,), None
+    if given[0] == "subscribe":
+        raw = r.get_str("subscribe") or ""
+        topics = [t.strip() for t in raw.split(",") if t.strip()]
+        if not topics:
+            raise OptionError(f"option subscribe names no topic: {raw!r} (comma-separated topic names)")
+        if len(set(topics)) != len(topics):
+            raise OptionError(f"option subscribe names a topic twice: {raw!r}")
+        return tuple(sorted(_checked_topic("subscribe", t) for t in topics)), None
+    pattern = r.get_str("subscribePattern") or ""
     try:
-        validate_topic(topic)
-    except Exception as e:
-        raise OptionError(f"option topic: {e}") from None
-    return topic
+        re.compile(pattern)
+    except re.error as e:
+        raise OptionError(f"option subscribePattern {pattern!r} is not a regular expression: {e}") from None
+    return (), pattern
+
+
+_DURATION = re.compile(r"^(\d+)\s*(ms|s|m|min|h|d)?$")
+_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(r: _Reader, name: str, default: int) -> int:
+    """A duration as Spark writes them (``15m``, ``30s``, ``500ms``, ``2h``; a bare number is milliseconds)."""
+    v = r.get_str(name)
+    if v is None:
+        return default
+    m = _DURATION.match(v.strip().lower())
+    if m is None:
+        raise OptionError(f"option {name} must be a duration such as 15m, 30s or 500ms, got {v!r}")
+    return int(m.group(1)) * _DURATION_MS[m.group(2)]
+
+
+def _timestamps_option(r: _Reader, name: str) -> OffsetMap | None:
+    v = r.get_str(name)
+    if v is None:
+        return None
+    try:
+        return parse_timestamps_json(json.loads(v))
+    except json.JSONDecodeError as e:
+        raise OptionError(f"option {name} is not valid JSON: {e}") from None
+    except ValueError as e:
+        raise OptionError(f"option {name}: {e}") from None
+
+
+def _subscription(r: _Reader) -> tuple[str, str]:
+    """``(subExpression, expressionType)``; an SQL92 expression is parsed here, so a bad one fails at load()."""
+    expression_type = (r.get_str("expressionType", TAG) or TAG).upper()
+    if expression_type not in EXPRESSION_TYPES:
+        raise OptionError(f"option expressionType must be TAG or SQL92, got {expression_type!r}")
+    sub = r.get_str("subExpression", "*") or "*"
+    if expression_type == SQL92:
+        from common.sql92 import SqlFilterError, compile_sql
+
+        try:
+            compile_sql(sub)
+        except SqlFilterError as e:
+            raise OptionError(f"option subExpression is not an SQL92 filter: {e}") from None
+    return sub, expression_type
+
+
+def _include_properties(r: _Reader) -> bool:
+    props = r.get_bool("includeProperties", False) if r.has("includeProperties") else None
+    headers = r.get_bool("includeHeaders", False) if r.has("includeHeaders") else None
+    if props is not None and headers is not None and props != headers:
+        raise OptionError("options includeHeaders and includeProperties disagree: they are the same switch (the "
+                          "properties column holds RocketMQ's user properties, Kafka's headers); give one")
+    return bool(props if props is not None else headers)
 
 
 def _concurrency(r: _Reader, name: str, default: int) -> int:
@@ -316,9 +457,8 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
     Raises:
         OptionError: a required option is missing or a value is malformed; the message names the option.
     """
-    r = _Reader(options, _SOURCE_KEYS)
-    topic = _topic(r, required=True)
-    assert topic is not None
+    r = _Reader(options, _SOURCE_KEYS, strict=True)
+    topics, pattern = _source_topics(r)
     nameserver = _nameserver(r)
     starting: OffsetSpec
     ending: OffsetSpec
@@ -326,13 +466,14 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
         starting = _offset_option(r, "startingOffsets", EARLIEST, allow=(EARLIEST, LATEST))
         ending = _offset_option(r, "endingOffsets", LATEST, allow=(LATEST,))
     elif streaming:
-        for batch_only in ("endingOffsets", "endingTimestamp"):
+        for batch_only in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
             if r.has(batch_only):
                 raise OptionError(f"option {batch_only} is for batch reads only; a stream has no end")
         starting = _offset_option(r, "startingOffsets", LATEST, allow=(EARLIEST, LATEST))
         ending = LATEST
     else:
-        for stream_only in ("maxOffsetsPerTrigger", "commitOffsetsToBroker"):
+        for stream_only in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+                            "commitOffsetsToBroker"):
             if r.has(stream_only):
                 raise OptionError(f"option {stream_only} is for streaming reads only")
         starting = _offset_option(r, "startingOffsets", EARLIEST, allow=(EARLIEST,))
@@ -342,7 +483,14 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
     pull_from = (r.get_str("pullFrom", "auto") or "auto").lower()
     if pull_from not in PULL_FROM_CHOICES:
         raise OptionError(f"option pullFrom must be one of {', '.join(PULL_FROM_CHOICES)}, got {pull_from!r}")
-    sub = r.get_str("subExpression", "*") or "*"
+    sub, expression_type = _subscription(r)
+    max_per_trigger = r.get_int("maxOffsetsPerTrigger", None, minimum=1)
+    min_per_trigger = r.get_int("minOffsetsPerTrigger", None, minimum=1)
+    if max_per_trigger is not None and min_per_trigger is not None and min_per_trigger > max_per_trigger:
+        raise OptionError(f"option minOffsetsPerTrigger={min_per_trigger} is above maxOffsetsPerTrigger="
+                          f"{max_per_trigger}: a micro-batch could never run")
+    if r.has("maxTriggerDelay") and min_per_trigger is None:
+        raise OptionError("option maxTriggerDelay only bounds the wait of minOffsetsPerTrigger: set that too")
     commit = r.get_bool("commitOffsetsToBroker", False)
     group = r.get_str("group")
     if commit and group is None:
@@ -358,14 +506,21 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
     backoff_ms = r.get_int("retryBackoffMs", 500, minimum=0)
     return SourceOptions(
         nameserver=nameserver,
-        topic=topic,
+        topics=topics,
+        topic_pattern=pattern,
         streaming=bool(streaming),
         sub_expression=sub,
+        expression_type=expression_type,
+        filter_pushdown=r.get_bool("filterPushdown", True),
         starting_offsets=starting,
         starting_timestamp_ms=r.get_int("startingTimestamp", None, minimum=0),
+        starting_offsets_by_timestamp=_timestamps_option(r, "startingOffsetsByTimestamp"),
         ending_offsets=ending,
         ending_timestamp_ms=r.get_int("endingTimestamp", None, minimum=0),
-        max_offsets_per_trigger=r.get_int("maxOffsetsPerTrigger", None, minimum=1),
+        ending_offsets_by_timestamp=_timestamps_option(r, "endingOffsetsByTimestamp"),
+        max_offsets_per_trigger=max_per_trigger,
+        min_offsets_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=_duration_ms(r, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
         min_partitions=r.get_int("minPartitions", None, minimum=1),
         max_records_per_partition=r.get_int("maxRecordsPerPartition", None, minimum=1),
         fail_on_data_loss=r.get_bool("failOnDataLoss", True),
@@ -377,7 +532,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
         pull_timeout_s=(timeout_ms or 10_000) / 1000.0,
         pull_retries=r.get_int("pullRetries", 3, minimum=0) or 0,
         retry_backoff_s=(backoff_ms or 0) / 1000.0,
-        include_properties=r.get_bool("includeProperties", False),
+        include_properties=_include_properties(r),
         group=group,
         commit_offsets_to_broker=commit,
         max_batch_rows=r.get_int("maxBatchRows", 4096, minimum=1) or 4096,
@@ -398,7 +553,7 @@ def parse_sink_options(options: Mapping[str, Any], *, app_name: str = "app") -> 
     Raises:
         OptionError: a required option is missing or a value is malformed.
     """
-    r = _Reader(options, _SINK_KEYS)
+    r = _Reader(options, _SINK_KEYS, strict=False)
     nameserver = _nameserver(r)
     topic = _topic(r, required=False)
     safe_app = "".join(c if c.isalnum() or c in "_-" else "_" for c in app_name)[:100] or "app"

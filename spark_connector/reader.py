@@ -39,25 +39,31 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from client.errors import BrokerError, BrokerNotFoundError, ClientError, RequestTimeoutError, TransportError
+from client.errors import (
+    BrokerError,
+    BrokerNotFoundError,
+    ClientError,
+    NoPermissionError,
+    RequestTimeoutError,
+    TransportError,
+)
 from client.lowlevel import find_broker_address_in_subscribe
 from common.codes import PullStatus
+from common.selector import MessageSelector
 from spark_connector.arrow import RawChunk, decode_to_batch
+from spark_connector.errors import DataLossError
 from spark_connector.offsets import QueueKey
 from spark_connector.options import SourceOptions
 from spark_connector.planning import QueueRange
+from spark_connector.pushdown import Subscription
 from spark_connector.transport import DEFAULT_READER_GROUP, RawPull
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DataLossError", "PullClient", "RangeReader", "parse_tags_filter"]
+__all__ = ["DataLossError", "PullClient", "RangeReader", "parse_tags_filter", "subscription_of"]
 
 #: Seconds a pipelined pull may run past ``pullTimeoutMs`` before the task stops waiting for its answer.
 _RESULT_GRACE_S = 5.0
-
-
-class DataLossError(RuntimeError):
-    """Offsets a planned range needs are gone (expired, or never reached the member that survived)."""
 
 
 class PullClient(Protocol):
@@ -70,8 +76,8 @@ class PullClient(Protocol):
     def set_hint(self, key: QueueKey, broker_id: int) -> None: ...
 
     def pull(
-        self, addr: str, key: QueueKey, offset: int, *, max_nums: int, max_bytes: int, sub_expression: str,
-        group: str, timeout_s: float,
+        self, addr: str, key: QueueKey, offset: int, *, max_nums: int, max_bytes: int,
+        sub_expression: str | MessageSelector, group: str, timeout_s: float,
     ) -> RawPull: ...
 
 
@@ -82,6 +88,13 @@ def parse_tags_filter(sub_expression: str) -> frozenset[str] | None:
         return None
     tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
     return tags or None
+
+
+def subscription_of(options: SourceOptions) -> Subscription:
+    """The subscription of a read without pushed filters: the options' ``subExpression`` and its type."""
+    if options.expression_type == "TAG":
+        return Subscription(options.sub_expression, "TAG", parse_tags_filter(options.sub_expression))
+    return Subscription(options.sub_expression, options.expression_type)
 
 
 @dataclass
@@ -102,6 +115,7 @@ class RangeReader:
         client: where pulls go.
         options: the source options (routing mode, retries, caps, filter, concurrency).
         rng: the planned range.
+        subscription: what each pull asks the broker to filter (:func:`subscription_of` the options when None).
         sleep: injected pause (tests pass a fake).
     """
 
@@ -111,6 +125,7 @@ class RangeReader:
         options: SourceOptions,
         rng: QueueRange,
         *,
+        subscription: Subscription | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.client = client
@@ -124,7 +139,7 @@ class RangeReader:
         self.force_master = False
         self.failures = 0
         self.stalls = 0
-        self.tags_filter = parse_tags_filter(options.sub_expression)
+        self._use(subscription or subscription_of(options))
         self.group = options.group or DEFAULT_READER_GROUP
         self.served: set[int] = set()
         self.window = options.pull_batch_size
@@ -132,6 +147,12 @@ class RangeReader:
         self.pull_max_bytes = max(1, min(options.pull_max_bytes, options.max_batch_bytes))
         self.requests = 0
         """Pull answers applied (for tests and logs)."""
+
+    def _use(self, sub: Subscription) -> None:
+        self.subscription = sub
+        self.tags_filter = sub.tags
+        self.selector: str | MessageSelector = (sub.expression if sub.expression_type == "TAG"
+                                                else MessageSelector(sub.expression, sub.expression_type))
 
     # --- member choice ------------------------------------------------------------------------------------
 
@@ -215,7 +236,7 @@ class RangeReader:
         """The network part of one pull (runs on a pool thread when pipelined)."""
         return self.client.pull(
             addr, self.key, offset, max_nums=max_nums, max_bytes=self.pull_max_bytes,
-            sub_expression=self.opts.sub_expression, group=self.group, timeout_s=self.opts.pull_timeout_s,
+            sub_expression=self.selector, group=self.group, timeout_s=self.opts.pull_timeout_s,
         )
 
     def _settle(self, member: int, addr: str, answer: Callable[[], RawPull]) -> RawPull | None:
@@ -227,6 +248,14 @@ class RangeReader:
             self._on_failure(member, addr, e)
             return None
         except BrokerError as e:
+            fallback = self.subscription.fallback
+            if isinstance(e, NoPermissionError) and fallback is not None:
+                # the SQL92 filter pushdown added: this broker refuses SQL92 (enablePropertyFilter=false). Spark
+                # re-checks those filters, so read with the plain subscription
+                log.warning("broker id %d of %s refuses the pushed-down filter %r (%s): reading without it",
+                            member, self.key, self.subscription.expression, e)
+                self._use(fallback)
+                return None
             if not e.retriable:
                 raise
             if member != 0 and not self.force_master and 0 not in self.down:

@@ -24,6 +24,7 @@ import httpx
 from client import ClientConfig, Credentials
 from client.lowlevel import BrokerClient as _SdkClient
 from client.lowlevel import RawPullResult
+from common.selector import MessageSelector
 from spark_connector.offsets import QueueKey
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,8 @@ class BrokerClient(_SdkClient):
         self.pull_nodes.update(key.message_queue, broker_id)
 
     def pull(
-        self, addr: str, key: QueueKey, offset: int, *, max_nums: int, max_bytes: int, sub_expression: str,
-        group: str, timeout_s: float,
+        self, addr: str, key: QueueKey, offset: int, *, max_nums: int, max_bytes: int,
+        sub_expression: str | MessageSelector, group: str, timeout_s: float,
     ) -> RawPull:
         """One ``GET /pull`` to the member at ``addr``, without long polling; the records stay raw.
 

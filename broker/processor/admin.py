@@ -53,6 +53,8 @@ class StatusViews:
     """``GET /dledger``: the DLedger member's status (None: not in DLedger mode)."""
     transfer_leadership: Callable[[str], Awaitable[dict[str, Any]]] | None = None
     """``POST /dledger/transfer?peer=ID``: hand leadership to that peer; answers the new status."""
+    identity: Callable[[], dict[str, Any]] | None = None
+    """``GET /identity``: the group identity of the store (:mod:`broker.group_identity`)."""
 
 
 class AdminProcessor:
@@ -102,6 +104,7 @@ class AdminProcessor:
             ("GET", "/offsets"): self.all_offsets,
             ("GET", "/delay-offsets"): self.all_delay_offsets,
             ("GET", "/runtime"): self.runtime,
+            ("GET", "/identity"): self.identity,
             ("GET", "/ha"): self.ha_status,
             ("GET", "/metrics"): self.metrics,
             ("POST", "/commitlog/clean"): self.clean_expired_files,
@@ -232,6 +235,13 @@ class AdminProcessor:
 
     async def runtime(self, request: Request) -> Response:
         return json_response(self._status.runtime())
+
+    async def identity(self, request: Request) -> Response:
+        """``{"brokerName", "groupIdentity", "createdMs"}``: which store this group's queue offsets belong to
+        (``groupIdentity`` null while a slave has not copied its master's yet)."""
+        if self._status.identity is None:
+            return json_response({"brokerName": self._config.broker_name, "groupIdentity": None, "createdMs": 0})
+        return json_response(self._status.identity())
 
     async def clean_expired_files(self, request: Request) -> Response:
         """Run a retention pass now: delete the commit-log files that have expired, whatever the hour (RocketMQ's

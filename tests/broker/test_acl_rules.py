@@ -81,6 +81,7 @@ TABLE: list[tuple[str, str, dict[str, str], Any, set[str], str]] = [
     ("GET", "/offsets", {}, None, ADMIN, "no admin permission"),
     ("GET", "/delay-offsets", {}, None, ADMIN, "no admin permission"),
     ("GET", "/runtime", {}, None, ADMIN, "no admin permission"),
+    ("GET", "/identity", {}, None, ALL, ""),
     ("GET", "/ha", {}, None, ADMIN, "no admin permission"),
     ("GET", "/metrics", {}, None, ADMIN, "no admin permission"),
     ("POST", "/commitlog/clean", {}, None, ADMIN, "no admin permission"),

@@ -198,6 +198,24 @@ def test_slave_keeps_its_id() -> None:
     assert (c.broker_id, c.is_slave) == (2, True)
 
 
+def _caps(c: BrokerConfig) -> tuple[int, int, int, int]:
+    return (c.max_transfer_count_on_message_in_memory, c.max_transfer_bytes_on_message_in_memory,
+            c.max_transfer_count_on_message_in_disk, c.max_transfer_bytes_on_message_in_disk)
+
+
+def test_a_slave_lets_large_pulls_through_and_a_master_keeps_rocketmqs_caps() -> None:
+    rocketmq = (32, 256 * 1024, 8, 64 * 1024)
+    assert _caps(load({})) == rocketmq
+    assert _caps(load({"brokerRole": "SYNC_MASTER"})) == rocketmq
+    slave = load({"brokerRole": "SLAVE", "brokerId": "1"})
+    assert _caps(slave) == (1024, 4 << 20, 1024, 4 << 20)
+    assert slave.to_store_config(pack_host("127.0.0.1", 1)).max_transfer_count_on_message_in_disk == 1024
+    set_here = load({"brokerRole": "SLAVE", "brokerId": "1", "maxTransferCountOnMessageInMemory": "32"})
+    assert _caps(set_here) == (32, 4 << 20, 1024, 4 << 20)  # what the file sets wins, key by key
+    dledger = load({"enableDLegerCommitLog": "true", "dLegerPeers": "n0-127.0.0.1:40911", "dLegerSelfId": "n0"})
+    assert dledger.is_slave and _caps(dledger) == rocketmq  # a member may lead: a master's caps
+
+
 @pytest.mark.parametrize(
     ("props", "ports"),
     [

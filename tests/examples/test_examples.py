@@ -46,12 +46,13 @@ CASES: dict[str, tuple[list[str], str]] = {
 }
 SPARK_CASES: dict[str, tuple[list[str], str]] = {
     "spark_batch_read": (["--messages", "20"], r"20 messages in \d+ partition"),
-    "spark_streaming": (["--messages", "50"], r"100 rows in .* \(100 produced"),
 }
+#: Examples with a test of their own below.
+OWN_TESTS = {"spark_streaming"}
 DEMO = (["--no-spark", "--messages", "500"], r"read/write split\s+\d+ of \d+ messages served by slaves")
 
 
-def run_example(name: str, args: list[str], timeout_s: float = TIMEOUT_S) -> str:
+def run_example(name: str, args: list[str], timeout_s: float = TIMEOUT_S, *, exit_code: int = 0) -> str:
     """Run ``examples/<name>.py``; returns its output, or fails the test with it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
@@ -61,7 +62,7 @@ def run_example(name: str, args: list[str], timeout_s: float = TIMEOUT_S) -> str
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         pytest.fail(f"examples/{name}.py {' '.join(args)} ran over {timeout_s} s; output so far:\n{out}")
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"examples/{name}.py {' '.join(args)} exited {proc.returncode}:\n{output}"
+    assert proc.returncode == exit_code, f"examples/{name}.py {' '.join(args)} exited {proc.returncode}:\n{output}"
     return output
 
 
@@ -73,7 +74,7 @@ def check(name: str, case: tuple[list[str], str], timeout_s: float = TIMEOUT_S) 
 
 def test_every_example_is_covered() -> None:
     found = {p.stem for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
-    covered = set(CASES) | set(SPARK_CASES) | {"demo"}
+    covered = set(CASES) | set(SPARK_CASES) | OWN_TESTS | {"demo"}
     assert found == covered, f"examples without a test case: {sorted(found - covered)}; " \
                              f"cases without an example: {sorted(covered - found)}"
 
@@ -96,3 +97,29 @@ def test_spark_example(name: str) -> None:
     # Spark is part of the product: a machine without Java fails here, saying so, instead of skipping.
     assert shutil.which("java") is not None, "no java on PATH: the Spark examples need Java 17+ (install a JDK)"
     check(name, SPARK_CASES[name], SPARK_TIMEOUT_S)
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+@pytest.mark.timeout(3 * SPARK_TIMEOUT_S + 30)
+def test_spark_streaming_run_twice_goes_on_and_refuses_another_clusters_checkpoint(tmp_path: Path) -> None:
+    """Issue 36's story: ``examples/spark_streaming.py --out X`` run twice reads only what came since (its local
+    cluster's stores are kept under X); the same checkpoint against a fresh cluster stops the query with one line
+    naming failOnDataLoss, where it used to skip 500 of 600 new messages without a word."""
+    assert shutil.which("java") is not None, "no java on PATH: the Spark examples need Java 17+ (install a JDK)"
+    out = str(tmp_path / "out")
+    args = ["--messages", "50", "--out", out]
+    first = run_example("spark_streaming", args, SPARK_TIMEOUT_S)
+    assert re.search(r"round 0: micro-batches of \[\d+(, \d+)*\] rows", first), first
+    assert re.search(rf"100 rows in {re.escape(out)}/data \(100 produced", first), first
+    second = run_example("spark_streaming", args, SPARK_TIMEOUT_S)
+    rounds = [sum(int(n) for n in re.findall(r"\d+", m)) for m in re.findall(r"round \d: micro-batches of (\[.*\])",
+                                                                               second)]
+    assert rounds == [50, 50], second  # only the new messages, each once
+    assert re.search(rf"200 rows in {re.escape(out)}/data \(200 produced; restarts added no duplicates\)", second)
+    shutil.rmtree(tmp_path / "out" / "cluster")  # the next run starts a fresh cluster: same names, other stores
+    third = run_example("spark_streaming", args, SPARK_TIMEOUT_S, exit_code=2)
+    line = next(ln for ln in third.splitlines() if ln.startswith("the query stopped: "))
+    assert "DataLossError: the checkpoint of this query does not fit topic SparkStreamExample any more: broker " \
+           "group broker-a holds another store than the checkpoint's" in line, third
+    assert "Set failOnDataLoss=false" in line and "checkpointLocation" in line

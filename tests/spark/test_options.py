@@ -44,7 +44,7 @@ def test_namesrvaddr_alias() -> None:
     ("options", "streaming", "names"),
     [
         ({"topic": "T"}, False, "nameserver"),
-        ({"nameserver": "h:1"}, False, "topic"),
+        ({"nameserver": "h:1"}, False, "topic is required"),
         ({**BASE, "nameserver": "nohost"}, False, "nameserver"),
         ({**BASE, "topic": "bad topic!"}, False, "topic"),
         ({**BASE, "endingOffsets": "latest"}, True, "endingOffsets"),
@@ -87,11 +87,79 @@ def test_json_offsets_are_parsed() -> None:
     assert o.ending_offsets == {QueueKey("TopicA", "broker-a", 0): 9, QueueKey("TopicA", "broker-a", 1): -1}
 
 
-def test_unknown_options_only_warn(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="spark_connector.options"):
-        o = parse_source_options({**BASE, "startingofset": "earliest"}, streaming=False)
-    assert o.topic == "TopicA"
-    assert "startingofset" in caplog.text
+def test_an_unknown_source_option_fails_naming_the_nearest(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(OptionError, match=r"^unknown rocketmq source option startingofset \(did you mean "
+                                          r"startingOffsets\?\): remove it or fix its name"):
+        parse_source_options({**BASE, "startingofset": "earliest"}, streaming=None)
+    with pytest.raises(OptionError, match=r"kafka\.bootstrap\.servers"):
+        parse_source_options({**BASE, "kafka.bootstrap.servers": "h:1"}, streaming=False)
+    with caplog.at_level(logging.WARNING, logger="spark_connector.options"):  # the sink only warns
+        parse_sink_options({"nameserver": "h:1", "sendtimeout": "5"})
+    assert "sendtimeout" in caplog.text
+
+
+def test_topic_subscribe_and_pattern() -> None:
+    one = parse_source_options(BASE, streaming=False)
+    assert (one.topics, one.topic_pattern, one.topic) == (("TopicA",), None, "TopicA")
+    many = parse_source_options({"nameserver": "h:1", "subscribe": " B, A ,C"}, streaming=True)
+    assert many.topics == ("A", "B", "C") and many.describe_topics() == "topics A, B, C"
+    pattern = parse_source_options({"nameserver": "h:1", "subscribePattern": "Orders-.*"}, streaming=True)
+    assert pattern.topics == () and pattern.topic_pattern == "Orders-.*"
+    for bad, match in [({"topic": "A", "subscribe": "B"}, "topic and subscribe"),
+                       ({"subscribe": " , "}, "subscribe names no topic"),
+                       ({"subscribe": "A,A"}, "twice"),
+                       ({"subscribe": "A,b c"}, "subscribe"),
+                       ({"subscribePattern": "("}, "not a regular expression"),
+                       ({"topic": "A,B"}, "use option subscribe"),
+                       ({}, "topic is required")]:
+        with pytest.raises(OptionError, match=match):
+            parse_source_options({"nameserver": "h:1", **bad}, streaming=False)
+
+
+def test_timestamps_per_queue() -> None:
+    o = parse_source_options({**BASE, "startingOffsetsByTimestamp": '{"TopicA":{"broker-a":{"0":1000,"1":5}}}',
+                              "endingOffsetsByTimestamp": '{"TopicA":{"broker-b":{"2":9000}}}'}, streaming=False)
+    assert o.starting_offsets_by_timestamp == {QueueKey("TopicA", "broker-a", 0): 1000,
+                                               QueueKey("TopicA", "broker-a", 1): 5}
+    assert o.ending_offsets_by_timestamp == {QueueKey("TopicA", "broker-b", 2): 9000}
+    for bad in ('{"TopicA":{"b":{"0":-1}}}', '{"TopicA":{"b":{"0":"x"}}}', "[1]", "{nope"):
+        with pytest.raises(OptionError, match="startingOffsetsByTimestamp"):
+            parse_source_options({**BASE, "startingOffsetsByTimestamp": bad}, streaming=False)
+    with pytest.raises(OptionError, match="endingOffsetsByTimestamp is for batch"):
+        parse_source_options({**BASE, "endingOffsetsByTimestamp": '{"TopicA":{"b":{"0":1}}}'}, streaming=True)
+
+
+def test_trigger_limits() -> None:
+    o = parse_source_options({**BASE, "minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "100",
+                              "maxTriggerDelay": "30s"}, streaming=True)
+    assert (o.min_offsets_per_trigger, o.max_offsets_per_trigger, o.max_trigger_delay_ms) == (10, 100, 30_000)
+    assert parse_source_options({**BASE, "minOffsetsPerTrigger": "1"}, streaming=True).max_trigger_delay_ms == 900_000
+    for value, ms in (("250ms", 250), ("2m", 120_000), ("1h", 3_600_000), ("75", 75)):
+        got = parse_source_options({**BASE, "minOffsetsPerTrigger": "1", "maxTriggerDelay": value}, streaming=True)
+        assert got.max_trigger_delay_ms == ms
+    for bad, match in [({"minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"}, "minOffsetsPerTrigger=10"),
+                       ({"maxTriggerDelay": "5s"}, "maxTriggerDelay only bounds"),
+                       ({"minOffsetsPerTrigger": "1", "maxTriggerDelay": "soon"}, "maxTriggerDelay must be"),
+                       ({"minOffsetsPerTrigger": "0"}, "minOffsetsPerTrigger")]:
+        with pytest.raises(OptionError, match=match):
+            parse_source_options({**BASE, **bad}, streaming=True)
+    with pytest.raises(OptionError, match="minOffsetsPerTrigger is for streaming"):
+        parse_source_options({**BASE, "minOffsetsPerTrigger": "1"}, streaming=False)
+
+
+def test_include_headers_is_the_properties_column_and_sql_subscriptions_parse() -> None:
+    assert parse_source_options({**BASE, "includeHeaders": "true"}, streaming=False).include_properties
+    assert parse_source_options({**BASE, "includeHeaders": "true", "includeProperties": "true"},
+                                streaming=False).include_properties
+    with pytest.raises(OptionError, match="disagree"):
+        parse_source_options({**BASE, "includeHeaders": "true", "includeProperties": "false"}, streaming=False)
+    sql = parse_source_options({**BASE, "expressionType": "sql92", "subExpression": "a > 5"}, streaming=True)
+    assert (sql.expression_type, sql.sub_expression) == ("SQL92", "a > 5")
+    with pytest.raises(OptionError, match="not an SQL92 filter"):
+        parse_source_options({**BASE, "expressionType": "SQL92", "subExpression": "a >"}, streaming=False)
+    with pytest.raises(OptionError, match="TAG or SQL92"):
+        parse_source_options({**BASE, "expressionType": "regex"}, streaming=False)
+    assert not parse_source_options({**BASE, "filterPushdown": "false"}, streaming=False).filter_pushdown
 
 
 def test_sink_options() -> None:

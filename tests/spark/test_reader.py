@@ -121,7 +121,7 @@ class FakeGroup:
 
 
 def opts(**kw: object) -> SourceOptions:
-    base: dict[str, object] = {"nameserver": "h:1", "topic": "T", "pull_batch_size": 4, "retry_backoff_s": 0.0,
+    base: dict[str, object] = {"nameserver": "h:1", "topics": ("T",), "pull_batch_size": 4, "retry_backoff_s": 0.0,
                                "pull_concurrency": 4}
     base.update(kw)
     return SourceOptions(**base)  # type: ignore[arg-type]

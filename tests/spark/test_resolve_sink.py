@@ -8,14 +8,24 @@ import httpx
 import pytest
 from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
 
-from client.errors import BrokerConnectError, TopicNotExistError
+from client.errors import BrokerConnectError, RouteNotFoundError, TopicNotExistError
 from common import wire
 from common.codes import PullStatus
 from common.message import MessageQueue
 from common.route import BrokerData, QueueData, TopicRouteData
+from spark_connector.errors import ClusterUnreachableError, DataLossError
 from spark_connector.offsets import QueueKey
 from spark_connector.options import OptionError, SinkOptions, parse_source_options
-from spark_connector.resolve import fetch_offsets, queue_keys, resolve_end, resolve_start
+from spark_connector.resolve import (
+    ClusterView,
+    cluster_view,
+    fetch_offsets,
+    fetch_state,
+    queue_keys,
+    resolve_end,
+    resolve_start,
+    route_snapshot,
+)
 from spark_connector.sink import APPEND_ONLY, check_sink_schema, make_batch_writer
 from spark_connector.transport import BrokerClient
 
@@ -37,13 +47,20 @@ class FakeOffsets:
         self.asked: list[tuple[str, str]] = []
 
     def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
+        if topic != "T":
+            raise RouteNotFoundError(f"No route info of this topic: {topic}")
         return ROUTE
 
     def queue_offset(self, addr: str, kind: str, mq: MessageQueue, *, timestamp_ms: int | None = None) -> int:
         self.asked.append((addr, kind))
         if addr in self.down:
             raise BrokerConnectError("refused", broker_addr=addr)
+        if kind == "search" and timestamp_ms is not None and timestamp_ms >= 1000:
+            return 3  # the per-queue searches of the tests below
         return {"min": 2, "max": 10 if addr.endswith("0:1") else 8, "search": 5}[kind]
+
+    def group_identity(self, addr: str) -> str | None:
+        return f"id-{addr[0]}"
 
 
 def test_queue_keys_skip_unreadable_groups() -> None:
@@ -56,34 +73,79 @@ def test_offsets_come_from_the_master_else_a_slave() -> None:
     assert ("a1:1", "max") in c.asked
     with pytest.raises(BrokerConnectError):
         fetch_offsets(FakeOffsets(down={"a0:1", "a1:1"}), ROUTE, [A0], "max")
+    state = fetch_state(FakeOffsets(down={"a0:1"}), route_snapshot(ROUTE), [A0, A1, B0])
+    assert state.maxs == {A0: 8, A1: 8, B0: 8} and state.mins == {A0: 2, A1: 2, B0: 2}
+    assert state.from_master == set()  # broker-a's slave answered, broker-b has no master in the route
+    assert state.identities == {"broker-a": "id-a", "broker-b": "id-b"}
+    assert fetch_state(FakeOffsets(), route_snapshot(ROUTE), [A0]).from_master == {"broker-a"}
+
+
+def _view(keys: list[QueueKey]) -> ClusterView:
+    return ClusterView(("T",), keys, route_snapshot(ROUTE))
+
+
+def _resolved(options: dict[str, str], keys: list[QueueKey] | None = None) -> tuple[dict[QueueKey, int], ...]:
+    c = FakeOffsets()
+    view = _view(keys or [A0, A1, B0])
+    o = parse_source_options({"nameserver": "h:1", "topic": "T", **options}, streaming=False)
+    state = fetch_state(c, view.brokers, view.keys)
+    return resolve_start(c, view, o, state), resolve_end(c, view, o, state)
 
 
 def test_resolve_start_and_end_specs() -> None:
-    c = FakeOffsets()
-    keys = [A0, A1, B0]
-    o = parse_source_options({"nameserver": "h:1", "topic": "T", "startingOffsets": '{"T":{"broker-a":{"0":4,"1":-1}}}',
-                              "endingOffsets": '{"T":{"broker-a":{"0":7,"1":99}}}'}, streaming=False)
-    assert resolve_start(c, ROUTE, keys, o) == {A0: 4, A1: 10, B0: 2}
-    assert resolve_end(c, ROUTE, keys, o) == {A0: 7, A1: 10, B0: 8}
-    ts = parse_source_options({"nameserver": "h:1", "topic": "T", "startingTimestamp": "1",
-                               "endingTimestamp": "2"}, streaming=False)
-    assert resolve_start(c, ROUTE, keys, ts) == {A0: 5, A1: 5, B0: 5}
-    assert resolve_end(c, ROUTE, keys, ts) == {A0: 5, A1: 5, B0: 5}
+    start, end = _resolved({"startingOffsets": '{"T":{"broker-a":{"0":4,"1":-1}}}',
+                            "endingOffsets": '{"T":{"broker-a":{"0":7,"1":-1}}}'})
+    assert start == {A0: 4, A1: 10, B0: 2}
+    assert end == {A0: 7, A1: 10, B0: 8}
+    assert _resolved({"startingTimestamp": "1", "endingTimestamp": "2"}) == ({A0: 5, A1: 5, B0: 5},) * 2
+    per_queue = _resolved({"startingOffsetsByTimestamp": '{"T":{"broker-a":{"1":1000}}}',
+                           "startingOffsets": '{"T":{"broker-a":{"0":6}}}',
+                           "endingOffsetsByTimestamp": '{"T":{"broker-b":{"0":2000}}}'})
+    assert per_queue == ({A0: 6, A1: 3, B0: 2}, {A0: 10, A1: 10, B0: 3})
 
 
-def test_resolve_start_rejects_expired_or_unknown_queues() -> None:
-    c = FakeOffsets()
-    expired = parse_source_options({"nameserver": "h:1", "topic": "T",
-                                    "startingOffsets": '{"T":{"broker-a":{"0":1}}}'}, streaming=False)
-    with pytest.raises(OptionError, match="expired"):
-        resolve_start(c, ROUTE, [A0], expired)
-    lenient = parse_source_options({"nameserver": "h:1", "topic": "T", "failOnDataLoss": "false",
-                                    "startingOffsets": '{"T":{"broker-a":{"0":1}}}'}, streaming=False)
-    assert resolve_start(c, ROUTE, [A0], lenient) == {A0: 2}
-    unknown = parse_source_options({"nameserver": "h:1", "topic": "T",
-                                    "startingOffsets": '{"T":{"broker-z":{"0":1}}}'}, streaming=False)
+@pytest.mark.parametrize(("options", "match", "lenient"), [
+    ({"startingOffsets": '{"T":{"broker-a":{"0":1}}}'},
+     r"^option startingOffsets: T@broker-a:0 starts at 1, below its min offset 2 \(expired\)\. Set failOnDataLoss=false",
+     ({A0: 2}, {A0: 10})),
+    ({"startingOffsets": '{"T":{"broker-a":{"0":11}}}'},
+     r"^option startingOffsets: T@broker-a:0 starts at 11, beyond its max offset 10\. Set failOnDataLoss=false to "
+     r"start such queues at their earliest offset still there, or change startingOffsets$",
+     ({A0: 2}, {A0: 10})),
+    ({"endingOffsets": '{"T":{"broker-a":{"0":99}}}'},
+     r"^option endingOffsets: T@broker-a:0 ends at 99, beyond its max offset 10\.", ({A0: 2}, {A0: 10})),
+    ({"endingOffsets": '{"T":{"broker-a":{"0":1}}}'},
+     r"^option endingOffsets: T@broker-a:0 ends at 1, below its min offset 2", ({A0: 2}, {A0: 2})),
+])
+def test_offsets_outside_a_queue_are_data_loss_in_batch_too(options: dict[str, str], match: str,
+                                                            lenient: tuple[dict[QueueKey, int], ...]) -> None:
+    with pytest.raises(DataLossError, match=match):
+        _resolved(options, [A0])
+    assert _resolved({**options, "failOnDataLoss": "false"}, [A0]) == lenient
+
+
+def test_json_options_must_name_queues_of_the_read() -> None:
     with pytest.raises(OptionError, match="broker-z"):
-        resolve_start(c, ROUTE, [A0], unknown)
+        _resolved({"startingOffsets": '{"T":{"broker-z":{"0":1}}}'})
+    with pytest.raises(OptionError, match="names topic 'U'"):
+        _resolved({"startingOffsetsByTimestamp": '{"U":{"broker-a":{"0":1}}}'})
+
+
+def test_cluster_view_of_topics_and_patterns() -> None:
+    c = FakeOffsets()
+    pattern = parse_source_options({"nameserver": "h:1", "subscribePattern": "T|%RETRY%T|X"}, streaming=True)
+    view = cluster_view(c, pattern, refresh=True, list_topics=lambda: ["T", "%RETRY%T", "TBW102", "Y"])
+    assert view.topics == ("T",) and view.keys == [A0, A1, B0] and set(view.brokers) == {"broker-a", "broker-b",
+                                                                                          "broker-c"}
+    missing = parse_source_options({"nameserver": "h:1", "subscribe": "T,U"}, streaming=True)
+    with pytest.raises(ClusterUnreachableError, match=r"^topic U has no route \(the nameserver does not know it\)"):
+        cluster_view(c, missing, refresh=True, list_topics=lambda: ["T"])
+
+    def down() -> list[str]:
+        raise BrokerConnectError("connect to h:1 failed", broker_addr="h:1")
+
+    with pytest.raises(ClusterUnreachableError, match="no nameserver of option nameserver=h:1 answers"):
+        cluster_view(c, missing, refresh=True, list_topics=down)
 
 
 def _mock_client(handler: httpx.MockTransport) -> BrokerClient:

@@ -1,19 +1,25 @@
-"""The connector inside Spark: option errors at load(), batch and streaming reads, writes, master loss.
+"""The connector inside Spark: option errors at load(), batch and streaming reads, writes, master loss, Kafka's
+options (several topics, a pattern, per-queue timestamps, minOffsetsPerTrigger, includeHeaders), streaming
+metrics, and filter pushdown to the slaves.
 
 One Spark session (conftest) and one local cluster for the module: 2 broker groups with a slave each, 4 queues
-per group. The cluster runs with ``slaveReadEnable=true`` (so ``pullFrom=slave`` is served by slaves) and a fast
-slave metadata sync (so slaves learn new topics within a second).
+per group. The cluster runs with ``slaveReadEnable=true`` (so ``pullFrom=slave`` is served by slaves), a fast
+slave metadata sync (so slaves learn new topics within a second) and ``enablePropertyFilter=true`` (SQL92
+pushdown).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from client import Admin, Message, MessageQueue, Producer
@@ -24,6 +30,7 @@ from spark_connector.options import parse_source_options
 from spark_connector.planning import QueueRange
 from spark_connector.reader import RangeReader
 from spark_connector.transport import BrokerClient
+from tests.waiting import poll_until
 
 pytestmark = [pytest.mark.spark]
 
@@ -73,7 +80,8 @@ def _wait_slaves_serve(cluster: LocalCluster, topic: str, timeout_s: float = 30.
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("spark-cluster")
     with LocalCluster(root, broker_groups=2, slaves_per_group=1,
-                      broker_config={"slaveReadEnable": "true", "slaveMetadataSyncInterval": "300"}) as c:
+                      broker_config={"slaveReadEnable": "true", "slaveMetadataSyncInterval": "300",
+                                     "enablePropertyFilter": "true"}) as c:
         yield c
 
 
@@ -98,12 +106,32 @@ def _expected(per_queue: dict[tuple[str, int], int]) -> set[tuple[str, int, int,
     return {(b, q, i, _body(b, q, i)) for (b, q), n in per_queue.items() for i in range(n)}
 
 
-def test_bad_options_fail_at_load(spark: Any) -> None:
-    with pytest.raises(Exception, match="option topic is required"):
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0]
+
+
+def test_bad_options_fail_at_load_in_one_line(spark: Any) -> None:
+    with pytest.raises(Exception, match="option topic is required") as e:
         spark.read.format("rocketmq").option("nameserver", "127.0.0.1:9876").load()
+    assert "option topic is required" in _first_line(e.value) and "Traceback" not in str(e.value)
     with pytest.raises(Exception, match="fixed schema"):
         (spark.read.format("rocketmq").schema("a int").option("nameserver", "127.0.0.1:9876")
          .option("topic", "T").load().collect())
+    with pytest.raises(Exception) as e:  # a typo fails at load(), naming the option meant (Spark lower-cases keys)
+        (spark.readStream.format("rocketmq").option("nameserver", "127.0.0.1:9876").option("topic", "T")
+         .option("startingOffset", "earliest").load())
+    assert ("OptionError: unknown rocketmq source option startingoffset (did you mean startingOffsets?): remove it"
+            in _first_line(e.value)), str(e.value)
+    assert "Traceback" not in str(e.value)
+
+
+def test_a_dead_nameserver_is_one_line_saying_what_to_check(spark: Any) -> None:
+    with pytest.raises(Exception) as e:
+        spark.read.format("rocketmq").option("nameserver", "127.0.0.1:1").option("topic", "T").load().collect()
+    first = _first_line(e.value)
+    assert "ClusterUnreachableError: planning the read of topic T: no nameserver of option nameserver=127.0.0.1:1 " \
+           "answers" in first and "check the address and that the nameserver runs" in first, str(e.value)
+    assert "Traceback" not in str(e.value)
 
 
 @pytest.mark.integration
@@ -346,3 +374,169 @@ def test_batch_read_of_a_dledger_group_returns_every_message(spark: Any, tmp_pat
         slave_rows = _reader(spark, c, topic, pullFrom="slave").collect()
         assert {(r.brokerName, r.queueId, r.queueOffset, bytes(r.body)) for r in slave_rows} == got
         assert {r.servedBy for r in slave_rows} <= follower_ids
+
+
+# --- Kafka's options ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_topic(cluster: LocalCluster) -> str:
+    topic = "SparkOther"
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=2)
+    _produce(cluster.namesrv_addr, topic, {("broker-a", 1): 4, ("broker-b", 0): 3})
+    return topic
+
+
+def _keys(rows: list[Any]) -> set[tuple[str, str, int, int]]:
+    return {(r.topic, r.brokerName, r.queueId, r.queueOffset) for r in rows}
+
+
+@pytest.mark.integration
+def test_several_topics_a_pattern_and_per_queue_timestamps(
+        spark: Any, cluster: LocalCluster, batch_topic: str, other_topic: str) -> None:
+    ns = cluster.namesrv_addr
+    both = spark.read.format("rocketmq").option("nameserver", ns).option("subscribe", f"{other_topic},{batch_topic}")
+    rows = both.load().collect()
+    assert len(rows) == sum(PER_QUEUE.values()) + 7 and {r.topic for r in rows} == {batch_topic, other_topic}
+    pattern = spark.read.format("rocketmq").option("nameserver", ns).option("subscribePattern", "Spark(Batch|Oth.*)")
+    assert _keys(pattern.load().collect()) == _keys(rows)
+
+    stamps = {(r.brokerName, r.queueId, r.queueOffset): r.storeTimestamp for r in rows if r.topic == batch_topic}
+    ms = int(stamps[("broker-a", 2, 5)].replace(tzinfo=datetime.UTC).timestamp() * 1000)
+    by_time = json.dumps({batch_topic: {"broker-a": {"2": ms}}})
+    picked = _reader(spark, cluster, batch_topic, startingOffsetsByTimestamp=by_time,
+                     startingOffsets=json.dumps({batch_topic: {"broker-a": {"0": 6}}})).collect()
+    got: dict[tuple[str, int], list[int]] = {}
+    for r in sorted(picked, key=lambda r: r.queueOffset):
+        got.setdefault((r.brokerName, r.queueId), []).append(r.queueOffset)
+    first_at_ms = min(o for (b, q, o), t in stamps.items() if (b, q) == ("broker-a", 2)
+                      and int(t.replace(tzinfo=datetime.UTC).timestamp() * 1000) >= ms)
+    assert got[("broker-a", 2)] == list(range(first_at_ms, 12)) and got[("broker-a", 0)] == [6]
+    assert got[("broker-b", 1)] == list(range(9))  # not named: startingOffsets' default, earliest
+
+
+@pytest.mark.integration
+def test_include_headers_is_the_properties_column(spark: Any, cluster: LocalCluster, batch_topic: str) -> None:
+    rows = _reader(spark, cluster, batch_topic, includeHeaders="true").select("keys", "tags", "properties").collect()
+    assert rows and all(r.properties["KEYS"] == r.keys and r.properties["TAGS"] == r.tags for r in rows)
+    assert all(len(r.properties["UNIQ_CLIENT_MESSAGE_ID_KEYIDX"]) == 32 for r in rows)
+
+
+@pytest.mark.integration
+def test_min_offsets_per_trigger_waits_for_enough_or_for_max_trigger_delay(
+        spark: Any, cluster: LocalCluster, tmp_path: Path) -> None:
+    topic = "SparkMinTrigger"
+    ns = cluster.namesrv_addr
+    with Admin(ns) as admin:
+        admin.create_topic(topic, queue_nums=1)
+    batches: list[int] = []
+    lock = threading.Lock()
+
+    def sink(df: Any, _batch_id: int) -> None:
+        n = df.count()
+        with lock:
+            batches.append(n)
+
+    _produce(ns, topic, {("broker-a", 0): 3})
+    q = (spark.readStream.format("rocketmq").option("nameserver", ns).option("topic", topic)
+         .option("startingOffsets", "earliest").option("minOffsetsPerTrigger", "10").option("maxTriggerDelay", "6s")
+         .load().writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="500 milliseconds").start())
+    try:
+        poll_until(lambda: batches == [3], 60, "the first trigger to run whatever is there (Kafka's rule)")
+        _produce(ns, topic, {("broker-a", 0): 4}, first=10)
+        time.sleep(2.5)
+        assert batches == [3], "4 new offsets < minOffsetsPerTrigger=10: no micro-batch yet"
+        _produce(ns, topic, {("broker-a", 0): 7}, first=20)
+        poll_until(lambda: batches == [3, 11], 30, "a micro-batch once 11 >= 10 offsets are new")
+        _produce(ns, topic, {("broker-a", 0): 2}, first=30)
+        t0 = time.monotonic()
+        poll_until(lambda: batches == [3, 11, 2], 60, "maxTriggerDelay to let 2 offsets through")
+        assert time.monotonic() - t0 > 2.0, "the 2 offsets waited for maxTriggerDelay"
+    finally:
+        q.stop()
+
+
+@pytest.mark.integration
+def test_streaming_metrics_in_kafkas_names(spark: Any, cluster: LocalCluster, tmp_path: Path) -> None:
+    import spark_connector
+
+    topic = "SparkMetrics"
+    ns = cluster.namesrv_addr
+    with Admin(ns) as admin:
+        admin.create_topic(topic, queue_nums=1)
+    _produce(ns, topic, {("broker-a", 0): 16})
+    _wait_slaves_serve(cluster, topic)
+    df = spark_connector.with_read_metrics(
+        spark.readStream.format("rocketmq").option("nameserver", ns).option("topic", topic).option("pullFrom", "slave")
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "6").load())
+    q = (df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    first = next(p for p in q.recentProgress if p["numInputRows"])
+    assert spark_connector.source_metrics(first) == {  # broker-a:0 is 10 behind after 6 of 16, broker-b:0 empty
+        "minOffsetsBehindLatest": "0", "avgOffsetsBehindLatest": "5.0", "maxOffsetsBehindLatest": "10",
+        "rows": "6", "rowsFromSlaves": "6", "slaveRowShare": "1.0"}
+    last = [p for p in q.recentProgress if p["numInputRows"]][-1]
+    assert spark_connector.source_metrics(last)["maxOffsetsBehindLatest"] == "0"
+
+
+# --- filter pushdown ---------------------------------------------------------------------------------------------
+
+
+def _bytes_served(cluster: LocalCluster, topic: str) -> float:
+    total = 0.0
+    for b in cluster.brokers:
+        text = httpx.get(f"http://{b.addr}/metrics", timeout=5.0).text
+        for m in re.finditer(rf'^rocketmq_throughput_out_total{{[^}}]*topic="{topic}"[^}}]*}} (\S+)$', text, re.M):
+            total += float(m.group(1))
+    return total
+
+
+@pytest.fixture(scope="module")
+def pushdown_topic(cluster: LocalCluster) -> str:
+    topic = "SparkPushdown"
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic(topic, queue_nums=2)
+    with Producer("spark-test-producer", cluster.namesrv_addr) as p:
+        for g in GROUPS:
+            for qid in range(2):
+                p.send_batch([Message(topic, b"x" * 200 + f"{g}/{qid}/{i}".encode(), tags=f"T{i % 8}",
+                                      keys=f"order-{i % 50}") for i in range(200)], MessageQueue(topic, g, qid))
+    _wait_slaves_serve(cluster, topic)
+    return topic
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("where", "most"), [
+    ("tags = 'T3'", 0.25),
+    ("tags IN ('T1', 'T2') AND queueId = 1", 0.25),
+    ("keys IN ('order-7', 'order-8')", 0.25),
+    ("keys LIKE 'order-4%' AND brokerName = 'broker-b'", 0.25),
+    ("queueOffset >= 150 AND queueOffset < 170", 0.25),
+])
+def test_pushed_filters_read_less_from_the_slaves_and_return_the_same_rows(
+        spark: Any, cluster: LocalCluster, pushdown_topic: str, where: str, most: float) -> None:
+    def read(pushdown: str) -> tuple[list[Any], float]:
+        before = _bytes_served(cluster, pushdown_topic)
+        df = _reader(spark, cluster, pushdown_topic, pullFrom="slave", filterPushdown=pushdown).where(where)
+        rows = df.select("brokerName", "queueId", "queueOffset", "tags", "keys", "servedBy").collect()
+        return rows, _bytes_served(cluster, pushdown_topic) - before
+
+    plain, plain_bytes = read("false")
+    pushed, pushed_bytes = read("true")
+    assert plain and sorted(map(tuple, pushed)) == sorted(map(tuple, plain))
+    assert all(r.servedBy == 1 for r in pushed)
+    assert pushed_bytes <= most * plain_bytes, (where, pushed_bytes, plain_bytes)
+
+
+@pytest.mark.integration
+def test_store_time_pushdown_cuts_the_ranges(spark: Any, cluster: LocalCluster, batch_topic: str) -> None:
+    everything = _reader(spark, cluster, batch_topic).select("brokerName", "queueId", "queueOffset",
+                                                             "storeTimestamp").collect()
+    cut = sorted(r.storeTimestamp for r in everything)[len(everything) // 2]
+    df = _reader(spark, cluster, batch_topic).where(f"storeTimestamp >= '{cut.isoformat()}'")
+    got = {(r.brokerName, r.queueId, r.queueOffset) for r in df.collect()}
+    assert got == {(r.brokerName, r.queueId, r.queueOffset) for r in everything if r.storeTimestamp >= cut}
+    assert df.rdd.getNumPartitions() <= _reader(spark, cluster, batch_topic).rdd.getNumPartitions()
