@@ -189,10 +189,11 @@ def bench_batch_read(spark: Any, ns: str, n: int, *, body_size: int = 1024, topi
 
 def bench_sdk_read(ns: str, topic: str, *, broker_id: int = 1, max_nums: int = 1024) -> tuple[float, int]:
     """One Python process pulling every queue of ``topic`` to its end with the public SDK's :class:`PullConsumer`
-    (``default_broker_id``: 1 reads the slaves), ``max_nums`` a pull, one pull at a time: rows/s and rows."""
+    (``connect_broker_by_user`` with ``default_broker_id`` 1: the slaves only, as ``pullFrom=slave``), ``max_nums`` a
+    pull, one pull at a time: rows/s and rows."""
     from client import PullConsumer, PullStatus
 
-    with PullConsumer("spark-bench-sdk", ns, default_broker_id=broker_id) as consumer:
+    with PullConsumer("spark-bench-sdk", ns, connect_broker_by_user=True, default_broker_id=broker_id) as consumer:
         queues = consumer.fetch_subscribe_message_queues(topic)
         ends = {mq: (consumer.min_offset(mq), consumer.max_offset(mq)) for mq in queues}
         rows = 0
