@@ -257,6 +257,17 @@ class DLedgerServer:
     def elections(self) -> int:
         return self.elector.elections
 
+    @property
+    def leader_addr(self) -> str | None:
+        """The broker address of the leader this member knows: its own when it leads, else the one the leader's
+        heartbeats gave (None during an election or before the first heartbeat)."""
+        st = self.state
+        if st.leader_id is None:
+            return None
+        if st.leader_id == st.self_id:
+            return self.config.broker_addr or None
+        return self.leader_addrs.get(st.leader_id)
+
     def status(self) -> dict[str, object]:
         """What ``dledger status`` shows: role, term, leader, the log's indexes; on the leader each peer's acked
         index and lag (entries behind the leader's end)."""
@@ -265,6 +276,6 @@ class DLedgerServer:
                  for peer, acked in self.pusher.progress().items()}
         return {"group": self.config.group, "selfId": st.self_id, "peers": dict(self.config.peers),
                 "role": st.role.value, "term": st.term, "leaderId": st.leader_id,
-                "leaderAddr": self.leader_addrs.get(st.leader_id) if st.leader_id is not None else None,
+                "leaderAddr": self.leader_addr,
                 "ledgerBeginIndex": s.begin_index, "ledgerEndIndex": s.end_index,
                 "committedIndex": s.committed_index, "elections": self.elections, "peerProgress": peers}
