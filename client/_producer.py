@@ -23,6 +23,7 @@ each stretch of an unchanged route, as with RocketMQ's ``SelectMessageQueueByHas
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import operator
 import threading
@@ -32,6 +33,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from client import _requests as rq
 from client._conditions import CountedCondition
+from client._delivery import AsyncSendFuture, DeliveryCallback, SendFuture, check_callback, outcome_of, report
 from client._instance import (
     AsyncClientInstance,
     ClientConfig,
@@ -430,13 +432,24 @@ class Producer(SyncLifecycle, _ProducerBase):
         self._lock = threading.Lock()
         self._room = CountedCondition(self._lock)
         self._client: ClientInstance | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._outstanding: set[concurrent.futures.Future[SendResult]] = set()
+        """``send_async`` sends not yet reported to their callback."""
+        self._reported = threading.Condition(self._lock)
 
     def _attach(self, client: ClientInstance) -> None:
         client.register_producer(self.group)
         self._metrics.bind(client)
 
     def close(self) -> None:
-        """Fail waiting sends, wait for in-flight ones (at most ``close_timeout_s``), release the client."""
+        """Wait for the ``send_async`` sends under way and for in-flight sends (each at most ``close_timeout_s``),
+        fail waiting sends, release the client. A ``send_async`` that had not started yet is reported to its
+        ``on_delivery`` as a ``ClientClosedError``."""
+        self.flush(self.config.close_timeout_s)
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             if self._state is not ClientState.OPENED:
                 self._state = ClientState.CLOSED
@@ -505,6 +518,62 @@ class Producer(SyncLifecycle, _ProducerBase):
                 batch = self._acc.join_pending(key, batch)
         self._lead(client, key, msg.topic, fixed, pin, batch)
         return self._outcome(me)
+
+    def send_async(self, msg: Message, on_delivery: DeliveryCallback | None = None,
+                   queue: MessageQueue | None = None, *, message_queue: MessageQueue | None = None,
+                   sharding_key: str | None = None, selector: MessageQueueSelector | None = None,
+                   arg: Any = None) -> SendFuture:
+        """Send without waiting: :meth:`send` runs on one of the producer's ``send_async_threads`` threads
+        (concurrent ones are batched together), as RocketMQ's ``send(msg, SendCallback)`` and confluent-kafka's
+        ``produce(..., on_delivery=)``.
+
+        Args:
+            msg: the message.
+            on_delivery: called once, on a producer thread, as ``on_delivery(None, result)`` when the message is
+                stored and ``on_delivery(error, None)`` when not (every error :meth:`send` raises; a
+                ``ClientClosedError`` when :meth:`close` came first). Keep it short: it holds a send thread.
+            queue, message_queue, sharding_key, selector, arg: as for :meth:`send`.
+
+        Returns:
+            A future of the :class:`SendResult` (``.result(timeout)`` re-raises the send's error).
+
+        Raises:
+            MessageIllegalError: the message is invalid (checked at once, before it is queued).
+            InvalidParameterError: a bad ``on_delivery``, sharding key or selector.
+            ClientClosedError: the producer is closed.
+        """
+        callback = check_callback(on_delivery)
+        self._ensure_open()
+        validate_message(msg, self.config.max_message_size)
+        Sharding.of(queue or message_queue, sharding_key, selector, arg)
+        topic = msg.topic
+        with self._lock:
+            if self._state is not ClientState.OPENED:
+                raise self._closed_error()
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    self.config.send_async_threads, thread_name_prefix=f"splitmq-send-{self.group}")
+            fut = self._executor.submit(self.send, msg, queue, message_queue=message_queue,
+                                        sharding_key=sharding_key, selector=selector, arg=arg)
+            self._outstanding.add(fut)
+
+        def delivered(done: concurrent.futures.Future[SendResult]) -> None:
+            try:
+                report(callback, topic, *outcome_of(done, self.group))
+            finally:  # flush returns once the callbacks ran, not only the sends
+                with self._lock:
+                    self._outstanding.discard(done)
+                    self._reported.notify_all()
+
+        fut.add_done_callback(delivered)
+        return fut
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait for the ``send_async`` sends under way (confluent-kafka's ``flush``), at most ``timeout`` seconds
+        (None: until they end); returns how many are still under way."""
+        with self._lock:
+            self._reported.wait_for(lambda: not self._outstanding, timeout)
+            return len(self._outstanding)
 
     def _wait_room(self, size: int, deadline: float) -> None:
         while not self._acc.has_room(size):
@@ -582,6 +651,9 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
         self._client: AsyncClientInstance | None = None
         self._room_waiters: list[asyncio.Future[None]] = []
         self._idle: asyncio.Event | None = None
+        self._outstanding: set[asyncio.Task[SendResult]] = set()
+        """See :attr:`Producer._outstanding`."""
+        self._reported: asyncio.Event | None = None
 
     def _attach(self, client: AsyncClientInstance) -> None:
         client.register_producer(self.group)
@@ -589,6 +661,7 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
 
     async def close(self) -> None:
         """See :meth:`Producer.close`."""
+        await self.flush(self.config.close_timeout_s)
         if self._state is not ClientState.OPENED:
             self._state = ClientState.CLOSED
             return
@@ -642,6 +715,52 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
             batch = self._acc.join_pending(key, batch)
         await self._lead(client, key, msg.topic, fixed, pin, batch)
         return self._outcome(me)
+
+    def send_async(self, msg: Message, on_delivery: DeliveryCallback | None = None,
+                   queue: MessageQueue | None = None, *, message_queue: MessageQueue | None = None,
+                   sharding_key: str | None = None, selector: MessageQueueSelector | None = None,
+                   arg: Any = None) -> AsyncSendFuture:
+        """Send without waiting (aiokafka's ``send`` returning a future): :meth:`send` as a task of the running
+        loop. ``on_delivery(error, result)`` is called once, on the loop, with the outcome; see
+        :meth:`Producer.send_async`. Call it from a coroutine (it needs the running loop); ``await`` the task
+        for the :class:`SendResult`.
+
+        Raises:
+            MessageIllegalError: the message is invalid (checked at once).
+            InvalidParameterError: a bad ``on_delivery``, sharding key or selector.
+            ClientClosedError: the producer is closed.
+        """
+        callback = check_callback(on_delivery)
+        loop = asyncio.get_running_loop()
+        self._ensure_open()
+        validate_message(msg, self.config.max_message_size)
+        Sharding.of(queue or message_queue, sharding_key, selector, arg)
+        topic = msg.topic
+        task = loop.create_task(self.send(msg, queue, message_queue=message_queue, sharding_key=sharding_key,
+                                          selector=selector, arg=arg))
+        self._outstanding.add(task)
+
+        def delivered(done: asyncio.Task[SendResult]) -> None:
+            try:
+                report(callback, topic, *outcome_of(done, self.group))
+            finally:
+                self._outstanding.discard(done)
+                if not self._outstanding and self._reported is not None:
+                    self._reported.set()
+
+        task.add_done_callback(delivered)
+        return task
+
+    async def flush(self, timeout: float | None = None) -> int:
+        """See :meth:`Producer.flush`."""
+        if self._outstanding:
+            if self._reported is None or self._reported.is_set():
+                self._reported = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._reported.wait(), timeout)
+            except TimeoutError:
+                pass
+        return len(self._outstanding)
 
     async def _wait_room(self, size: int, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
         while not self._acc.has_room(size):

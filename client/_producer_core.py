@@ -133,6 +133,8 @@ class ProducerConfig:
     """Requests in flight per topic (or per explicit queue) at most; beyond the first, only full batches."""
     close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
     """Bound on waiting for in-flight sends at close."""
+    send_async_threads: int = attrs.field(default=16, validator=_positive)
+    """Threads of ``Producer.send_async`` (started at its first call): its sends in flight at most."""
     idempotent: bool = True
     """Each message is stored once within the broker's duplicate window, whatever retries and re-sends of it
     happen (docs/GUIDE.md, "Idempotent sends"): its sends carry ``SysFlag.IDEMPOTENT``, a retry after an attempt
@@ -320,8 +322,7 @@ def send_failed(topic: str, attempts: list[tuple[str, Any]], elapsed_ms: int, ti
     if timed_out:
         msg = f"{head}: send_timeout_s ran out; brokers sent: {brokers}{last}"
     else:  # RocketMQ's wording follows, for those who search their logs for it
-        msg = (f"{head} (Send [{len(attempts)}] times, still failed); brokers sent: {brokers}; a send makes at "
-               f"most 1 + retry_times_when_send_failed attempts{last}")
+        msg = f"{head} (Send [{len(attempts)}] times, still failed); brokers sent: {brokers}{last}"
     return SendFailedError(msg, attempts=attempts)
 
 
