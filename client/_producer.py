@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import operator
 import threading
@@ -68,6 +69,7 @@ from client._routing import (
     TopicPublishInfo,
     normalize_namesrv_addr,
 )
+from client.tracing import ProducerSpan, start_send
 from common import codec
 from common.codes import SendStatus, SysFlag
 from common.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
@@ -197,12 +199,14 @@ class _ProducerBase:
                 return state
         return msg.uniq_key or self._uniq.next(), None
 
-    def _prepare(self, msg: Message) -> tuple[bytes, str, str | None]:
-        """The message encoded as a send-batch item, its key, and the group its send is pinned to."""
+    def _prepare(self, msg: Message, span: ProducerSpan | None = None) -> tuple[bytes, str, str | None]:
+        """The message encoded as a send-batch item (carrying the send's trace context when it has a span), its
+        key, and the group its send is pinned to."""
         msg = validate_message(msg, self.config.max_message_size)
         uniq, pin = self._key_of(msg)
         flag = _IDEMPOTENT if self.config.idempotent else 0
-        return encode_one(msg, uniq, int(time.time() * 1000), self.config.max_message_size, flag), uniq, pin
+        wire = msg if span is None else span.stamp(msg)
+        return encode_one(wire, uniq, int(time.time() * 1000), self.config.max_message_size, flag), uniq, pin
 
     def _needs_key_group(self, msg: Message, queue: MessageQueue | None) -> bool:
         """An idempotent send of a caller's key goes to the key's group (:func:`group_for_key`), unless the
@@ -218,11 +222,11 @@ class _ProducerBase:
         assert msg.uniq_key is not None
         return group_for_key(info, msg.uniq_key)
 
-    def _admit(self, msg: Message, queue: MessageQueue | None, waker: Any, key_group: str | None = None
-               ) -> tuple[Hashable, MessageQueue | None, str | None, Pending]:
+    def _admit(self, msg: Message, queue: MessageQueue | None, waker: Any, key_group: str | None = None,
+               span: ProducerSpan | None = None) -> tuple[Hashable, MessageQueue | None, str | None, Pending]:
         """A message of ``send``: its batching key, explicit queue, the group it is pinned to, and its place in a
         batch (pinned messages are batched per group)."""
-        item, uniq, pin = self._prepare(msg)
+        item, uniq, pin = self._prepare(msg, span)
         pin = pin or key_group
         fixed = explicit_queue(queue, msg.topic)
         key: Hashable = fixed if fixed is not None else (msg.topic, pin) if pin is not None else msg.topic
@@ -350,8 +354,8 @@ class _ProducerBase:
         for p, r in zip(live, results, strict=True):
             p.result = r
 
-    def _send_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], queue: MessageQueue | None
-                       ) -> _PausingOp[list[SendResult]]:
+    def _send_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], queue: MessageQueue | None,
+                       span: ProducerSpan | None = None) -> _PausingOp[list[SendResult]]:
         cfg = self.config
         topic = check_batch(msgs, cfg.max_message_size)
         fixed = explicit_queue(queue, topic)
@@ -369,7 +373,8 @@ class _ProducerBase:
                 pin = yield from self._key_group_op(core, msgs[0])
         else:
             keys = [m.uniq_key or self._uniq.next() for m in msgs]
-        body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
+        wire = msgs if span is None else [span.stamp(m) for m in msgs]
+        body = codec.encode_batch(wire, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
                                   max_message_size=cfg.max_message_size, sys_flag=_IDEMPOTENT if cfg.idempotent else 0)
         where = SendWhere()
         try:
@@ -384,9 +389,10 @@ class _ProducerBase:
                 self._settle(m, k, r, None)
         return results
 
-    def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None) -> _PausingOp[None]:
+    def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None,
+                   span: ProducerSpan | None = None) -> _PausingOp[None]:
         """One attempt; a failure to send is logged, not raised (invalid messages and a closed client are)."""
-        item, uniq, pin = self._prepare(msg)
+        item, uniq, pin = self._prepare(msg, span)
         fixed = explicit_queue(queue, msg.topic)
         deadline = time.monotonic() + self.config.send_timeout_s
         try:
@@ -493,13 +499,26 @@ class Producer(SyncLifecycle, _ProducerBase):
             InvalidParameterError: a bad sharding key or selector, or one given with a queue.
             ClientClosedError: the producer is closed.
         """
+        span = start_send((msg,), self.group)
+        if span is None:
+            return self._send(msg, queue or message_queue, sharding_key, selector, arg, None)
+        try:
+            result = self._send(msg, queue or message_queue, sharding_key, selector, arg, span)
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded((result,))
+        return result
+
+    def _send(self, msg: Message, queue: MessageQueue | None, sharding_key: str | None,
+              selector: MessageQueueSelector | None, arg: Any, span: ProducerSpan | None) -> SendResult:
+        """:meth:`send` within its trace span (``span``: None when the application traces nothing)."""
         client = self._ensure_open()
-        queue = queue or message_queue
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = client.drive(self._select_op(client, msg, sharding))
         key_group = client.drive(self._key_group_op(client, msg)) if self._needs_key_group(msg, queue) else None
-        key, fixed, pin, me = self._admit(msg, queue, None, key_group)
+        key, fixed, pin, me = self._admit(msg, queue, None, key_group, span)
         with self._lock:
             self._wait_room(len(me.item), me.deadline)
             batch = self._acc.offer(key, me)
@@ -553,7 +572,7 @@ class Producer(SyncLifecycle, _ProducerBase):
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     self.config.send_async_threads, thread_name_prefix=f"splitmq-send-{self.group}")
-            fut = self._executor.submit(self.send, msg, queue, message_queue=message_queue,
+            fut = self._executor.submit(contextvars.copy_context().run, self.send, msg, queue, message_queue=message_queue,
                                         sharding_key=sharding_key, selector=selector, arg=arg)
             self._outstanding.add(fut)
 
@@ -626,12 +645,29 @@ class Producer(SyncLifecycle, _ProducerBase):
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = client.drive(self._select_batch_op(client, msgs, sharding))
-        return self._run(client, self._send_batch_op(client, msgs, queue))
+        span = start_send(msgs, self.group)
+        if span is None:
+            return self._run(client, self._send_batch_op(client, msgs, queue))
+        try:
+            results = self._run(client, self._send_batch_op(client, msgs, queue, span))
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded(results)
+        return results
 
     def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """One attempt, no result: the broker's answer is read (keep-alive) but not reported."""
         client = self._ensure_open()
-        self._run(client, self._oneway_op(client, msg, queue))
+        span = start_send((msg,), self.group)
+        if span is None:
+            return self._run(client, self._oneway_op(client, msg, queue))
+        try:
+            self._run(client, self._oneway_op(client, msg, queue, span))
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded(())
 
 
 class AsyncProducer(AsyncLifecycle, _ProducerBase):
@@ -691,14 +727,28 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                    message_queue: MessageQueue | None = None, sharding_key: str | None = None,
                    selector: MessageQueueSelector | None = None, arg: Any = None) -> SendResult:
         """See :meth:`Producer.send`."""
+        span = start_send((msg,), self.group)
+        if span is None:
+            return await self._send(msg, queue or message_queue, sharding_key, selector, arg, None)
+        try:
+            result = await self._send(msg, queue or message_queue, sharding_key, selector, arg, span)
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded((result,))
+        return result
+
+    async def _send(self, msg: Message, queue: MessageQueue | None, sharding_key: str | None,
+                    selector: MessageQueueSelector | None, arg: Any, span: ProducerSpan | None
+                    ) -> SendResult:
+        """See :meth:`Producer._send`."""
         client = self._ensure_open()
         loop = asyncio.get_running_loop()
-        queue = queue or message_queue
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = await client.drive(self._select_op(client, msg, sharding))
         key_group = await client.drive(self._key_group_op(client, msg)) if self._needs_key_group(msg, queue) else None
-        key, fixed, pin, me = self._admit(msg, queue, loop.create_future(), key_group)
+        key, fixed, pin, me = self._admit(msg, queue, loop.create_future(), key_group, span)
         if not self._acc.has_room(len(me.item)):  # the common case skips a coroutine call
             await self._wait_room(len(me.item), me.deadline, loop)
         batch = self._acc.offer(key, me)
@@ -814,9 +864,26 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = await client.drive(self._select_batch_op(client, msgs, sharding))
-        return await self._run(client, self._send_batch_op(client, msgs, queue))
+        span = start_send(msgs, self.group)
+        if span is None:
+            return await self._run(client, self._send_batch_op(client, msgs, queue))
+        try:
+            results = await self._run(client, self._send_batch_op(client, msgs, queue, span))
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded(results)
+        return results
 
     async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """See :meth:`Producer.send_oneway`."""
         client = self._ensure_open()
-        await self._run(client, self._oneway_op(client, msg, queue))
+        span = start_send((msg,), self.group)
+        if span is None:
+            return await self._run(client, self._oneway_op(client, msg, queue))
+        try:
+            await self._run(client, self._oneway_op(client, msg, queue, span))
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded(())

@@ -49,7 +49,7 @@ _THREADS_TASKS = "a lock, threads and threading.Events vs tasks and asyncio.Even
 DIFFER_BY_NATURE: dict[tuple[str, str], str] = {
     ("Producer", "__init__"): _WAITS,
     ("Producer", "close"): _WAITS,
-    ("Producer", "send"): "the accumulator's waits: " + _WAITS,
+    ("Producer", "_send"): "the accumulator's waits: " + _WAITS,
     ("Producer", "_wait_room"): _WAITS,
     ("Producer", "_hand_on"): "wakes threads under the lock vs resolves futures",
     ("Producer", "send_async"): "a send on a thread of the producer's pool vs a task of the loop",
