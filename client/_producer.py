@@ -442,6 +442,8 @@ class Producer(SyncLifecycle, _ProducerBase):
         self._outstanding: set[concurrent.futures.Future[SendResult]] = set()
         """``send_async`` sends not yet reported to their callback."""
         self._reported = threading.Condition(self._lock)
+        self._reporting = threading.local()
+        """``.future``: the send whose ``on_delivery`` this thread runs (a flush there does not wait for it)."""
 
     def _attach(self, client: ClientInstance) -> None:
         client.register_producer(self.group)
@@ -577,9 +579,11 @@ class Producer(SyncLifecycle, _ProducerBase):
             self._outstanding.add(fut)
 
         def delivered(done: concurrent.futures.Future[SendResult]) -> None:
+            self._reporting.future = done
             try:
                 report(callback, topic, *outcome_of(done, self.group))
             finally:  # flush returns once the callbacks ran, not only the sends
+                self._reporting.future = None
                 with self._lock:
                     self._outstanding.discard(done)
                     self._reported.notify_all()
@@ -590,9 +594,10 @@ class Producer(SyncLifecycle, _ProducerBase):
     def flush(self, timeout: float | None = None) -> int:
         """Wait for the ``send_async`` sends under way (confluent-kafka's ``flush``), at most ``timeout`` seconds
         (None: until they end); returns how many are still under way."""
+        mine = getattr(self._reporting, "future", None)  # called from a callback: not waiting for itself
         with self._lock:
-            self._reported.wait_for(lambda: not self._outstanding, timeout)
-            return len(self._outstanding)
+            self._reported.wait_for(lambda: not self._outstanding.difference((mine,)), timeout)
+            return len(self._outstanding.difference((mine,)))
 
     def _wait_room(self, size: int, deadline: float) -> None:
         while not self._acc.has_room(size):

@@ -143,3 +143,15 @@ def test_async_send_async_reports_each_outcome_on_the_loop(cluster: LocalCluster
     assert [outcomes[i] for i in range(40)] == [(None, r) for r in results]
     assert isinstance(outcomes[99][0], SendFailedError) and outcomes[99][0] is failure
     _stored(cluster, results, bodies)
+
+
+def test_close_from_a_callback_does_not_wait_for_that_callback(cluster: LocalCluster) -> None:
+    p = Producer("pg-delivery", cluster.namesrv_addr, close_timeout_s=20.0)
+    closed = threading.Event()
+
+    def close_when_delivered(err: BaseException | None, result: SendResult | None) -> None:
+        p.close()
+        closed.set()
+
+    p.send_async(Message(TOPIC, b"close from here"), close_when_delivered)
+    assert closed.wait(10), "close waited for the callback that called it"
