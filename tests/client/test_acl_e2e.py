@@ -191,7 +191,7 @@ def test_spark_connector_signs_on_driver_and_executors(cluster: LocalCluster, ad
     assert sorted(bodies) == sorted(f"row {i}".encode() for i in range(10))
     anonymous = RocketMQBatchReader(parse_source_options({"nameserver": cluster.namesrv_addr, "topic": name},
                                                          streaming=False))
-    with pytest.raises(ConnectorError, match="refused this job's account.*code=16.*accessKey/secretKey") as info:
+    with pytest.raises(ConnectorError, match=r"refused this job's account.*code=16.*accessKey/secretKey") as info:
         anonymous.partitions()
     assert admin.secret_key not in str(info.value)
 
