@@ -248,8 +248,9 @@ def _produce_generated(args: argparse.Namespace, producer: Producer, out: Output
 
 def _ensure_topic(args: argparse.Namespace, out: Output) -> None:
     """The topic must exist; with ``--create`` a missing one is created first (on every master, like
-    ``topic create``). Without this check a typo would create a topic: the SDK sends a message for a topic the
-    nameserver does not know through the ``TBW102`` route, and the broker creates it (autoCreateTopicEnable)."""
+    ``topic create``). Without this check a typo would create a topic on brokers with autoCreateTopicEnable=true
+    (off by default): the SDK sends a message for a topic the nameserver does not know through the ``TBW102``
+    route, and such a broker creates it."""
     with open_admin(args) as adm:
         try:
             adm.topic_route(args.topic)

@@ -125,7 +125,8 @@ def _add_cluster(sub: Any, common: _Parser) -> None:
     up.add_argument("--peers", type=_int_in(1, 9), default=3, metavar="P",
                     help="--mode dledger: members per group, 3 survives one failure, 5 two (default: 3)")
     up.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                    help="broker .properties key for every broker (repeatable), e.g. --set slaveReadEnable=true")
+                    help="broker .properties key for every broker (repeatable), e.g. --set slaveReadEnable=true; "
+                         "--set autoCreateTopicEnable=true lets a send create a topic (off by default)")
     up.add_argument("--acl", action="store_true",
                     help="turn the ACL on: write an accounts file with an admin account and a cluster secret, "
                          "start every server with it, print the file's path and the admin access key")
