@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import shutil
 import socket
 import threading
 import time
@@ -328,6 +329,10 @@ def new_master(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Callabl
         m = BrokerHandle(cluster, "broker-a", 9, "ASYNC_MASTER")  # 9 names its directory: broker-a-9
         m.broker_id = 0  # what it registers as
         m.write_config(None)
+        # It knows the old master's topics, as a new leader does (brokers do not create topics on a send).
+        topics = cluster.broker("broker-a", 0).store_dir / "config" / "topics.json"
+        (m.store_dir / "config").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(topics, m.store_dir / "config" / "topics.json")
         started.append(m)
         m.start()
         return m
