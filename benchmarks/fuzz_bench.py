@@ -29,7 +29,7 @@ import attrs
 import psutil
 
 from benchmarks import Row
-from client import Message, Producer, PullConsumer, PullStatus
+from client import Admin, Message, Producer, PullConsumer, PullStatus
 from client.cluster import LocalCluster
 from client.errors import MessageIllegalError, ProtocolViolationError
 
@@ -415,6 +415,8 @@ def run_fuzz(profile: dict[str, int], *, seed: int | None = None) -> FuzzReport:
         topic = "FuzzT"
         broker = cluster.broker("broker-a", 0)
         sent = [b"before-%d" % i for i in range(50)]
+        with Admin(cluster.namesrv_addr) as admin:  # autoCreateTopicEnable is off: a send never creates a topic
+            admin.create_topic(topic, queue_nums=4)
         with Producer("fuzz-p", cluster.namesrv_addr) as p:
             for body in sent:
                 p.send(Message(topic, body))

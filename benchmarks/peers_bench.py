@@ -12,8 +12,9 @@ SplitMQ runs as ``LocalCluster`` (one nameserver, one broker group with one slav
 own: the broker's defaults (RocketMQ's, message index on, ASYNC_FLUSH) plus what every ``LocalCluster`` sets
 (64 MiB commit-log files, smaller index files, ``slaveReadEnable=true``, a slave copies topics every second). The
 "slave read settings" row alone adds the slave read settings documented in docs/SPARK.md ("Tuning brokers for
-analytical reads"), :data:`SLAVE_READ_SETTINGS`; without them a broker answers at most 32 messages per pull
-(``maxTransferCountOnMessageInMemory``), whatever the consumer asks for, as the last row shows. Redis runs with
+analytical reads"), :data:`SLAVE_READ_SETTINGS`. A slave's own defaults already let 1024 messages / 4 MiB through
+per answer (a master keeps RocketMQ's 32, ``maxTransferCountOnMessageInMemory``); the last row, on the defaults,
+shows what a slave serves untuned. Redis runs with
 its built-in defaults (a master and a ``--replicaof`` replica); NATS with its defaults, file storage, one server
 (R1) or three in a cluster (R3, set against the SYNC_MASTER group: both answer a send once a second node has it).
 

@@ -55,9 +55,13 @@ PROBE_TOPIC = "SoakProbe"
 RESERVED_S = 3.6
 ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
 #: Small consume-queue and index files, so they roll and are deleted too (3,000 entries per queue file; about
-#: 0.8 MB per index file).
+#: 0.8 MB per index file). The duplicate window of idempotent sends (the SDK's producers are idempotent) keeps
+#: keys as long as files are kept: with its default 120 s it would hold every message of a short run -- growth
+#: by design, bounded by ``duplicateWindowMaxKeys`` -- while at 3.6 s it is full within the warm-up and a key it
+#: failed to let go shows as growth.
 SOAK_PROPS = {
     "fileReservedTime": f"{RESERVED_S / 3600:.6f}", "deleteWhen": ALL_HOURS, "cleanResourceInterval": "1000",
+    "duplicateWindowMs": f"{RESERVED_S * 1000:.0f}",
     "deleteCommitLogFilesInterval": "10", "deleteFileBatchMax": "10", "mappedFileSizeConsumeQueue": "60000",
     "maxHashSlotNum": "10000", "maxIndexNum": "40000",
 }

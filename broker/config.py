@@ -107,7 +107,9 @@ class BrokerConfig:
     """``registerNameServerPeriodMinMs`` (SplitMQ, for tests): lower clamp of the registration period."""
     register_broker_timeout_ms: int = 6000
     default_topic_queue_nums: int = 8
-    auto_create_topic_enable: bool = True
+    auto_create_topic_enable: bool = False
+    """``autoCreateTopicEnable``: a send to an unknown topic creates it (from ``TBW102``). Off by default, unlike
+    RocketMQ (on): a typo in a topic name is an error naming the topic, not a new topic (docs/OPERATIONS.md)."""
     auto_create_subscription_group: bool = True
     max_message_size: int = 4 * 1024 * 1024
     max_request_body_bytes: int = 16 * 1024 * 1024
@@ -752,7 +754,8 @@ KEY_DOCS: dict[str, str] = {
     "registerNameServerPeriodMinMs": "SplitMQ, for tests: lower clamp of the registration period.",
     "registerBrokerTimeoutMills": "Milliseconds one registration request may take.",
     "defaultTopicQueueNums": "Queues of a topic created by its first send (at most the producer's `defaultTopicQueueNums` send argument).",
-    "autoCreateTopicEnable": "A send to an unknown topic creates it (from the `TBW102` template); off: TOPIC_NOT_EXIST.",
+    "autoCreateTopicEnable": "A send to an unknown topic creates it (from the `TBW102` template); off: TOPIC_NOT_EXIST. "
+                             "Off by default (RocketMQ: on), so a typo is an error naming the topic.",
     "autoCreateSubscriptionGroup": "A pull or send-back of an unknown group creates it; off: SUBSCRIPTION_GROUP_NOT_EXIST.",
     "maxMessageSize": "Largest stored record in bytes (body, topic, properties and header); larger is MESSAGE_ILLEGAL.",
     "maxRequestBodyBytes": "SplitMQ: largest HTTP request body in bytes; larger is refused with code 13 / HTTP 413.",

@@ -13,7 +13,9 @@ long-polling pulls of each queue that grew and the schedule service.
 
 Background tasks: dispatch, consumer-offset persistence (``flushConsumerOffsetInterval``), delay-offset
 persistence, client expiry, registration (``registerNameServerPeriod``, clamped), and on a slave the metadata
-sync (``slaveMetadataSyncInterval``).
+sync (``slaveMetadataSyncInterval``, and at once when the master changes). A classic slave that knows no master
+(or whose HA link is down) registers again on a short back-off until it does; a DLedger follower's master is its
+Raft leader's broker address (:mod:`broker.master_seek`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import socket
 import threading
 import time
@@ -37,6 +40,7 @@ from broker.dedup import DuplicateWindow
 from broker.dispatch_driver import DispatchDriver
 from broker.dledger.config import AppendError, DLedgerConfig
 from broker.dledger.election import ElectionTimings
+from broker.dledger.member import Role
 from broker.dledger.message_store import DLedgerMessageStore
 from broker.dledger.roles import RoleHandler
 from broker.dledger.server import DLedgerServer
@@ -45,6 +49,7 @@ from broker.group_identity import GroupIdentity
 from broker.ha import HAClient, HAService
 from broker.ha.api import HAClientAPI, HAServiceAPI
 from broker.long_polling import PullHoldService
+from broker.master_seek import MasterSeek, after_round, follow_leader, needs_master, on_answer, seek_delay_s
 from broker.metadata import (
     ConsumerOffsetManager,
     DelayOffsetManager,
@@ -86,6 +91,8 @@ CLIENT_EXPIRE_CHECK_S = 10.0
 GROUPS_PERSIST_INTERVAL_S = 1.0
 #: Bound of the whole graceful stop's network part (unregister, HA stop).
 STOP_NETWORK_TIMEOUT_S = 5.0
+#: How often a classic slave that has its master looks whether its HA link went down (no I/O).
+SEEK_IDLE_CHECK_S = 1.0
 
 
 def _wall_clock_ms() -> int:
@@ -104,6 +111,7 @@ class BrokerController:
             :class:`broker.ha.HAService` is created, and on a slave the real :class:`broker.ha.HAClient` too.
         clock_ms: wall clock in ms (metadata versions, client expiry).
         http_client: client for nameservers and the master (created and closed here when None).
+        rng: randomness of the master re-ask jitter (:mod:`broker.master_seek`).
     """
 
     def __init__(
@@ -117,6 +125,7 @@ class BrokerController:
         ha_client: HAClientAPI | None = None,
         clock_ms: Callable[[], int] | None = None,
         http_client: httpx.AsyncClient | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -124,6 +133,12 @@ class BrokerController:
         self.store_host = store_host
         self.ha_addr = ""
         self._clock_ms = clock_ms or _wall_clock_ms
+        self._rng = rng or random.Random()
+        self._seek = MasterSeek()
+        """A slave's master (client and HA address) and its re-ask back-off (:mod:`broker.master_seek`)."""
+        self._leader_addrs: dict[str, str] = {}
+        """DLedger mode: each peer's broker address, as its heartbeats as leader announced it."""
+        self._seek_wake: asyncio.Event | None = None
         self.role = RoleState(config.broker_role, config.broker_id)
         """The current role and id, read by the processors (DLedger mode: they follow the election)."""
         self.dledger: DLedgerServer | None = None
@@ -183,8 +198,6 @@ class BrokerController:
                 sync_flush_timeout_ms=config.sync_flush_timeout_ms, flush_future=store.flush_future,
                 replicas=ha_service,
             )
-        self.master_addr: str | None = None
-        """A slave's master client address, from the last registration answer (None pauses metadata sync)."""
         self._own_http = http_client is None
         # The broker's own account signs its calls to the nameservers and to its master (a refused signature
         # there is a 403 in the registration or sync log, never a silent unsigned call).
@@ -243,7 +256,7 @@ class BrokerController:
             pre_vote=cfg.dleger_pre_vote, max_pending=cfg.max_pending_requests_num,
             max_wait_ack_ms=cfg.max_wait_ack_time_ms, max_push_timeout_ms=cfg.max_push_time_out_ms,
             preferred_leader_id=cfg.preferred_leader_id or None, auth_secret=cfg.ha_auth_secret.encode(),
-            loopback_only=not cfg.peer_port_open,
+            loopback_only=not cfg.peer_port_open, broker_addr=self.addr,
             tls_server=self.tls.peer_server if self.tls is not None else None,
             tls_client=self.tls.client if self.tls is not None else None)
         roles = self.dledger_roles = RoleHandler(
@@ -252,8 +265,12 @@ class BrokerController:
             caught_up=lambda: self.dispatch.catch_up() and store.ledger_caught_up,
             set_store_role=self._set_store_role,
             become_master=self._became_master, become_slave=self._became_slave)
-        node = self.dledger = DLedgerServer(dledger_config, store.ledger, on_role_change=roles.changed,
-                                            on_commit=store.committed_moved)
+        def role_changed(role: Role, term: int, leader_id: str | None) -> None:
+            roles.changed(role, term, leader_id)
+            self._follow_leader()
+
+        node = self.dledger = DLedgerServer(dledger_config, store.ledger, on_role_change=role_changed,
+                                            on_commit=store.committed_moved, on_leader_addr=self._leader_announced)
         store.attach(node)
         store.add_append_listener(lambda _end: roles.poke())
         self.durability = QuorumWait(group=cfg.dledger_group, max_wait_ack_ms=cfg.max_wait_ack_time_ms)
@@ -280,6 +297,64 @@ class BrokerController:
         log.info("duplicate window rebuilt from the log: %d keys of the last %d ms in %.0f ms", found,
                  dedup.window_ms, (time.monotonic() - t0) * 1000)
         return found
+
+    # --- the master of a slave (broker.master_seek) ----------------------------------------------------------
+
+    @property
+    def master_addr(self) -> str | None:
+        """A slave's master client address: a classic slave's from the last registration answer, a DLedger
+        follower's its Raft leader's (None pauses the metadata sync)."""
+        return self._seek.master_addr
+
+    @master_addr.setter
+    def master_addr(self, addr: str | None) -> None:
+        self._seek = attrs.evolve(self._seek, master_addr=addr)
+
+    def _leader_announced(self, peer: str, broker_addr: str) -> None:
+        """DLedger mode: a heartbeat of ``peer`` as leader gave its broker address."""
+        self._leader_addrs[peer] = broker_addr
+        self._follow_leader()
+
+    def _follow_leader(self) -> None:
+        """DLedger mode: the master is the broker address of the Raft leader this member follows; a new one runs
+        the metadata sync at once."""
+        node = self.dledger
+        if node is None:
+            return
+        st = node.state
+        addr, sync_now = follow_leader(self.master_addr, following=st.role is Role.FOLLOWER, leader_id=st.leader_id,
+                                       leader_addrs=self._leader_addrs)
+        if addr != self.master_addr:
+            log.info("master of %s is now %s (DLedger leader %s, term %d)", self.config.broker_name, addr,
+                     st.leader_id, st.term)
+        self.master_addr = addr
+        if sync_now and self.slave_sync is not None:
+            self.slave_sync.kick()
+
+    def _link_up(self) -> bool:
+        return self.ha_client is not None and bool(self.ha_client.is_connected)
+
+    def _seeking(self) -> bool:
+        return self.role.is_slave and needs_master(self._seek, link_up=self._link_up(),
+                                                   fixed_ha=bool(self.config.ha_master_address))
+
+    async def _seek_master(self) -> None:
+        """Classic slave: while it knows no master or its HA link is down, register again on a short back-off
+        (the answer names the master) instead of waiting for the registration period."""
+        assert self._seek_wake is not None
+        while True:
+            if not self._seeking():
+                self._seek = after_round(self._seek, still_needed=False)
+                self._seek_wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._seek_wake.wait(), SEEK_IDLE_CHECK_S)
+                continue
+            await asyncio.sleep(seek_delay_s(self._seek.misses, self._rng.random()))
+            if self._seeking():  # a periodic round may have found the master meanwhile
+                log.debug("slave %s: no master (or HA link down); asking the nameservers again",
+                          self.config.broker_name)
+                await self._register_quietly()
+                self._seek = after_round(self._seek, still_needed=self._seeking())
 
     async def _became_master(self) -> None:
         self.master_addr = None
@@ -448,6 +523,9 @@ class BrokerController:
                 client=self.http, scheme=self._scheme, identity=self.group_identity,
             )
             self._spawn(self.slave_sync.run_periodic(cfg.slave_metadata_sync_interval_ms / 1000.0), "slave-sync")
+            if dledger is None and cfg.namesrv_addr:
+                self._seek_wake = asyncio.Event()
+                self._spawn(self._seek_master(), "seek-master")
         if dledger is not None:
             await dledger.start(cfg.bind_host, sock=dledger_sock)
         log.info("broker %s id=%d role=%s serving at %s, HA at %s", cfg.broker_name, self.role.broker_id,
@@ -542,14 +620,19 @@ class BrokerController:
         return BrokerIdentity(cfg.broker_cluster_name, cfg.broker_name, self.role.broker_id, self.addr, self.ha_addr)
 
     def _on_register_result(self, result: RegisterResult) -> None:
-        if not self.role.is_slave:
-            return
-        if result.master_addr != self.master_addr:
+        if not self.role.is_slave or self.dledger is not None:
+            return  # a DLedger follower's master is its Raft leader (_follow_leader), never the nameserver's
+        seek, sync_now = on_answer(self._seek, result)
+        if seek.master_addr != self.master_addr:
             log.info("master of %s is now %s (HA %s)", self.config.broker_name, result.master_addr,
                      result.ha_server_addr)
-        self.master_addr = result.master_addr
+        self._seek = seek
         if self.ha_client is not None and not self.config.ha_master_address and result.ha_server_addr:
             self.ha_client.update_master_address(result.ha_server_addr)
+        if sync_now and self.slave_sync is not None:
+            self.slave_sync.kick()
+        if self._seek_wake is not None:
+            self._seek_wake.set()
 
     def request_registration(self) -> None:
         """Register soon, in the background. A request during a round schedules one more round after it, so

@@ -12,13 +12,13 @@ live in the nameserver) pauses the sync.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 
+from broker.dledger.wakeup import Wakeup
 from broker.group_identity import GroupIdentity
 from broker.metadata import (
     ConsumerOffsetManager,
@@ -96,6 +96,11 @@ class SlaveSynchronizer:
         self._timeout_s = timeout_s
         self.rounds = 0
         self.failures = 0
+        self._kick = Wakeup()
+
+    def kick(self) -> None:
+        """Run a round now (the master changed) instead of at the end of the current wait."""
+        self._kick.set()
 
     async def _get(self, addr: str, path: str) -> dict[str, Any]:
         r = await self._client.get(f"{self._scheme}://{addr}{path}", timeout=self._timeout_s)
@@ -155,10 +160,10 @@ class SlaveSynchronizer:
         return ok
 
     async def run_periodic(self, period_s: float) -> None:
-        """Sync every ``period_s`` until cancelled, starting at once."""
+        """Sync every ``period_s`` until cancelled, starting at once, and at once after each :meth:`kick`."""
         while True:
             try:
                 await self.sync_all()
             except Exception:  # a bug in one round must not end the schedule
                 log.exception("slave sync round failed")
-            await asyncio.sleep(period_s)
+            await self._kick.wait(period_s)

@@ -20,6 +20,7 @@ from client._admin import Admin, ClusterInfo, QueueProgress
 from client._async_group_consumer import AsyncGroupConsumer
 from client._consume_core import GroupConsumerConfig, RebalanceListener
 from client._consumer import AsyncPullConsumer, PullConsumer
+from client._delivery import DeliveryCallback
 from client._group_consumer import GroupConsumer
 from client._instance import AsyncClientInstance, ClientConfig, ClientInstance, ClientState
 from client._producer import AsyncProducer, Producer
@@ -60,6 +61,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeStatus",
     "Credentials",
+    "DeliveryCallback",
     "FindBrokerResult",
     "GroupConsumer",
     "GroupConsumerConfig",

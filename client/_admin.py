@@ -303,7 +303,8 @@ class Admin:
         with: 0 for the leader serving as master, ``N + 1`` for follower ``nN`` (docs/SEMANTICS.md 9.8).
 
         Each answer holds ``group``, ``selfId``, ``peers`` (id -> peer address, every member of the group),
-        ``role`` (LEADER / FOLLOWER / CANDIDATE), ``term``, ``leaderId``, ``ledgerBeginIndex``,
+        ``role`` (LEADER / FOLLOWER / CANDIDATE), ``term``, ``leaderId``, ``leaderAddr`` (the leader's broker
+        address, from its heartbeats; None during an election), ``ledgerBeginIndex``,
         ``ledgerEndIndex``, ``committedIndex``, ``elections``, the broker's ``brokerName``, ``brokerId``,
         ``brokerRole`` and ``addr``, and on the leader ``peerProgress`` (peer id -> ``{"ackedIndex", "lag"}``,
         lag in entries behind the leader's end). A member in the route that does not answer shows

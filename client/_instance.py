@@ -287,7 +287,10 @@ class _InstanceCore:
         if isinstance(last, NameServerUnavailableError):
             return last
         why = f" (last nameserver error: {last})" if last else ""
-        return RouteNotFoundError(f"No route info of this topic: {topic}, nameservers {self.namesrv_addr}{why}")
+        return RouteNotFoundError(
+            f"No route info of this topic: {topic}, nameservers {self.namesrv_addr}{why}: no broker serves topic "
+            f"{topic!r}; create it first ('splitmq -n {self.namesrv_addr} topic create -t {topic}' or "
+            f"Admin.create_topic({topic!r})): brokers create topics on a send only with autoCreateTopicEnable=true")
 
     # --- operations (run by drive) ---
 

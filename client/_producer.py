@@ -23,6 +23,8 @@ each stretch of an unchanged route, as with RocketMQ's ``SelectMessageQueueByHas
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import logging
 import operator
 import threading
@@ -32,6 +34,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from client import _requests as rq
 from client._conditions import CountedCondition
+from client._delivery import AsyncSendFuture, DeliveryCallback, SendFuture, check_callback, outcome_of, report
 from client._instance import (
     AsyncClientInstance,
     ClientConfig,
@@ -66,6 +69,7 @@ from client._routing import (
     TopicPublishInfo,
     normalize_namesrv_addr,
 )
+from client.tracing import ProducerSpan, start_send
 from common import codec
 from common.codes import SendStatus, SysFlag
 from common.errors import ClientClosedError, ClientError, RequestTimeoutError, SendFailedError
@@ -195,12 +199,14 @@ class _ProducerBase:
                 return state
         return msg.uniq_key or self._uniq.next(), None
 
-    def _prepare(self, msg: Message) -> tuple[bytes, str, str | None]:
-        """The message encoded as a send-batch item, its key, and the group its send is pinned to."""
+    def _prepare(self, msg: Message, span: ProducerSpan | None = None) -> tuple[bytes, str, str | None]:
+        """The message encoded as a send-batch item (carrying the send's trace context when it has a span), its
+        key, and the group its send is pinned to."""
         msg = validate_message(msg, self.config.max_message_size)
         uniq, pin = self._key_of(msg)
         flag = _IDEMPOTENT if self.config.idempotent else 0
-        return encode_one(msg, uniq, int(time.time() * 1000), self.config.max_message_size, flag), uniq, pin
+        wire = msg if span is None else span.stamp(msg)
+        return encode_one(wire, uniq, int(time.time() * 1000), self.config.max_message_size, flag), uniq, pin
 
     def _needs_key_group(self, msg: Message, queue: MessageQueue | None) -> bool:
         """An idempotent send of a caller's key goes to the key's group (:func:`group_for_key`), unless the
@@ -216,11 +222,11 @@ class _ProducerBase:
         assert msg.uniq_key is not None
         return group_for_key(info, msg.uniq_key)
 
-    def _admit(self, msg: Message, queue: MessageQueue | None, waker: Any, key_group: str | None = None
-               ) -> tuple[Hashable, MessageQueue | None, str | None, Pending]:
+    def _admit(self, msg: Message, queue: MessageQueue | None, waker: Any, key_group: str | None = None,
+               span: ProducerSpan | None = None) -> tuple[Hashable, MessageQueue | None, str | None, Pending]:
         """A message of ``send``: its batching key, explicit queue, the group it is pinned to, and its place in a
         batch (pinned messages are batched per group)."""
-        item, uniq, pin = self._prepare(msg)
+        item, uniq, pin = self._prepare(msg, span)
         pin = pin or key_group
         fixed = explicit_queue(queue, msg.topic)
         key: Hashable = fixed if fixed is not None else (msg.topic, pin) if pin is not None else msg.topic
@@ -348,8 +354,8 @@ class _ProducerBase:
         for p, r in zip(live, results, strict=True):
             p.result = r
 
-    def _send_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], queue: MessageQueue | None
-                       ) -> _PausingOp[list[SendResult]]:
+    def _send_batch_op(self, core: _InstanceCore, msgs: Sequence[Message], queue: MessageQueue | None,
+                       span: ProducerSpan | None = None) -> _PausingOp[list[SendResult]]:
         cfg = self.config
         topic = check_batch(msgs, cfg.max_message_size)
         fixed = explicit_queue(queue, topic)
@@ -367,7 +373,8 @@ class _ProducerBase:
                 pin = yield from self._key_group_op(core, msgs[0])
         else:
             keys = [m.uniq_key or self._uniq.next() for m in msgs]
-        body = codec.encode_batch(msgs, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
+        wire = msgs if span is None else [span.stamp(m) for m in msgs]
+        body = codec.encode_batch(wire, born_timestamp_ms=int(time.time() * 1000), uniq_keys=keys,
                                   max_message_size=cfg.max_message_size, sys_flag=_IDEMPOTENT if cfg.idempotent else 0)
         where = SendWhere()
         try:
@@ -382,9 +389,10 @@ class _ProducerBase:
                 self._settle(m, k, r, None)
         return results
 
-    def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None) -> _PausingOp[None]:
+    def _oneway_op(self, core: _InstanceCore, msg: Message, queue: MessageQueue | None,
+                   span: ProducerSpan | None = None) -> _PausingOp[None]:
         """One attempt; a failure to send is logged, not raised (invalid messages and a closed client are)."""
-        item, uniq, pin = self._prepare(msg)
+        item, uniq, pin = self._prepare(msg, span)
         fixed = explicit_queue(queue, msg.topic)
         deadline = time.monotonic() + self.config.send_timeout_s
         try:
@@ -430,13 +438,26 @@ class Producer(SyncLifecycle, _ProducerBase):
         self._lock = threading.Lock()
         self._room = CountedCondition(self._lock)
         self._client: ClientInstance | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._outstanding: set[concurrent.futures.Future[SendResult]] = set()
+        """``send_async`` sends not yet reported to their callback."""
+        self._reported = threading.Condition(self._lock)
+        self._reporting = threading.local()
+        """``.future``: the send whose ``on_delivery`` this thread runs (a flush there does not wait for it)."""
 
     def _attach(self, client: ClientInstance) -> None:
         client.register_producer(self.group)
         self._metrics.bind(client)
 
     def close(self) -> None:
-        """Fail waiting sends, wait for in-flight ones (at most ``close_timeout_s``), release the client."""
+        """Wait for the ``send_async`` sends under way and for in-flight sends (each at most ``close_timeout_s``),
+        fail waiting sends, release the client. A ``send_async`` that had not started yet is reported to its
+        ``on_delivery`` as a ``ClientClosedError``."""
+        self.flush(self.config.close_timeout_s)
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             if self._state is not ClientState.OPENED:
                 self._state = ClientState.CLOSED
@@ -480,13 +501,26 @@ class Producer(SyncLifecycle, _ProducerBase):
             InvalidParameterError: a bad sharding key or selector, or one given with a queue.
             ClientClosedError: the producer is closed.
         """
+        span = start_send((msg,), self.group)
+        if span is None:
+            return self._send(msg, queue or message_queue, sharding_key, selector, arg, None)
+        try:
+            result = self._send(msg, queue or message_queue, sharding_key, selector, arg, span)
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded((result,))
+        return result
+
+    def _send(self, msg: Message, queue: MessageQueue | None, sharding_key: str | None,
+              selector: MessageQueueSelector | None, arg: Any, span: ProducerSpan | None) -> SendResult:
+        """:meth:`send` within its trace span (``span``: None when the application traces nothing)."""
         client = self._ensure_open()
-        queue = queue or message_queue
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = client.drive(self._select_op(client, msg, sharding))
         key_group = client.drive(self._key_group_op(client, msg)) if self._needs_key_group(msg, queue) else None
-        key, fixed, pin, me = self._admit(msg, queue, None, key_group)
+        key, fixed, pin, me = self._admit(msg, queue, None, key_group, span)
         with self._lock:
             self._wait_room(len(me.item), me.deadline)
             batch = self._acc.offer(key, me)
@@ -505,6 +539,65 @@ class Producer(SyncLifecycle, _ProducerBase):
                 batch = self._acc.join_pending(key, batch)
         self._lead(client, key, msg.topic, fixed, pin, batch)
         return self._outcome(me)
+
+    def send_async(self, msg: Message, on_delivery: DeliveryCallback | None = None,
+                   queue: MessageQueue | None = None, *, message_queue: MessageQueue | None = None,
+                   sharding_key: str | None = None, selector: MessageQueueSelector | None = None,
+                   arg: Any = None) -> SendFuture:
+        """Send without waiting: :meth:`send` runs on one of the producer's ``send_async_threads`` threads
+        (concurrent ones are batched together), as RocketMQ's ``send(msg, SendCallback)`` and confluent-kafka's
+        ``produce(..., on_delivery=)``.
+
+        Args:
+            msg: the message.
+            on_delivery: called once, on a producer thread, as ``on_delivery(None, result)`` when the message is
+                stored and ``on_delivery(error, None)`` when not (every error :meth:`send` raises; a
+                ``ClientClosedError`` when :meth:`close` came first). Keep it short: it holds a send thread.
+            queue, message_queue, sharding_key, selector, arg: as for :meth:`send`.
+
+        Returns:
+            A future of the :class:`SendResult` (``.result(timeout)`` re-raises the send's error).
+
+        Raises:
+            MessageIllegalError: the message is invalid (checked at once, before it is queued).
+            InvalidParameterError: a bad ``on_delivery``, sharding key or selector.
+            ClientClosedError: the producer is closed.
+        """
+        callback = check_callback(on_delivery)
+        self._ensure_open()
+        validate_message(msg, self.config.max_message_size)
+        Sharding.of(queue or message_queue, sharding_key, selector, arg)
+        topic = msg.topic
+        with self._lock:
+            if self._state is not ClientState.OPENED:
+                raise self._closed_error()
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    self.config.send_async_threads, thread_name_prefix=f"splitmq-send-{self.group}")
+            fut = self._executor.submit(contextvars.copy_context().run, self.send, msg, queue, message_queue=message_queue,
+                                        sharding_key=sharding_key, selector=selector, arg=arg)
+            self._outstanding.add(fut)
+
+        def delivered(done: concurrent.futures.Future[SendResult]) -> None:
+            self._reporting.future = done
+            try:
+                report(callback, topic, *outcome_of(done, self.group))
+            finally:  # flush returns once the callbacks ran, not only the sends
+                self._reporting.future = None
+                with self._lock:
+                    self._outstanding.discard(done)
+                    self._reported.notify_all()
+
+        fut.add_done_callback(delivered)
+        return fut
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait for the ``send_async`` sends under way (confluent-kafka's ``flush``), at most ``timeout`` seconds
+        (None: until they end); returns how many are still under way."""
+        mine = getattr(self._reporting, "future", None)  # called from a callback: not waiting for itself
+        with self._lock:
+            self._reported.wait_for(lambda: not self._outstanding.difference((mine,)), timeout)
+            return len(self._outstanding.difference((mine,)))
 
     def _wait_room(self, size: int, deadline: float) -> None:
         while not self._acc.has_room(size):
@@ -557,12 +650,29 @@ class Producer(SyncLifecycle, _ProducerBase):
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = client.drive(self._select_batch_op(client, msgs, sharding))
-        return self._run(client, self._send_batch_op(client, msgs, queue))
+        span = start_send(msgs, self.group)
+        if span is None:
+            return self._run(client, self._send_batch_op(client, msgs, queue))
+        try:
+            results = self._run(client, self._send_batch_op(client, msgs, queue, span))
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded(results)
+        return results
 
     def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """One attempt, no result: the broker's answer is read (keep-alive) but not reported."""
         client = self._ensure_open()
-        self._run(client, self._oneway_op(client, msg, queue))
+        span = start_send((msg,), self.group)
+        if span is None:
+            return self._run(client, self._oneway_op(client, msg, queue))
+        try:
+            self._run(client, self._oneway_op(client, msg, queue, span))
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded(())
 
 
 class AsyncProducer(AsyncLifecycle, _ProducerBase):
@@ -582,6 +692,9 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
         self._client: AsyncClientInstance | None = None
         self._room_waiters: list[asyncio.Future[None]] = []
         self._idle: asyncio.Event | None = None
+        self._outstanding: set[asyncio.Task[SendResult]] = set()
+        """See :attr:`Producer._outstanding`."""
+        self._reported: asyncio.Event | None = None
 
     def _attach(self, client: AsyncClientInstance) -> None:
         client.register_producer(self.group)
@@ -589,6 +702,7 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
 
     async def close(self) -> None:
         """See :meth:`Producer.close`."""
+        await self.flush(self.config.close_timeout_s)
         if self._state is not ClientState.OPENED:
             self._state = ClientState.CLOSED
             return
@@ -618,14 +732,28 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
                    message_queue: MessageQueue | None = None, sharding_key: str | None = None,
                    selector: MessageQueueSelector | None = None, arg: Any = None) -> SendResult:
         """See :meth:`Producer.send`."""
+        span = start_send((msg,), self.group)
+        if span is None:
+            return await self._send(msg, queue or message_queue, sharding_key, selector, arg, None)
+        try:
+            result = await self._send(msg, queue or message_queue, sharding_key, selector, arg, span)
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded((result,))
+        return result
+
+    async def _send(self, msg: Message, queue: MessageQueue | None, sharding_key: str | None,
+                    selector: MessageQueueSelector | None, arg: Any, span: ProducerSpan | None
+                    ) -> SendResult:
+        """See :meth:`Producer._send`."""
         client = self._ensure_open()
         loop = asyncio.get_running_loop()
-        queue = queue or message_queue
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = await client.drive(self._select_op(client, msg, sharding))
         key_group = await client.drive(self._key_group_op(client, msg)) if self._needs_key_group(msg, queue) else None
-        key, fixed, pin, me = self._admit(msg, queue, loop.create_future(), key_group)
+        key, fixed, pin, me = self._admit(msg, queue, loop.create_future(), key_group, span)
         if not self._acc.has_room(len(me.item)):  # the common case skips a coroutine call
             await self._wait_room(len(me.item), me.deadline, loop)
         batch = self._acc.offer(key, me)
@@ -642,6 +770,52 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
             batch = self._acc.join_pending(key, batch)
         await self._lead(client, key, msg.topic, fixed, pin, batch)
         return self._outcome(me)
+
+    def send_async(self, msg: Message, on_delivery: DeliveryCallback | None = None,
+                   queue: MessageQueue | None = None, *, message_queue: MessageQueue | None = None,
+                   sharding_key: str | None = None, selector: MessageQueueSelector | None = None,
+                   arg: Any = None) -> AsyncSendFuture:
+        """Send without waiting (aiokafka's ``send`` returning a future): :meth:`send` as a task of the running
+        loop. ``on_delivery(error, result)`` is called once, on the loop, with the outcome; see
+        :meth:`Producer.send_async`. Call it from a coroutine (it needs the running loop); ``await`` the task
+        for the :class:`SendResult`.
+
+        Raises:
+            MessageIllegalError: the message is invalid (checked at once).
+            InvalidParameterError: a bad ``on_delivery``, sharding key or selector.
+            ClientClosedError: the producer is closed.
+        """
+        callback = check_callback(on_delivery)
+        loop = asyncio.get_running_loop()
+        self._ensure_open()
+        validate_message(msg, self.config.max_message_size)
+        Sharding.of(queue or message_queue, sharding_key, selector, arg)
+        topic = msg.topic
+        task = loop.create_task(self.send(msg, queue, message_queue=message_queue, sharding_key=sharding_key,
+                                          selector=selector, arg=arg))
+        self._outstanding.add(task)
+
+        def delivered(done: asyncio.Task[SendResult]) -> None:
+            try:
+                report(callback, topic, *outcome_of(done, self.group))
+            finally:
+                self._outstanding.discard(done)
+                if not self._outstanding and self._reported is not None:
+                    self._reported.set()
+
+        task.add_done_callback(delivered)
+        return task
+
+    async def flush(self, timeout: float | None = None) -> int:
+        """See :meth:`Producer.flush`."""
+        if self._outstanding:
+            if self._reported is None or self._reported.is_set():
+                self._reported = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._reported.wait(), timeout)
+            except TimeoutError:
+                pass
+        return len(self._outstanding)
 
     async def _wait_room(self, size: int, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
         while not self._acc.has_room(size):
@@ -695,9 +869,26 @@ class AsyncProducer(AsyncLifecycle, _ProducerBase):
         sharding = Sharding.of(queue, sharding_key, selector, arg)
         if sharding is not None:
             queue = await client.drive(self._select_batch_op(client, msgs, sharding))
-        return await self._run(client, self._send_batch_op(client, msgs, queue))
+        span = start_send(msgs, self.group)
+        if span is None:
+            return await self._run(client, self._send_batch_op(client, msgs, queue))
+        try:
+            results = await self._run(client, self._send_batch_op(client, msgs, queue, span))
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded(results)
+        return results
 
     async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """See :meth:`Producer.send_oneway`."""
         client = self._ensure_open()
-        await self._run(client, self._oneway_op(client, msg, queue))
+        span = start_send((msg,), self.group)
+        if span is None:
+            return await self._run(client, self._oneway_op(client, msg, queue))
+        try:
+            await self._run(client, self._oneway_op(client, msg, queue, span))
+        except BaseException as e:
+            span.failed(e)
+            raise
+        span.succeeded(())

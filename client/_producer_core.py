@@ -87,8 +87,9 @@ RETRY_RESPONSE_CODES = frozenset({
 #: producers of a big fleet do not ask the nameservers in step after a failover).
 MASTER_POLL_S = (0.1, 0.2)
 
-#: While the route still names the master address that failed, the send tries that address again this often: a
-#: master restarted at its own address, or a leader elected again, never changes the route.
+#: While the route still names the master address that failed, the send tries that address again at most this
+#: often (an attempt of its budget): a master restarted at its own address, or a leader elected again, never
+#: changes the route.
 SAME_MASTER_RETRY_S = 1.0
 
 _RESERVED_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC"})
@@ -132,6 +133,8 @@ class ProducerConfig:
     """Requests in flight per topic (or per explicit queue) at most; beyond the first, only full batches."""
     close_timeout_s: float = attrs.field(default=5.0, validator=_positive)
     """Bound on waiting for in-flight sends at close."""
+    send_async_threads: int = attrs.field(default=16, validator=_positive)
+    """Threads of ``Producer.send_async`` (started at its first call): its sends in flight at most."""
     idempotent: bool = True
     """Each message is stored once within the broker's duplicate window, whatever retries and re-sends of it
     happen (docs/GUIDE.md, "Idempotent sends"): its sends carry ``SysFlag.IDEMPOTENT``, a retry after an attempt
@@ -297,6 +300,10 @@ def check_batch(msgs: Sequence[Message], max_message_size: int) -> str:
     return topic
 
 
+def _attempts(n: int) -> str:
+    return "1 attempt" if n == 1 else f"{n} attempts"
+
+
 def send_failed(topic: str, attempts: list[tuple[str, Any]], elapsed_ms: int, timed_out: bool) -> SendFailedError:
     """The error of a send whose attempts all failed (RocketMQ's wording), or that ran out of time.
 
@@ -311,12 +318,11 @@ def send_failed(topic: str, attempts: list[tuple[str, Any]], elapsed_ms: int, ti
     """
     brokers = [b for b, _ in attempts]
     last = f"; last error: {attempts[-1][1]}" if attempts else ""
+    head = f"send to topic {topic} failed after {_attempts(len(attempts))} in {elapsed_ms} ms"
     if timed_out:
-        msg = (f"send to topic {topic} ran out of send_timeout_s after {len(attempts)} attempt(s), cost "
-               f"{elapsed_ms} ms, brokers sent: {brokers}{last}")
-    else:
-        msg = (f"Send [{len(attempts)}] times, still failed, cost [{elapsed_ms}]ms, Topic: {topic}, "
-               f"BrokersSent: {brokers}{last}")
+        msg = f"{head}: send_timeout_s ran out; brokers sent: {brokers}{last}"
+    else:  # RocketMQ's wording follows, for those who search their logs for it
+        msg = f"{head} (Send [{len(attempts)}] times, still failed); brokers sent: {brokers}{last}"
     return SendFailedError(msg, attempts=attempts)
 
 
@@ -478,11 +484,11 @@ def master_gone(topic: str, lost: dict[str, set[str]], attempts: list[tuple[str,
                        for name, addrs in sorted(lost.items()))
     names = " / ".join(sorted(lost))
     last = f"; last error: {attempts[-1][1]}" if attempts else ""
-    msg = (f"send to topic {topic} failed: the master of broker group {groups} changed or was unreachable, and no "
-           f"new master registered at the nameserver within send_timeout_s (cost {elapsed_ms} ms, "
-           f"{len(attempts)} attempt(s), {route_reads} route read(s)). Check that {names} has a running master "
-           f"registered with the nameservers (splitmq cluster list; splitmq topic route -t {topic}), or raise "
-           f"send_timeout_s to ride out a longer election{last}")
+    msg = (f"send to topic {topic} failed after {_attempts(len(attempts))} in {elapsed_ms} ms: the master of broker "
+           f"group {groups} changed or was unreachable, and no new master registered at the nameserver within "
+           f"send_timeout_s ({route_reads} route read(s)). Check that {names} has a running master registered with "
+           f"the nameservers (splitmq cluster list; splitmq topic route -t {topic}), or raise send_timeout_s to "
+           f"ride out a longer election{last}")
     return SendFailedError(msg, attempts=attempts)
 
 
@@ -525,8 +531,17 @@ class SendAttempts:
     deadline passed; :meth:`exhausted` says that no new master registered). A group is retried as soon as its
     master address differs from every one that failed in this send, and the same address again every
     ``same_master_retry_s``, because a master restarted at its address or a leader elected again leaves the route
-    as it was. Neither the wait nor those attempts use the retry budget: an election can take seconds, and the
-    deadline bounds both.
+    as it was.
+
+    The budget (issue 40): a send makes at most ``1 + retries`` attempts, as RocketMQ, counting the attempts on
+    an address that failed before in this send; the wait itself uses none. The one exception is a master address
+    the route names for the first time in this send (a new master or leader): it is tried at once, with an
+    attempt beyond the budget, because the attempts spent on the old master say nothing of it. So the attempts
+    are bounded by ``1 + retries`` plus the number of new masters that register within the deadline; with every
+    master refusing and no change in the route, a send makes exactly ``1 + retries`` attempts and then waits
+    for a new master until its deadline. An address that failed is tried again (it may have restarted there, or
+    been elected again) with the attempts left spread over the time left, at least ``same_master_retry_s``
+    apart.
 
     With ``idempotent`` (issue 38) an attempt that may have stored the message (:func:`may_be_stored`) pins the
     send to its group: :attr:`pinned` is set, every later attempt goes to a queue of that group, and a lost
@@ -547,7 +562,8 @@ class SendAttempts:
         await_master: wait for a new master as above (else a lost master is one more retriable failure).
         rand: uniform random source in [0, 1) for the pause between route reads (injected by tests).
         poll_s: bounds of the pause between route reads.
-        same_master_retry_s: how often an address that failed is tried again while the route still names it.
+        same_master_retry_s: the least pause before an address that failed is tried again while the route still
+            names it.
         idempotent: pin the send to a group that may hold it (above).
         pinned: the group the send is pinned to from the start (None: none yet).
     """
@@ -663,7 +679,7 @@ class SendAttempts:
             if self._await_master and lost_master(err):  # only this group's window can tell: wait for it
                 self._lost.setdefault(name, set()).update(a for a in (err.broker_addr, self._attempt_addr) if a)
                 self.awaiting = name
-                self._same_retry_at = self._clock() + self._same_master_retry_s
+                self._same_retry_at = self._same_retry_due()
                 return False
             return True
         if self._await_master and lost_master(err):
@@ -673,7 +689,7 @@ class SendAttempts:
             if not any(q.broker_name not in self._lost and q.broker_name not in self._unwritable
                        for q in self.info.message_queues):
                 self.awaiting = name
-                self._same_retry_at = self._clock() + self._same_master_retry_s
+                self._same_retry_at = self._same_retry_due()
                 return False
         if isinstance(err, BrokerError) and err.code == ResponseCode.SERVICE_NOT_AVAILABLE:
             # The same broker cannot store it within this send; another group may. With no other group the
@@ -700,11 +716,14 @@ class SendAttempts:
         for name in sorted(self._lost):
             addr = master_of(name)
             tried = self._lost[name]
-            if addr is None or (addr in tried and now < self._same_retry_at):
+            again = addr in tried
+            if addr is None or (again and (now < self._same_retry_at or self._left_attempts <= 0)):
                 continue
             if not any(q.broker_name == name for q in self.info.message_queues):
                 continue  # the route lists no writable queue of the group (yet)
-            if addr not in tried:
+            if again:
+                self._left_attempts -= 1  # the same master again: one of the send's attempts
+            else:
                 self._fault.remove(name)  # an isolation earned by the old master says nothing of the new one
             self._unwritable.discard(name)
             self._resume = (name, addr)
@@ -713,6 +732,14 @@ class SendAttempts:
             self._gave_up = True
             return MasterVerdict.GIVE_UP
         return MasterVerdict.POLL
+
+    def _same_retry_due(self) -> float:
+        """When an address that failed may be tried again while the route still names it: the attempts left are
+        spread over the time left (the last one well before the deadline), at least ``same_master_retry_s`` apart,
+        so that a master restarted at its address late in the send is still tried."""
+        now = self._clock()
+        gap = (self._deadline - now) / (self._left_attempts + 1)
+        return now + max(self._same_master_retry_s, gap)
 
     @property
     def resuming(self) -> tuple[str, str] | None:

@@ -39,6 +39,7 @@ from client._consume_core import GroupConsumerConfig
 from client._group_consumer import SyncEngine
 from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
 from client._rebalance import MessageModel, ProcessQueue, retry_topic
+from client.tracing import process_span
 from common import codec
 from common.errors import BrokerNotFoundError, ClientError, InvalidParameterError
 from common.message import Message, MessageExt, MessageQueue
@@ -301,7 +302,10 @@ class PushConsumer:
         metrics = self._engine.metrics
         began = time.perf_counter() if metrics.on else 0.0
         try:
-            status = check_consume_status(self.listener(msgs))
+            with process_span(msgs, self.group) as span:  # a no-op without OpenTelemetry
+                status = check_consume_status(self.listener(msgs))
+                if span is not None:
+                    span.set_attribute("splitmq.consume_status", status.name)
         except Exception as e:
             if metrics.on and msgs:
                 metrics.processed(msgs[0].topic, len(msgs), False, began)

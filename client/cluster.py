@@ -373,7 +373,9 @@ class LocalCluster:
         nameservers: nameserver processes.
         broker_config: extra ``.properties`` keys for every broker (win over the defaults, which include
             :data:`LOCAL_BROKER_DEFAULTS`: ``slaveReadEnable=true``; pass ``{"slaveReadEnable": "false"}`` for
-            RocketMQ's default, where slaves serve only while their master is down).
+            RocketMQ's default, where slaves serve only while their master is down). Brokers keep their own
+            ``autoCreateTopicEnable=false``: create topics with :class:`~client.Admin` (a send to a topic nobody
+            created is an error naming it); ``{"autoCreateTopicEnable": "true"}`` brings RocketMQ's default back.
         commitlog_file_size_bytes: ``mappedFileSizeCommitLog`` of every broker. A local cluster defaults to
             64 MiB files (the broker's own default, 1 GiB, is meant for production disks: each broker preallocates
             two files); None keeps the broker default.

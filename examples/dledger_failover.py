@@ -13,10 +13,12 @@ as a follower and catches up. At the end every message is read back and checked 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from client import Admin, Message, Producer, PullConsumer, PullStatus
@@ -166,6 +168,25 @@ def read_all(namesrv: str) -> list[int]:
     return seqs
 
 
+def wait_topic_on_every_member(cluster: LocalCluster) -> None:
+    """Until every member of the group knows TOPIC. Topics reach followers by the metadata sync from the leader,
+    not through the Raft log, and a send never creates a topic (``autoCreateTopicEnable`` is off): a follower
+    elected before it has the topic would refuse the sends (TOPIC_NOT_EXIST)."""
+    deadline = time.monotonic() + WAIT_S
+    for member in cluster.members(GROUP):
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{member.addr}/topics", timeout=5) as resp:
+                    if TOPIC in json.loads(resp.read())["topicConfigTable"]:
+                        break
+            except OSError:
+                pass  # a member still starting: asked again below
+            if time.monotonic() > deadline:
+                raise SystemExit(f"dledger_failover: member {member.addr} did not get topic {TOPIC} within {WAIT_S} s")
+            time.sleep(0.1)
+    print(f"topic {TOPIC} is on every member (a follower elected later must know it)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--messages", type=int, default=200, metavar="N",
@@ -178,6 +199,7 @@ def main() -> int:
         old = cluster.leader(GROUP)
         print(f"started a 3-member DLedger group {GROUP}; nameserver {cluster.namesrv_addr}")
         admin.create_topic(TOPIC, queue_nums=4)
+        wait_topic_on_every_member(cluster)
         show(admin, "before the kill")
 
         producer = SteadyProducer(cluster.namesrv_addr, args.messages)

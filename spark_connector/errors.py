@@ -28,6 +28,7 @@ from client.errors import (
     AccessDeniedError,
     BrokerError,
     ClientError,
+    NameServerUnavailableError,
     NoPermissionError,
     RouteNotFoundError,
     TlsError,
@@ -82,11 +83,11 @@ def explain(e: ClientError, *, nameserver: str, what: str) -> ConnectorError:
             "account's permissions (docs/SECURITY.md)")
     if isinstance(e, TlsError):
         return ClusterUnreachableError(f"{what}: TLS failed ({detail}); check option tlsCaFile")
+    if isinstance(e, NameServerUnavailableError):
+        return ClusterUnreachableError(
+            f"{what}: no nameserver of option nameserver={nameserver} answers ({detail}); check the address "
+            "and that the nameserver runs")
     if isinstance(e, RouteNotFoundError):
-        if "nameserver" in detail and ("connect" in detail.lower() or "timed out" in detail.lower()):
-            return ClusterUnreachableError(
-                f"{what}: no nameserver of option nameserver={nameserver} answers ({detail}); check the address "
-                "and that the nameserver runs")
         return ClusterUnreachableError(
             f"{what}: the nameserver ({nameserver}) has no route for the topic ({detail}); check options "
             "topic/subscribe, or create the topic first")

@@ -8,12 +8,12 @@ offset-log replay relies on for exactly-once reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spark_connector.offsets import QueueKey
 
-__all__ = ["QueueRange", "plan_ranges", "split_ranges"]
+__all__ = ["MinOffsetsGate", "QueueRange", "plan_ranges", "split_ranges"]
 
 
 @dataclass(frozen=True, order=True)
@@ -128,3 +128,24 @@ def plan_ranges(
         base, min_partitions=min_partitions, max_records_per_partition=max_records_per_partition
     )
     return sorted(pieces)
+
+
+class MinOffsetsGate:
+    """Kafka's ``minOffsetsPerTrigger`` rule, pure with the clock injected: a trigger with fewer new offsets
+    waits, unless ``maxTriggerDelay`` passed since the last trigger let through (``lastTriggerMillis``, taken when
+    the trigger is planned, not when its micro-batch ends). The first trigger always runs."""
+
+    def __init__(self, min_offsets: int, max_delay_ms: int, clock_ms: Callable[[], int]) -> None:
+        self.min_offsets = min_offsets
+        self.max_delay_ms = max_delay_ms
+        self._clock_ms = clock_ms
+        self._last_ms: int | None = None
+
+    def admit(self, new_offsets: int) -> bool:
+        """Whether a trigger with ``new_offsets`` new offsets runs now (and, if so, restart the delay)."""
+        now = self._clock_ms()
+        if (self._last_ms is None or now - self._last_ms >= self.max_delay_ms
+                or new_offsets >= self.min_offsets):
+            self._last_ms = now
+            return True
+        return False

@@ -61,7 +61,7 @@ from spark_connector.offsets import (
     rate_limit,
 )
 from spark_connector.options import SourceOptions, parse_source_options, redacted
-from spark_connector.planning import QueueRange, plan_ranges
+from spark_connector.planning import MinOffsetsGate, QueueRange, plan_ranges
 from spark_connector.pushdown import Pushdown, Subscription, push_filters
 from spark_connector.reader import RangeReader
 from spark_connector.resolve import (
@@ -217,9 +217,9 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: OffsetMap | None = None
         self._latest: OffsetMap | None = None
         self._slaves_checked = options.pull_from != "slave"
-        self._last_trigger_ms = 0
-        """Kafka's ``lastTriggerMillis``: when ``minOffsetsPerTrigger`` last let a micro-batch run (0: never)."""
-        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._gate = (MinOffsetsGate(options.min_offsets_per_trigger, options.max_trigger_delay_ms,
+                                     clock_ms or (lambda: int(time.time() * 1000)))
+                      if options.min_offsets_per_trigger else None)
         self._planned: tuple[str, str, OffsetMap, QueueState] | None = None
         """``(start, end, checked start, state)`` of the last ``latestOffset``, reused by ``partitions``."""
 
@@ -269,21 +269,14 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {name: state.identities.get(name) or old.get(name) for name in {k.broker_name for k in offsets}}
 
     def _delay(self, start: OffsetMap, latest: OffsetMap) -> bool:
-        """Kafka's ``minOffsetsPerTrigger`` rule: skip this trigger while fewer offsets are new, unless
-        ``maxTriggerDelay`` passed since the last micro-batch (the first trigger always runs)."""
-        opts = self.options
-        if not opts.min_offsets_per_trigger or self._target is not None:
-            return False  # availableNow reads what is there and stops: it never waits
-        now = self._clock_ms()
-        if now - self._last_trigger_ms >= opts.max_trigger_delay_ms:
-            self._last_trigger_ms = now
+        """Whether ``minOffsetsPerTrigger`` skips this trigger (:class:`MinOffsetsGate`; availableNow never waits)."""
+        if self._gate is None or self._target is not None:
             return False
         new = sum(max(0, v - start.get(k, 0)) for k, v in latest.items())
-        if new < opts.min_offsets_per_trigger:
-            log.debug("rocketmq: %d new offsets < minOffsetsPerTrigger=%d: waiting", new, opts.min_offsets_per_trigger)
-            return True
-        self._last_trigger_ms = now
-        return False
+        if self._gate.admit(new):
+            return False
+        log.debug("rocketmq: %d new offsets < minOffsetsPerTrigger=%d: waiting", new, self._gate.min_offsets)
+        return True
 
     @user_facing
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:

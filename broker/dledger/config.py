@@ -54,6 +54,9 @@ class DLedgerConfig:
     loopback_only: bool = False
     """Protected mode (no ``haAuthSecret``, ``protectedMode`` on): the peer port closes a connection from a peer
     that is not a loopback address at once."""
+    broker_addr: str = ""
+    """The member's broker (HTTP) address, sent with its heartbeats as leader: its followers' master address
+    ('' = none sent)."""
     tls_server: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)
     """``tlsEnable``: the peer port accepts TLS only, with this context (None: plain TCP)."""
     tls_client: ssl.SSLContext | None = attrs.field(default=None, eq=False, repr=False)

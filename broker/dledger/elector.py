@@ -47,6 +47,7 @@ from broker.dledger.protocol import (
     Vote,
     decode_heartbeat_reply,
     decode_vote_reply,
+    encode_heartbeat,
     encode_term,
     encode_vote,
 )
@@ -403,7 +404,7 @@ class LeaderElector:
     async def _heartbeat_round(self) -> None:
         st, term = self._state, self._state.term
         timeout = self.config.timings.heartbeat_interval_ms / 1000
-        frames = await self._ask_all(MsgType.HEARTBEAT, encode_term(term), timeout)
+        frames = await self._ask_all(MsgType.HEARTBEAT, encode_heartbeat(term, self.config.broker_addr), timeout)
         if st.role is not Role.LEADER or st.term != term:
             return
         verdict, t = count_heartbeats(st, [None if f is None else decode_heartbeat_reply(f.body) for f in frames])

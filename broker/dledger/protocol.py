@@ -15,7 +15,7 @@ Bodies (strings are ``uint16 length + UTF-8``)::
     HELLO        group str, from_id str, to_id str        first frame of a connection, both ways
     VOTE         term i64, ledger_end_term i64, ledger_end_index i64, pre_vote u8
     VOTE_REPLY   result u8 (VoteResult), term i64
-    HEARTBEAT    term i64
+    HEARTBEAT    term i64 [, broker_addr str]           the leader's broker (HTTP) address: its followers' master
     HB_REPLY     code u8 (HeartbeatCode), term i64
     PUSH         kind u8 (PushKind), term i64, committed_index i64, first_index i64, count i32, entries
                  (``count`` entries of :mod:`broker.dledger.entry` back to back: one for COMPARE and TRUNCATE,
@@ -50,6 +50,7 @@ __all__ = [
     "PushCode",
     "PushReply",
     "Vote",
+    "decode_heartbeat",
     "decode_heartbeat_reply",
     "decode_hello",
     "decode_push",
@@ -59,6 +60,7 @@ __all__ = [
     "decode_vote_reply",
     "encode_frame",
     "encode_frame_parts",
+    "encode_heartbeat",
     "encode_heartbeat_reply",
     "encode_hello",
     "encode_push_head",
@@ -326,11 +328,33 @@ def encode_term(term: int) -> bytes:
     return _TERM.pack(term)
 
 
-def decode_term(body: memoryview | bytes) -> int:
-    (term,) = _exact(body, _TERM, "HEARTBEAT")
+def decode_term(body: memoryview | bytes, what: str = "TAKE_LEADERSHIP") -> int:
+    (term,) = _exact(body, _TERM, what)
     if term < 0:
-        raise PeerProtocolError(f"HEARTBEAT term {term} is negative")
+        raise PeerProtocolError(f"{what} term {term} is negative")
     return int(term)
+
+
+def encode_heartbeat(term: int, broker_addr: str = "") -> bytes:
+    """A HEARTBEAT: the term, and the leader's broker address when it has one (its followers' master)."""
+    return _TERM.pack(term) + (_str(broker_addr) if broker_addr else b"")
+
+
+def decode_heartbeat(body: memoryview | bytes) -> tuple[int, str]:
+    """``(term, broker address)`` of a HEARTBEAT (``""`` when the leader sent none: a bare 8-byte term)."""
+    if len(body) == _TERM.size:
+        return decode_term(body, "HEARTBEAT"), ""
+    if len(body) < _TERM.size + 2:
+        raise PeerProtocolError(f"HEARTBEAT body is {len(body)} bytes, not 8 or 10 and more")
+    term = decode_term(body[: _TERM.size], "HEARTBEAT")
+    (n,) = _U16.unpack_from(body, _TERM.size)
+    if n > 255 or _TERM.size + 2 + n != len(body):
+        raise PeerProtocolError(f"HEARTBEAT broker_addr of {n} bytes does not fit the {len(body)}-byte body")
+    try:
+        addr = bytes(body[_TERM.size + 2 :]).decode()
+    except UnicodeDecodeError:
+        raise PeerProtocolError("HEARTBEAT broker_addr is not UTF-8") from None
+    return term, addr
 
 
 class Push(NamedTuple):

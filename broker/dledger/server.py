@@ -42,6 +42,7 @@ from broker.dledger.protocol import (
     Frame,
     MsgType,
     PushReply,
+    decode_heartbeat,
     decode_push,
     decode_term,
     decode_vote,
@@ -86,13 +87,19 @@ class DLedgerServer:
         rng: randomness of the vote back-off.
         on_role_change: ``(role, term, leader id)`` after every change of role.
         on_commit: ``(committed index, committed position)`` after the committed index moved.
+        on_leader_addr: ``(leader id, broker address)`` when a heartbeat this member took from its leader gave a
+            broker address it did not know for that peer (its master, :mod:`broker.master_seek`).
     """
 
     def __init__(self, config: DLedgerConfig, store: DLedgerStore, *, channels: ChannelFactory | None = None,
                  clock_ms: Callable[[], int] = _wall_ms, rng: random.Random | None = None,
                  on_role_change: Callable[[Role, int, str | None], None] | None = None,
-                 on_commit: Callable[[int, int], None] | None = None) -> None:
+                 on_commit: Callable[[int, int], None] | None = None,
+                 on_leader_addr: Callable[[str, str], None] | None = None) -> None:
         self.config = config
+        self._on_leader_addr = on_leader_addr
+        self.leader_addrs: dict[str, str] = {}
+        """Each peer's broker address, as its last heartbeat as leader gave it."""
         self.store = store
         self._clock = clock_ms
         self._on_role = on_role_change
@@ -146,6 +153,13 @@ class DLedgerServer:
         if self._on_role is not None:
             self._on_role(role, term, leader_id)
 
+    def _leader_heard(self, peer: str, broker_addr: str) -> None:
+        if self.leader_addrs.get(peer) == broker_addr:
+            return
+        self.leader_addrs[peer] = broker_addr
+        if self._on_leader_addr is not None:
+            self._on_leader_addr(peer, broker_addr)
+
     def _step_down(self, term: int) -> None:
         self.elector.step_down(term)
 
@@ -181,7 +195,10 @@ class DLedgerServer:
             v = self.elector.on_vote(peer, decode_vote(f.body))
             return MsgType.VOTE_REPLY, encode_vote_reply(v.result, v.term)
         if f.type is MsgType.HEARTBEAT:
-            code = self.elector.on_heartbeat(peer, decode_term(f.body))
+            term, broker_addr = decode_heartbeat(f.body)
+            code = self.elector.on_heartbeat(peer, term)
+            if code is HeartbeatCode.SUCCESS and broker_addr:
+                self._leader_heard(peer, broker_addr)
             return MsgType.HB_REPLY, encode_heartbeat_reply(code, self.state.term)
         if f.type is MsgType.TAKE_LEADERSHIP:
             code = self.elector.on_take_leadership(peer, decode_term(f.body))
@@ -240,6 +257,17 @@ class DLedgerServer:
     def elections(self) -> int:
         return self.elector.elections
 
+    @property
+    def leader_addr(self) -> str | None:
+        """The broker address of the leader this member knows: its own when it leads, else the one the leader's
+        heartbeats gave (None during an election or before the first heartbeat)."""
+        st = self.state
+        if st.leader_id is None:
+            return None
+        if st.leader_id == st.self_id:
+            return self.config.broker_addr or None
+        return self.leader_addrs.get(st.leader_id)
+
     def status(self) -> dict[str, object]:
         """What ``dledger status`` shows: role, term, leader, the log's indexes; on the leader each peer's acked
         index and lag (entries behind the leader's end)."""
@@ -248,5 +276,6 @@ class DLedgerServer:
                  for peer, acked in self.pusher.progress().items()}
         return {"group": self.config.group, "selfId": st.self_id, "peers": dict(self.config.peers),
                 "role": st.role.value, "term": st.term, "leaderId": st.leader_id,
+                "leaderAddr": self.leader_addr,
                 "ledgerBeginIndex": s.begin_index, "ledgerEndIndex": s.end_index,
                 "committedIndex": s.committed_index, "elections": self.elections, "peerProgress": peers}

@@ -134,7 +134,7 @@ class CleanReason(enum.Enum):
 
     TIME = "the hour is one of deleteWhen"
     SPACE = "disk usage is above diskMaxUsedSpaceRatio"
-    MANUAL = "an operator asked (clean_expired_files)"
+    MANUAL = "an operator asked for a pass now (splitmq broker clean, Admin.clean_expired_files)"
 
 
 @attrs.frozen

@@ -79,7 +79,7 @@ _HINTS: tuple[tuple[type[ClientError], str], ...] = (
 
 
 def _hint(e: ClientError) -> str:
-    if str(e).startswith("nameserver "):  # the nameserver check words its own advice
+    if str(e).startswith("nameserver ") or "topic create" in str(e):  # these word their own advice
         return ""
     for cls, hint in _HINTS:
         if isinstance(e, cls):

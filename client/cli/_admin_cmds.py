@@ -17,7 +17,7 @@ from client._consumer import PullConsumer
 from client.cli._common import client_config, namesrv_of, open_admin
 from client.cli._output import NA, Output, fmt_time_ms
 from common.codes import MASTER_ID
-from common.errors import BrokerNotFoundError, ClientError
+from common.errors import BrokerNotFoundError, ClientError, RouteNotFoundError
 from common.message import MessageQueue
 
 __all__ = [
@@ -77,19 +77,41 @@ def cmd_cluster_list(args: argparse.Namespace, out: Output) -> int:
 # --- topics --------------------------------------------------------------------------------------------------
 
 
+def _topic_configs(adm: Admin, topic: str) -> dict[str, tuple[int, int, int]]:
+    """``{broker group: (read queues, write queues, perm)}`` of ``topic`` in the nameserver's route ({} when none)."""
+    try:
+        route = adm.topic_route(topic)
+    except RouteNotFoundError:
+        return {}
+    return {qd.broker_name: (qd.read_queue_nums, qd.write_queue_nums, qd.perm) for qd in route.queue_datas}
+
+
+def _topic_verb(before: dict[str, tuple[int, int, int]], brokers: list[str], want: tuple[int, int, int]) -> str:
+    """What ``topic create``/``update`` did, from the route before it: created, updated, or exists, unchanged."""
+    had = [b for b in brokers if b in before]
+    if not had:
+        return "created"
+    if len(had) == len(brokers) and all(before[b] == want for b in brokers):
+        return "exists, unchanged"
+    return "updated" if len(had) == len(brokers) else "created or updated"
+
+
 def cmd_topic_update(args: argparse.Namespace, out: Output) -> int:
-    """``topic create`` / ``topic update``: the topic config on masters, then wait for the route to show it."""
+    """``topic create`` / ``topic update``: the topic config on masters, then wait for the route to show it; says
+    whether the topic was created, updated, or already existed as asked."""
     with open_admin(args) as adm:
+        before = _topic_configs(adm, args.topic)
         brokers = adm.create_topic(
             args.topic, queue_nums=max(args.read_queues, args.write_queues), cluster=args.cluster,
             broker_name=args.broker_name, read_queue_nums=args.read_queues, write_queue_nums=args.write_queues,
             perm=args.perm, timeout_s=args.timeout,
         )
+    verb = _topic_verb(before, brokers, (args.read_queues, args.write_queues, args.perm))
     if out.json_mode:
         out.json({"topic": args.topic, "brokers": brokers, "readQueueNums": args.read_queues,
-                  "writeQueueNums": args.write_queues, "perm": args.perm})
+                  "writeQueueNums": args.write_queues, "perm": args.perm, "result": verb})
     else:
-        out.line(f"topic {args.topic} {args.action}d on {', '.join(brokers)} "
+        out.line(f"topic {args.topic} {verb} on {', '.join(brokers)} "
                  f"(read queues {args.read_queues}, write queues {args.write_queues}, perm {args.perm})")
     return 0
 
@@ -154,7 +176,9 @@ def cmd_topic_list(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_group_update(args: argparse.Namespace, out: Output) -> int:
-    """Create or update a subscription group on every master (of ``--cluster``)."""
+    """``group create`` / ``group update``: create or update a subscription group on every master (of
+    ``--cluster``), as mqadmin updateSubGroup; a cluster with ``autoCreateSubscriptionGroup=false`` needs it
+    before a consumer of the group pulls."""
     with open_admin(args) as adm:
         brokers = adm.update_subscription_group(
             args.group, broker_id=args.broker_id, which_broker_when_consume_slowly=args.slow_broker_id,
@@ -165,7 +189,7 @@ def cmd_group_update(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json({"brokers": brokers, "config": cfg})
     else:
-        out.line(f"group {args.group} updated on {', '.join(brokers)} (brokerId {args.broker_id}, "
+        out.line(f"group {args.group} created or updated on {', '.join(brokers)} (brokerId {args.broker_id}, "
                  f"whichBrokerWhenConsumeSlowly {args.slow_broker_id}, retryMaxTimes {args.retry_max_times})")
     return 0
 
@@ -308,12 +332,20 @@ def cmd_broker_clean(args: argparse.Namespace, out: Output) -> int:
         out.json({str(bid): r for bid, r in reports.items()})
         return 0 if all("error" not in r for r in reports.values()) else 1
     rows = []
+    why = []
     for bid, r in sorted(reports.items()):
+        who = f"{args.broker_name}[{bid}] {_role_of(bid)}"
         if "error" in r:
-            rows.append([str(bid), _role_of(bid), "-", "-", "-", r["error"]])
+            rows.append([str(bid), _role_of(bid), "-", "-", "-"])
+            why.append(f"{who}: did not answer: {r['error']}")
             continue
-        lost = ", ".join(f"{g}={n}" for g, n in sorted(r["lostMessages"].items())) or "-"
         rows.append([str(bid), _role_of(bid), str(r["deletedFiles"]), str(r["bytesReclaimed"]),
-                     str(r["minOffset"]) if r["deletedFiles"] else "-", f"{r['reason']}; lost: {lost}"])
-    out.table(["BROKER_ID", "ROLE", "DELETED_FILES", "BYTES", "MIN_OFFSET", "WHY"], rows)
+                     str(r["minOffset"]) if r["deletedFiles"] else "-"])
+        lost = ", ".join(f"{g} lost {n}" for g, n in sorted(r["lostMessages"].items()))
+        what = (f"deleted {r['deletedFiles']} expired file(s)" if r["deletedFiles"]
+                else "nothing had expired (fileReservedTime), nothing deleted")
+        why.append(f"{who}: {what}; why: {r['reason']}" + (f"; consumer groups: {lost}" if lost else ""))
+    out.table(["BROKER_ID", "ROLE", "DELETED_FILES", "BYTES", "MIN_OFFSET"], rows)
+    for line in why:
+        out.line(line)
     return 0 if all("error" not in r for r in reports.values()) else 1

@@ -5,7 +5,8 @@ address to ``ROOT/namesrv.addr`` (so another shell can ``export NAMESRV_ADDR=$(c
 nameserver's port is picked by the OS, never a fixed one that another cluster may hold), then the brokers (in
 ``--mode dledger`` once each group has elected its leader, with each member's peer id and elected role).
 Slaves serve reads (``slaveReadEnable=true``, :data:`client.cluster.LOCAL_BROKER_DEFAULTS`); ``--set
-slaveReadEnable=false`` gives RocketMQ's broker default.
+slaveReadEnable=false`` gives RocketMQ's broker default. Topics are created with ``splitmq topic create`` (brokers
+keep ``autoCreateTopicEnable=false``; ``--set autoCreateTopicEnable=true`` lets a send create one).
 The first SIGINT/SIGTERM stops every process (brokers first, SIGKILL after the ``--timeout`` grace) and the
 command exits 0 saying so; further signals during the stop are ignored so the stop is not cut short.
 With ``--acl`` every server enforces the ACL; the admin access key and the accounts file's path are printed (the

@@ -20,7 +20,7 @@ from client._producer import Producer
 from client._requests import SendResult
 from client.cli._common import client_config, namesrv_of, open_admin, split_keys
 from client.cli._output import Output, fmt_body, fmt_time_ms
-from common.codes import PullStatus
+from common.codes import PullStatus, SendStatus
 from common.errors import ClientError, QueryNotFoundError, RouteNotFoundError, TopicNotExistError
 from common.message import Message, MessageExt, MessageQueue
 
@@ -38,6 +38,11 @@ BATCH_MSGS_MAX = 256
 BATCH_BYTES_MAX = 256 * 1024
 #: Queues per broker group of a topic ``produce --create`` creates (as ``topic create``'s default).
 CREATE_QUEUES = 8
+#: ``produce``'s exit code when every message was stored but at least one without what its master promises:
+#: SLAVE_NOT_AVAILABLE (no slave in sync), FLUSH_SLAVE_TIMEOUT (the slave did not confirm in time) or
+#: FLUSH_DISK_TIMEOUT (SYNC_FLUSH did not finish in time). The message is on the master (no resend needed, a
+#: resend would duplicate it) but not yet on its replica or disk: a script must not take it for SEND_OK.
+EXIT_STORED_NOT_REPLICATED = 3
 
 
 def message_json(m: MessageExt, *, served_by: int | None = None) -> dict[str, Any]:
@@ -136,6 +141,31 @@ def _batch_len(size: int) -> int:
     return max(1, min(BATCH_MSGS_MAX, BATCH_BYTES_MAX // max(size, 1)))
 
 
+class _Unsafe:
+    """Counts messages stored with a status other than SEND_OK, by status (shared by the sending threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_status: dict[str, int] = {}
+
+    def note(self, r: SendResult) -> None:
+        if r.send_status is SendStatus.SEND_OK:
+            return
+        with self._lock:
+            self.by_status[r.send_status.name] = self.by_status.get(r.send_status.name, 0) + 1
+
+    def exit_code(self, out: Output, total: int) -> int:
+        """0 when every message got SEND_OK; else a warning line and :data:`EXIT_STORED_NOT_REPLICATED`."""
+        if not self.by_status:
+            return 0
+        n = sum(self.by_status.values())
+        statuses = ", ".join(f"{k} x{v}" for k, v in sorted(self.by_status.items()))
+        out.warn(f"{n} of {total} msgs stored on the master without their replica or disk flush ({statuses}); "
+                 f"exit code {EXIT_STORED_NOT_REPLICATED}: do not resend them (that would duplicate), check the "
+                 f"slaves ('splitmq cluster list', 'splitmq broker status')")
+        return EXIT_STORED_NOT_REPLICATED
+
+
 class _Generated:
     """``--count N``: ``threads`` threads each send batches (one ``send_batch`` request, one queue) of generated
     messages until N are sent; the first error stops every thread.
@@ -147,6 +177,7 @@ class _Generated:
     def __init__(self, producer: Producer, msg_of: Callable[[int], Message], count: int, threads: int,
                  batch_len: int) -> None:
         self._producer = producer
+        self.unsafe = _Unsafe()
         self._msg_of = msg_of
         self._count = count
         self._batch_len = batch_len
@@ -172,9 +203,11 @@ class _Generated:
                 return
             try:
                 if len(todo) == 1:  # a body near maxMessageSize would not fit a batch's envelope
-                    self._producer.send(self._msg_of(todo[0]))
+                    results = [self._producer.send(self._msg_of(todo[0]))]
                 else:
-                    self._producer.send_batch([self._msg_of(i) for i in todo])
+                    results = self._producer.send_batch([self._msg_of(i) for i in todo])
+                for r in results:
+                    self.unsafe.note(r)
             except Exception as e:  # handed to the main thread, which reports it
                 with self._lock:
                     self.error = self.error or e
@@ -210,13 +243,14 @@ def _produce_generated(args: argparse.Namespace, producer: Producer, out: Output
         out.line(f"sent {gen.sent} msgs in {secs:.2f} s ({rate:.1f} msgs/s)")
     if gen.error is not None:
         raise gen.error
-    return 130 if interrupted else 0
+    return 130 if interrupted else gen.unsafe.exit_code(out, gen.sent)
 
 
 def _ensure_topic(args: argparse.Namespace, out: Output) -> None:
     """The topic must exist; with ``--create`` a missing one is created first (on every master, like
-    ``topic create``). Without this check a typo would create a topic: the SDK sends a message for a topic the
-    nameserver does not know through the ``TBW102`` route, and the broker creates it (autoCreateTopicEnable)."""
+    ``topic create``). Without this check a typo would create a topic on brokers with autoCreateTopicEnable=true
+    (off by default): the SDK sends a message for a topic the nameserver does not know through the ``TBW102``
+    route, and such a broker creates it."""
     with open_admin(args) as adm:
         try:
             adm.topic_route(args.topic)
@@ -242,15 +276,17 @@ def cmd_produce(args: argparse.Namespace, out: Output) -> int:
             return _produce_generated(args, producer, out)
         keys = split_keys(args.keys)
         n = 0
+        unsafe = _Unsafe()
         for body in _bodies(args):
             r = producer.send(Message(args.topic, body, tags=args.tags, keys=keys))
             n += 1
+            unsafe.note(r)
             if out.json_mode:
                 out.json(_result_json(r), compact=True)
             else:
                 out.line(_result_line(r))
         out.info(f"sent {n} msgs")
-        return 0
+        return unsafe.exit_code(out, n)
     finally:
         producer.close()
 

@@ -125,7 +125,8 @@ def _add_cluster(sub: Any, common: _Parser) -> None:
     up.add_argument("--peers", type=_int_in(1, 9), default=3, metavar="P",
                     help="--mode dledger: members per group, 3 survives one failure, 5 two (default: 3)")
     up.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                    help="broker .properties key for every broker (repeatable), e.g. --set slaveReadEnable=true")
+                    help="broker .properties key for every broker (repeatable), e.g. --set slaveReadEnable=true; "
+                         "--set autoCreateTopicEnable=true lets a send create a topic (off by default)")
     up.add_argument("--acl", action="store_true",
                     help="turn the ACL on: write an accounts file with an admin account and a cluster secret, "
                          "start every server with it, print the file's path and the admin access key")
@@ -172,16 +173,17 @@ def _add_topic(sub: Any, common: _Parser) -> None:
 def _add_admin(sub: Any, common: _Parser) -> None:
     gp = sub.add_parser("group", help="subscription groups", description="Manage subscription groups.")
     gs = gp.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
-    p = _leaf(gs, "update", _admin_cmds.cmd_group_update, "create or update a subscription group on masters",
-              parents=[common])
-    p.add_argument("-g", "--group", required=True, help="consumer group name")
-    p.add_argument("--broker-id", type=_int_in(0), default=0, metavar="N",
-                   help="member consumers pull from by default (default: 0, the master)")
-    p.add_argument("--slow-broker-id", type=_int_in(0), default=1, metavar="N",
-                   help="member to pull from when consumption falls behind (default: 1)")
-    p.add_argument("--retry-max-times", type=_int_in(-1), default=16, metavar="N",
-                   help="redeliveries before a message goes to the dead-letter topic (default: 16)")
-    p.add_argument("-c", "--cluster", help="only the masters of this cluster")
+    for name in ("create", "update"):
+        p = _leaf(gs, name, _admin_cmds.cmd_group_update,
+                  "create or update a subscription group on every master (mqadmin updateSubGroup)", parents=[common])
+        p.add_argument("-g", "--group", required=True, help="consumer group name")
+        p.add_argument("--broker-id", type=_int_in(0), default=0, metavar="N",
+                       help="member consumers pull from by default (default: 0, the master)")
+        p.add_argument("--slow-broker-id", type=_int_in(0), default=1, metavar="N",
+                       help="member to pull from when consumption falls behind (default: 1)")
+        p.add_argument("--retry-max-times", type=_int_in(-1), default=16, metavar="N",
+                       help="redeliveries before a message goes to the dead-letter topic (default: 16)")
+        p.add_argument("-c", "--cluster", help="only the masters of this cluster")
 
     hp = sub.add_parser("ha", help="replication status", description="Master/slave replication status.")
     hs = hp.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
@@ -239,6 +241,9 @@ def _add_messages(sub: Any, common: _Parser) -> None:
     p = _leaf(sub, "produce", _msg_cmds.cmd_produce,
               "send messages: bodies from arguments, '-' for stdin lines, --file, or --count/--size",
               parents=[common])
+    p.epilog = (f"Exit code {_msg_cmds.EXIT_STORED_NOT_REPLICATED}: every message was stored, but at least one "
+                "answered SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT or FLUSH_DISK_TIMEOUT (on the master, not yet "
+                "on its slave or disk; a resend would duplicate it). 1: a send failed. 0: every message SEND_OK.")
     p.add_argument("bodies", nargs="*", metavar="BODY", help="message bodies; '-' reads one message per stdin line")
     p.add_argument("-t", "--topic", required=True, help="topic name")
     p.add_argument("--file", metavar="F", help="send each line of file F as a message")
@@ -289,7 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="SplitMQ command-line tool: run a local cluster, administer topics and groups (mqadmin), "
                     "produce and consume messages.",
-        epilog="Every subcommand has its own --help. Exit codes: 0 ok, 1 operational error, 2 usage error.",
+        epilog="Every subcommand has its own --help. Exit codes: 0 ok, 1 operational error, 2 usage error, "
+               "3 (produce) every message stored but at least one without its replica or disk flush "
+               "(SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT, FLUSH_DISK_TIMEOUT: do not resend it).",
     )
     _add_account(parser)
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")

@@ -307,8 +307,15 @@ class FakeHAClient:
 def make_controller(tmp_path: Any, *, role: BrokerRole = BrokerRole.ASYNC_MASTER, store: FakeStore | None = None,
                     ha_service: FakeHAService | None = None, ha_client: FakeHAClient | None = None,
                     http_client: Any = None, **config: Any) -> Any:
-    """A BrokerController over fakes (not started)."""
+    """A BrokerController over fakes (not started).
+
+    Unlike a real broker (``autoCreateTopicEnable`` is off by default), it creates a topic on its first send
+    unless the test passes ``auto_create_topic_enable=False``: these tests drive the send and pull processors on
+    throw-away topics, not topic administration (tests/client/test_topic_auto_create.py covers the default).
+    """
     from broker.config import BrokerConfig
+
+    config.setdefault("auto_create_topic_enable", True)
     from broker.controller import BrokerController
 
     if role is BrokerRole.SLAVE:

@@ -21,7 +21,8 @@ from tests.broker.fakes import STORE_HOST, http_client
 
 def _controller(tmp_path: Path, clock: FakeClock) -> BrokerController:
     cfg = BrokerConfig(store_path_root_dir=str(tmp_path), broker_role=BrokerRole.ASYNC_MASTER, broker_name="broker-a",
-                       listen_port=0, ha_listen_port=0, message_delay_level="1s 2s 3s")
+                       listen_port=0, ha_listen_port=0, message_delay_level="1s 2s 3s",
+                       auto_create_topic_enable=True)  # its sends go to topic T, created by the first one
     store: Any = make_store(tmp_path / "store", clock)
     return BrokerController(cfg, store, addr="127.0.0.1:10911", store_host=STORE_HOST, clock_ms=clock)
 

@@ -33,6 +33,12 @@ def send(c: httpx.Client, topic: str, bodies: list[bytes], queue_id: Any = 0, **
     return c.post("/send", params={"topic": topic, "queueId": queue_id, "group": "pg", **params}, content=body)
 
 
+def create_topic(c: httpx.Client, topic: str, queues: int = 4) -> None:
+    """``POST /topic`` (autoCreateTopicEnable is off: a send never creates a topic)."""
+    r = c.post("/topic", json={"topicName": topic, "readQueueNums": queues, "writeQueueNums": queues})
+    assert r.status_code == 200, r.text
+
+
 def pull(c: httpx.Client, topic: str, offset: int, queue_id: int = 0, **params: Any) -> tuple[Any, list[Any]]:
     r = c.get("/pull", params={"group": "cg", "topic": topic, "queueId": queue_id, "offset": offset, **params})
     assert r.status_code == 200, r.text
@@ -45,6 +51,7 @@ def test_seeds_file_broker_registers_and_serves(servers: Servers) -> None:
     assert (b.fields[0], b.fields[1], b.fields[2]) == ("broker-a", "0", "ASYNC_MASTER")
     assert b.addr.startswith("127.0.0.1:") and b.ha_addr.startswith("127.0.0.1:")
     with httpx.Client(base_url=b.url, timeout=10) as c, httpx.Client(base_url=ns.url, timeout=10) as nsc:
+        create_topic(c, "SeedTopic")
         r = send(c, "SeedTopic", [b"a", b"b", b"c"])
         assert r.status_code == 200, r.text
         reply = decode_send_reply(r.content)
@@ -156,6 +163,7 @@ def test_graceful_restart_keeps_data_and_metadata(servers: Servers) -> None:
     props = {**SEEDS, "listenPort": "0"}
     b = servers.broker(props)
     with httpx.Client(base_url=b.url, timeout=10) as c:
+        create_topic(c, "Keep")
         assert send(c, "Keep", [b"1", b"2"]).status_code == 200
         c.post("/offset/consumer", json={"group": "cg", "offsets": [{"topic": "Keep", "queueId": 0, "offset": 1}]})
         c.post("/subscription-group", json={"groupName": "cg", "brokerId": 0, "whichBrokerWhenConsumeSlowly": 1})
@@ -187,6 +195,7 @@ def test_corrupt_store_exits_3(servers: Servers) -> None:
     props = {**SEEDS}
     b = servers.broker(props)
     with httpx.Client(base_url=b.url, timeout=10) as c:
+        create_topic(c, "Cor")
         r = send(c, "Cor", [b"x" * 100] * 5)
         offsets = decode_send_reply(r.content).commit_log_offsets
     assert b.stop() == 0

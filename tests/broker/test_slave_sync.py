@@ -20,6 +20,7 @@ from broker.metadata import (
 )
 from broker.slave_sync import SlaveSynchronizer, merge_offsets, plan_groups, plan_topics
 from common.route import DataVersion, TopicConfig
+from tests.waiting import wait_until
 
 clock = count(1).__next__
 TOPICS = {"dataVersion": {"timestamp": 5, "counter": 9},
@@ -130,3 +131,24 @@ def test_sync_connect_failure_is_not_fatal(tmp_path: Path) -> None:
             return await sync.sync_all(), sync.failures
 
     assert asyncio.run(run()) == (0, 4)
+
+
+def test_kick_runs_a_round_at_once_not_after_the_period(tmp_path: Path) -> None:
+    """A new master (broker.master_seek) kicks the sync: the next round starts now, not a period later."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async def run() -> int:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            sync = SlaveSynchronizer(master_addr=lambda: "127.0.0.1:1", own_addr="127.0.0.1:2", client=client,
+                                     **_managers(tmp_path))
+            task = asyncio.get_running_loop().create_task(sync.run_periodic(3600.0))
+            try:
+                await wait_until(lambda: sync.rounds == 1, 5, "the first round, at once")
+                sync.kick()
+                await wait_until(lambda: sync.rounds == 2, 5, "a round right after the kick")
+                return sync.rounds
+            finally:
+                task.cancel()
+
+    assert asyncio.run(run()) == 2

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.chaos.cluster import LinkRelays
 from benchmarks.chaos.faulty_broker import DISK_FULL, DISK_ROOM
-from client import Message, Producer, SendStatus
+from client import Admin, Message, Producer, SendStatus
 from client.cluster import LocalCluster
 from client.errors import BrokerError, SendFailedError
 from tests.waiting import poll_until
@@ -94,6 +94,8 @@ def test_the_faulty_store_broker_fills_and_frees_its_disk(tmp_path: Path) -> Non
     master = cluster.broker("broker-a", 0)
     master.entry_module = "benchmarks.chaos.faulty_broker"
     with cluster, Producer("p", cluster.namesrv_addr, retry_times_when_send_failed=0) as p:
+        with Admin(cluster.namesrv_addr) as admin:
+            admin.create_topic("Disk", queue_nums=1)
         assert p.send(Message("Disk", b"before")).send_status is SendStatus.SEND_OK
         assert master.pid is not None
         os.kill(master.pid, DISK_FULL)

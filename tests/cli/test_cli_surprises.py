@@ -96,7 +96,8 @@ def silent_nameserver() -> Iterator[str]:
 
 def test_a_silent_nameserver_is_named_after_a_bounded_wait(silent_nameserver: str) -> None:
     started = time.monotonic()
-    res = run_cli("produce", "-n", silent_nameserver, "-t", "Orders", "hello", "--timeout", "2", timeout_s=30)
+    res = run_cli("produce", "-n", silent_nameserver, "-t", "Orders", "hello", "--timeout", "2", timeout_s=30,
+                  notice=True)
     elapsed = time.monotonic() - started
     assert res.returncode == 1, res
     lines = res.stderr.splitlines()

@@ -125,7 +125,7 @@ def test_public_names_are_pinned() -> None:
     assert client.__all__ == [
         "Admin", "AllocateMessageQueueAveragely", "AllocateMessageQueueAveragelyByCircle", "AsyncClientInstance",
         "AsyncGroupConsumer", "AsyncProducer", "AsyncPullConsumer", "AsyncTransactionProducer", "ClientConfig",
-        "ClientInstance", "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "Credentials",
+        "ClientInstance", "ClientState", "ClusterInfo", "ConsumeFromWhere", "ConsumeStatus", "Credentials", "DeliveryCallback",
         "FindBrokerResult", "GroupConsumer", "GroupConsumerConfig", "LocalTransactionState", "Message", "MessageExt",
         "MessageModel", "MessageQueue", "MessageSelector", "Producer", "PullConsumer", "PullResult", "PullStatus",
         "PushConsumer", "QueueProgress", "RebalanceListener", "SendResult", "SendStatus", "TransactionListener", "TransactionProducer",

@@ -62,6 +62,8 @@ def fill(cluster: LocalCluster, topic: str, n: int, queues: int = 1) -> None:
 
 def test_sends_by_status_and_latency(cluster: LocalCluster) -> None:
     reader, provider = reader_and_provider()
+    with Admin(cluster.namesrv_addr) as admin:
+        admin.create_topic("MetricsSend", queue_nums=4)
     with Producer("metrics-pg", cluster.namesrv_addr, client_config=ClientConfig(meter_provider=provider)) as p:
         for _ in range(3):
             p.send_batch([Message("MetricsSend", b"x" * 1024) for _ in range(10)])

@@ -11,7 +11,10 @@ of the same group started on another port (with its own store) as a leader elect
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -139,7 +142,8 @@ def _wait(run: SendAttempts, err: ClientError, group: str = "a") -> None:
     ("a1:1", 0.0, RETRY),                          # a new master registered: at once
     (None, 0.0, POLL),                             # the route lists no master (expired, an election on)
     ("a0:1", 0.0, POLL),                           # still the address that failed
-    ("a0:1", SAME_MASTER_RETRY_S, RETRY),          # ... tried again after a while (restarted / re-elected)
+    ("a0:1", SAME_MASTER_RETRY_S, POLL),           # ... not yet: the 2 attempts left spread over the 10 s left
+    ("a0:1", 10.0 / 3, RETRY),                     # ... tried again after a while (restarted / re-elected)
     ("a1:1", 10.0, RETRY),                         # a change seen at the deadline is still tried
     (None, 10.0, GIVE_UP),                         # the deadline passed with no new master
     ("a0:1", 10.0 - 1e-3, RETRY),
@@ -161,6 +165,63 @@ def test_the_retry_on_a_new_master_does_not_use_the_retry_budget() -> None:
     assert step is not None and step[0].broker_name == "a" and step[1] == pytest.approx(10.0)
     run.succeeded(step[0])
     assert run.next() is None  # and the budget is still spent: nothing else is
+
+
+def _drive(run: SendAttempts, clock: Clock, master_of: Callable[[str], str | None],
+           fail: Callable[[MessageQueue], ClientError]) -> list[tuple[float, str]]:
+    """A producer's loop over ``run`` with every attempt failing as ``fail`` says: ``(time, broker)`` of each
+    attempt, until the send gives up."""
+    made: list[tuple[float, str]] = []
+    while True:
+        step = run.next()
+        if step is None:
+            if run.awaiting is None:
+                return made
+        else:
+            made.append((clock.now - 100.0, step[0].broker_name))
+            if run.failed(step[0], fail(step[0])) or run.awaiting is None:
+                continue
+        while (verdict := run.route_read(master_of, None)) is POLL:
+            clock.now += run.poll_pause_s()
+        if verdict is GIVE_UP:
+            return made
+
+
+@pytest.mark.parametrize(("groups", "retries"), [(("a",), 2), (("a", "b"), 2), (("a", "b"), 0), (("a",), 5)])
+def test_with_every_master_refusing_a_send_makes_one_plus_retries_attempts(groups: tuple[str, ...],
+                                                                          retries: int) -> None:
+    """Issue 40: 12 attempts in 10 s with retry_times_when_send_failed=2. The route never changes, so the budget
+    holds: 1 + retries attempts, the retries of a same address spread over the send's 10 s, then the wait for a
+    new master until the deadline, and an error that counts them first."""
+    clock = Clock()
+    run = _run(*groups, clock=clock, retries=retries)
+    made = _drive(run, clock, lambda g: f"{g}0:1", lambda mq: _gone(f"{mq.broker_name}0:1"))
+    assert len(made) == 1 + retries, made
+    assert len(run.attempts) == 1 + retries
+    times = [t for t, _ in made]
+    later = times[len(groups) - 1:]  # from the attempt that made the send wait
+    assert all(b - a >= SAME_MASTER_RETRY_S for a, b in itertools.pairwise(later)), made
+    assert times[-1] < 10.0 - SAME_MASTER_RETRY_S, made  # the last one leaves time to answer
+    first_line = str(run.exhausted()).splitlines()[0]
+    assert first_line.startswith(f"send to topic T failed after {1 + retries} attempt"), first_line
+
+
+def test_each_new_master_gets_an_attempt_beyond_the_budget() -> None:
+    """An election: the route names a new address after each failure; each is tried (one attempt each, beyond
+    1 + retries), the old ones are not tried again once the budget is spent."""
+    clock = Clock()
+    run = _run("a", clock=clock, retries=0)
+    masters = iter(["a1:1", "a2:1", "a3:1"])
+    current = ["a0:1"]
+
+    def fail(mq: MessageQueue) -> ClientError:
+        addr = current[0]
+        current[0] = next(masters, addr)  # the next leader registers once this one failed
+        return _gone(addr)
+
+    made = _drive(run, clock, lambda g: current[0], fail)
+    assert len(made) == 4, made  # a0 within the budget, then a1, a2, a3 as they registered
+    assert "failed after 4 attempts" in str(run.exhausted()).splitlines()[0]
 
 
 def test_a_group_is_tried_again_only_when_its_master_is_another_address() -> None:
@@ -268,6 +329,10 @@ def new_master(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Callabl
         m = BrokerHandle(cluster, "broker-a", 9, "ASYNC_MASTER")  # 9 names its directory: broker-a-9
         m.broker_id = 0  # what it registers as
         m.write_config(None)
+        # It knows the old master's topics, as a new leader does (brokers do not create topics on a send).
+        topics = cluster.broker("broker-a", 0).store_dir / "config" / "topics.json"
+        (m.store_dir / "config").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(topics, m.store_dir / "config" / "topics.json")
         started.append(m)
         m.start()
         return m
@@ -386,3 +451,94 @@ def test_without_a_new_master_the_send_fails_at_its_deadline_naming_the_group(lo
     print(f"\nno new master: SendFailedError after {took:.2f} s (send_timeout_s {timeout_s}): {text}")
     assert "broker group broker-a" in text and "no new master registered" in text, text
     assert took < timeout_s + 1.0, took
+
+
+class _CountingMaster:
+    """Listens at a dead master's address: counts the sends that reach it and closes each connection without an
+    answer, as a master dying with the request in hand (the producer's attempt fails and the route still names
+    this address)."""
+
+    def __init__(self, addr: str) -> None:
+        host, _, port = addr.rpartition(":")
+        self._sock = socket.create_server((host, int(port)), reuse_port=False)
+        self._sock.settimeout(0.2)
+        self.sends = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    head = conn.recv(65536)
+                except OSError:
+                    continue
+                if head.startswith(b"POST /send"):
+                    self.sends += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+def _refused_or_counted(lone_master: LocalCluster, how: str) -> _CountingMaster | None:
+    """Kill the lone master; with ``how == "closing"`` a counting listener takes its address."""
+    dead = lone_master.kill_master("broker-a")
+    return _CountingMaster(dead.addr) if how == "closing" else None
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["refusing", "closing"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_send_to_a_dead_master_makes_one_plus_retries_attempts(lone_master: LocalCluster, how: str,
+                                                                 kind: str) -> None:
+    """Issue 40 point 3: with retry_times_when_send_failed=2 a send to a group whose master refuses (or drops
+    every request) makes 3 attempts, counted by the listener at the master's address when there is one, waits
+    for a new master until send_timeout_s, and says how many attempts it made on its first line."""
+    timeout_s = 4.0
+    msg = Message(TOPIC, b"nobody home")
+    listener: _CountingMaster | None = None
+    t0 = 0.0
+    try:
+        if kind == "sync":
+            with Producer("pg", lone_master.namesrv_addr, send_timeout_s=timeout_s) as p:
+                assert p.send(Message(TOPIC, b"before")).send_status is SendStatus.SEND_OK
+                listener = _refused_or_counted(lone_master, how)
+                t0 = time.monotonic()
+                with pytest.raises(SendFailedError) as ei:
+                    p.send(msg)
+        else:
+            async def main() -> _CountingMaster | None:
+                nonlocal t0
+                async with AsyncProducer("pg", lone_master.namesrv_addr, send_timeout_s=timeout_s) as p:
+                    assert (await p.send(Message(TOPIC, b"before"))).send_status is SendStatus.SEND_OK
+                    counted = await asyncio.to_thread(_refused_or_counted, lone_master, how)
+                    t0 = time.monotonic()
+                    with pytest.raises(SendFailedError) as ei_:
+                        await p.send(msg)
+                    holder.append(ei_)
+                    return counted
+
+            holder: list[pytest.ExceptionInfo[SendFailedError]] = []
+            listener = asyncio.run(main())
+            ei = holder[0]
+        took = time.monotonic() - t0
+    finally:
+        if listener is not None:
+            listener.close()
+    err = ei.value
+    first = str(err).splitlines()[0]
+    print(f"\n{kind} {how}: {len(err.attempts)} attempts "
+          f"({'listener counted ' + str(listener.sends) if listener else 'refused'}) in {took:.2f} s: {first}")
+    assert len(err.attempts) == 3, err.attempts
+    if listener is not None:
+        assert listener.sends == 3
+    assert first.startswith(f"send to topic {TOPIC} failed after 3 attempts"), first
+    assert timeout_s - 0.5 < took < timeout_s + 1.0, took  # it waited for a new master until its deadline

@@ -49,9 +49,11 @@ _THREADS_TASKS = "a lock, threads and threading.Events vs tasks and asyncio.Even
 DIFFER_BY_NATURE: dict[tuple[str, str], str] = {
     ("Producer", "__init__"): _WAITS,
     ("Producer", "close"): _WAITS,
-    ("Producer", "send"): "the accumulator's waits: " + _WAITS,
+    ("Producer", "_send"): "the accumulator's waits: " + _WAITS,
     ("Producer", "_wait_room"): _WAITS,
     ("Producer", "_hand_on"): "wakes threads under the lock vs resolves futures",
+    ("Producer", "send_async"): "a send on a thread of the producer's pool vs a task of the loop",
+    ("Producer", "flush"): "waits for the pool's futures vs the loop's tasks",
     ("PullConsumer", "__init__"): "the sync consumer is shared by threads: it has a lock",
     ("PullConsumer", "close"): "the sync consumer is shared by threads: it has a lock",
     ("ClientInstance", "__init__"): _LIFECYCLE,
@@ -97,7 +99,7 @@ class Twin:
 
 
 TWINS = [
-    Twin(Producer, AsyncProducer),
+    Twin(Producer, AsyncProducer, plain_async=frozenset({"send_async"})),
     Twin(PullConsumer, AsyncPullConsumer),
     Twin(ClientInstance, AsyncClientInstance, renames={"close": "aclose"},
          plain_async=frozenset({"acquire"})),

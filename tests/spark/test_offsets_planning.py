@@ -16,7 +16,7 @@ from spark_connector.offsets import (
     parse_offsets_json,
     rate_limit,
 )
-from spark_connector.planning import QueueRange, plan_ranges, split_ranges
+from spark_connector.planning import MinOffsetsGate, QueueRange, plan_ranges, split_ranges
 
 A0, A1, A10, B2 = (QueueKey("T", "broker-a", 0), QueueKey("T", "broker-a", 1), QueueKey("T", "broker-a", 10),
                    QueueKey("T", "broker-b", 2))
@@ -122,3 +122,23 @@ def test_splitting_covers_every_offset_once(sizes: list[int], min_parts: int, ma
         assert pieces[0][0] == 100 and pieces[-1][1] == 100 + n
         assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
         assert all(e - s <= max_records for s, e in pieces)
+
+
+@pytest.mark.parametrize(("steps", "expected"), [
+    # (ms since start, new offsets) per trigger; min 10, maxTriggerDelay 6000 ms
+    ([(0, 3)], [True]),                                          # the first trigger always runs
+    ([(0, 3), (500, 4), (5_999, 4)], [True, False, False]),      # too few, delay not reached
+    ([(0, 3), (500, 4), (6_000, 4)], [True, False, True]),       # maxTriggerDelay since the last let through
+    ([(0, 3), (500, 11)], [True, True]),                         # enough new offsets
+    ([(0, 3), (500, 11), (6_000, 2), (6_500, 2)], [True, True, False, True]),  # the delay restarts at 500
+    ([(0, 0), (12_800, 4)], [True, True]),                       # a slow first batch: the delay counts from its plan
+])
+def test_min_offsets_gate_waits_for_enough_or_for_max_trigger_delay(steps: list[tuple[int, int]],
+                                                                    expected: list[bool]) -> None:
+    now = [0]
+    gate = MinOffsetsGate(10, 6_000, lambda: now[0])
+    got = []
+    for at, new in steps:
+        now[0] = 1_000_000 + at
+        got.append(gate.admit(new))
+    assert got == expected

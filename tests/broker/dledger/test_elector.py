@@ -19,6 +19,7 @@ from broker.dledger.protocol import (
     Frame,
     MsgType,
     Vote,
+    decode_heartbeat,
     decode_term,
     decode_vote,
     encode_heartbeat_reply,
@@ -66,7 +67,7 @@ def granting(peer: str, msg_type: MsgType, body: bytes) -> tuple[MsgType, bytes]
     if msg_type is MsgType.VOTE:
         return MsgType.VOTE_REPLY, encode_vote_reply(VoteResult.ACCEPT, decode_vote(body).term)
     if msg_type is MsgType.HEARTBEAT:
-        return MsgType.HB_REPLY, encode_heartbeat_reply(HeartbeatCode.SUCCESS, decode_term(body))
+        return MsgType.HB_REPLY, encode_heartbeat_reply(HeartbeatCode.SUCCESS, decode_heartbeat(body)[0])
     raise PeerError(f"{peer} does not answer {msg_type.name}")
 
 

@@ -20,6 +20,7 @@ from broker.dledger.protocol import (
     PushCode,
     PushReply,
     Vote,
+    decode_heartbeat,
     decode_heartbeat_reply,
     decode_hello,
     decode_push,
@@ -29,6 +30,7 @@ from broker.dledger.protocol import (
     decode_vote_reply,
     encode_frame,
     encode_frame_parts,
+    encode_heartbeat,
     encode_heartbeat_reply,
     encode_hello,
     encode_push_head,
@@ -149,6 +151,11 @@ def test_a_truncated_frame_waits_and_never_allocates_its_claimed_size() -> None:
         (decode_vote_reply, bytes([200]) + b"\x00" * 8, "result 200 is unknown"),
         (decode_heartbeat_reply, bytes([50]) + b"\x00" * 8, "code 50 is unknown"),
         (decode_term, encode_term(-1), "negative"),
+        (decode_heartbeat, encode_term(-1), "HEARTBEAT term -1 is negative"),
+        (decode_heartbeat, encode_term(1) + b"\x00", "HEARTBEAT body is 9 bytes"),
+        (decode_heartbeat, encode_heartbeat(1, "h:1") + b"x", "broker_addr of 3 bytes does not fit the 14-byte"),
+        (decode_heartbeat, encode_heartbeat(1, "h:1")[:-1], "broker_addr of 3 bytes does not fit"),
+        (decode_heartbeat, encode_term(1) + b"\x00\x02\xff\xfe", "broker_addr is not UTF-8"),
         (decode_push, b"\x00" * 10, "shorter than its 29-byte head"),
         (decode_push, bytes([9]) + b"\x00" * 28, "kind 9 is unknown"),
         (decode_push, encode_push_head(PushKind.COMMIT, 1, 0, 0, 1), "count 1"),
@@ -180,3 +187,15 @@ def test_random_garbage_never_crashes() -> None:
                         pass
         except PeerProtocolError:
             pass
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (encode_heartbeat(7, "127.0.0.1:10911"), (7, "127.0.0.1:10911")),  # a leader names its broker
+        (encode_heartbeat(7), (7, "")),  # a member without one sends the bare term
+        (encode_term(7), (7, "")),  # as does a member of the previous release
+    ],
+)
+def test_heartbeat_carries_the_leaders_broker_address(body: bytes, expected: tuple[int, str]) -> None:
+    assert decode_heartbeat(body) == expected

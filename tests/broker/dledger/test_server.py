@@ -30,6 +30,11 @@ FAST = ElectionTimings(heartbeat_interval_ms=100, max_heartbeat_leak=3, min_vote
 T = TypeVar("T")
 
 
+def broker_addr(peer: str) -> str:
+    """The broker (HTTP) address member ``peer`` announces as leader."""
+    return f"broker-{peer}:10911"
+
+
 class Group:
     """``n`` members ``n0..`` with stores under ``root``; ports bound before any member starts."""
 
@@ -45,6 +50,8 @@ class Group:
         """The faults between the members (every member's requests pass them)."""
         self.nodes: dict[str, DLedgerServer] = {}
         self.commits: dict[str, list[int]] = {p: [] for p in self.peers}
+        self.announced: dict[str, list[tuple[str, str]]] = {p: [] for p in self.peers}
+        """Each member's ``on_leader_addr`` reports: (leader, broker address)."""
 
     def _store(self, peer: str) -> DLedgerStore:
         s = DLedgerStore(FileIO(), str(self.root / f"dledger-{peer}"), data_file_size=1 << 16,
@@ -58,9 +65,10 @@ class Group:
 
     async def start(self, peer: str) -> DLedgerServer:
         cfg = DLedgerConfig(group="g", self_id=peer, peers=self.peers, timings=FAST, max_wait_ack_ms=1000,
-                            **self.cfg)  # type: ignore[arg-type]
+                            broker_addr=broker_addr(peer), **self.cfg)  # type: ignore[arg-type]
         node = DLedgerServer(cfg, self._store(peer), channels=self.net.channels(peer, peer_clients(cfg)),
-                             on_commit=lambda i, _p: self.commits[peer].append(i))
+                             on_commit=lambda i, _p: self.commits[peer].append(i),
+                             on_leader_addr=lambda lead, addr: self.announced[peer].append((lead, addr)))
         i = int(peer[1:])
         sock = self.socks[i]
         if sock.fileno() == -1:  # restarted: bind the same port again
@@ -181,6 +189,28 @@ def test_the_leader_dies_a_follower_with_every_committed_entry_takes_over(tmp_pa
         back = g.nodes[old]
         await wait_until(lambda: back.store.committed_index >= index, 5, "the old leader catching up")
         assert entries(back, index) == entries(new, index)
+
+    run(tmp_path, scenario)
+
+
+def test_followers_learn_each_new_leaders_broker_address_from_its_heartbeats(tmp_path: Path) -> None:
+    """A follower's master is its Raft leader (broker.master_seek): the leader's heartbeats carry its broker address,
+    reported once per new address, and ``status()`` gives it."""
+    async def scenario(g: Group) -> None:
+        lead = await g.wait_leader()
+        first = lead.state.self_id
+        for n in g.nodes.values():
+            if n is not lead:
+                await wait_until(lambda n=n: n.status()["leaderAddr"] == broker_addr(first), 5,
+                                 f"{n.state.self_id} knowing the broker address of {first}")
+                assert g.announced[n.state.self_id] == [(first, broker_addr(first))]  # once, not per heartbeat
+        await g.stop(first)
+        new = await g.wait_leader()
+        survivor = next(n for n in g.nodes.values() if n is not new)
+        await wait_until(lambda: survivor.status()["leaderAddr"] == broker_addr(new.state.self_id), 5,
+                         "the survivor knowing the new leader's broker address")
+        assert g.announced[survivor.state.self_id][-1] == (new.state.self_id, broker_addr(new.state.self_id))
+        assert new.status()["leaderAddr"] == broker_addr(new.state.self_id)  # a leader gives its own
 
     run(tmp_path, scenario)
 

@@ -171,7 +171,7 @@ def test_manual_clean_deletes_expired_files_whatever_the_hour(store: FileMessage
     n = len(store.commitlog.files)
     report = run_pass(store, manual=True)
     assert report.deleted_files == n - 1
-    assert report.reason == "an operator asked (clean_expired_files)"
+    assert report.reason == "an operator asked for a pass now (splitmq broker clean, Admin.clean_expired_files)"
 
 
 def test_disk_pressure_deletes_expired_then_unexpired_files(store: FileMessageStore, clock: FakeClock,
