@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -40,6 +41,7 @@ from spark_connector.send import ChunkBuilder, ItemEncoder, encode_columns
 __all__ = ["ANALYTICS_BROKER_CONFIG", "bench_batch_read", "bench_decode", "bench_encode", "bench_writer", "run"]
 
 TOPIC = "SparkBench"
+READ_TOPIC, TAG_TOPIC = "SparkBenchRead", "SparkBenchTags"
 #: Broker settings for analytical reads: a pull may carry 1024 messages / 4 MiB (RocketMQ default 32 / 256 KiB).
 ANALYTICS_BROKER_CONFIG = {"maxTransferCountOnMessageInMemory": "1024", "maxTransferBytesOnMessageInMemory": "4194304"}
 FULL_READ_ROWS = 1_000_000
@@ -134,8 +136,10 @@ def bench_encode(n_rows: int = 100_000, *, body_size: int = 100) -> tuple[float,
     return fast, slow
 
 
-def _fill(ns: str, topic: str, n: int, body_size: int) -> float:
-    """Store ``n`` messages round-robin over the topic's queues through the sink's sender; returns rows/s."""
+def _fill(ns: str, topic: str, n: int, body_size: int, *, tags: list[str] | None = None) -> float:
+    """Store ``n`` messages round-robin over the topic's queues through the sink's sender; returns rows/s.
+
+    ``tags``: row ``i`` gets ``tags[i % len(tags)]`` (None: no tags)."""
     from client import Admin
     from spark_connector.options import parse_sink_options
     from spark_connector.sink import write_arrow_batches
@@ -143,27 +147,99 @@ def _fill(ns: str, topic: str, n: int, body_size: int) -> float:
     with Admin(ns) as admin:
         admin.create_topic(topic, queue_nums=4)
     per = 8192
-    batch = pa.RecordBatch.from_pydict({"body": [b"y" * body_size] * per, "keys": [f"k{i}" for i in range(per)]})
+    cols: dict[str, list[Any]] = {"body": [b"y" * body_size] * per, "keys": [f"k{i}" for i in range(per)]}
+    if tags:
+        cols["tags"] = [tags[i % len(tags)] for i in range(per)]
+    batch = pa.RecordBatch.from_pydict(cols)
     batches = [batch] * (n // per) + ([batch.slice(0, n % per)] if n % per else [])
     t0 = time.perf_counter()
-    write_arrow_batches(parse_sink_options({"nameserver": ns, "topic": topic}), iter(batches))
+    write_arrow_batches(parse_sink_options({"nameserver": ns, "topic": topic, "sendConcurrency": "8"}), iter(batches))
     return n / (time.perf_counter() - t0)
 
 
-def bench_batch_read(spark: Any, ns: str, n: int, *, body_size: int = 1024, topic: str = "SparkBenchRead",
-                     options: dict[str, str] | None = None) -> float:
-    """Rows/s of ``spark.read.format("rocketmq") ... .write.format("noop")`` over ``n`` stored messages."""
-    _fill(ns, topic, n, body_size)
+def _timed_noop(df: Any) -> float:
+    t0 = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
+
+
+def _reader(spark: Any, ns: str, topic: str, options: dict[str, str] | None = None) -> Any:
     reader = spark.read.format("rocketmq").option("nameserver", ns).option("topic", topic)
     for k, v in (options or {}).items():
         reader = reader.option(k, v)
-    df = reader.load()
-    warm = (spark.read.format("rocketmq").option("nameserver", ns).option("topic", topic)
-            .option("endingOffsets", "{}").load())
-    warm.write.format("noop").mode("overwrite").save()  # start and warm both Python workers
-    t0 = time.perf_counter()
-    df.write.format("noop").mode("overwrite").save()
-    return n / (time.perf_counter() - t0)
+    return reader
+
+
+def bench_batch_read(spark: Any, ns: str, n: int, *, body_size: int = 1024, topic: str = "SparkBenchRead",
+                     options: dict[str, str] | None = None, fill: bool = True) -> tuple[float, float]:
+    """Rows/s of ``spark.read.format("rocketmq") ... .write.format("noop")`` over ``n`` stored messages, and the
+    share of that read's time a read of no rows takes (job start, planning: route and offset lookups).
+
+    ``fill=False``: the topic already holds the ``n`` messages."""
+    if fill:
+        _fill(ns, topic, n, body_size)
+    # start and warm the Python workers: every task of a read of the first 64 offsets of each queue
+    _timed_noop(_reader(spark, ns, topic, options).load().where("queueOffset < 64"))
+    # every queue starts at its end (no message is stored in 2100): the same planning, no rows
+    empty = _reader(spark, ns, topic, options).option("startingTimestamp", "4102444800000").load()
+    planning = min(_timed_noop(empty) for _ in range(2))
+    elapsed = _timed_noop(_reader(spark, ns, topic, options).load())
+    return n / elapsed, planning / elapsed
+
+
+def bench_sdk_read(ns: str, topic: str, *, broker_id: int = 1, max_nums: int = 1024) -> tuple[float, int]:
+    """One Python process pulling every queue of ``topic`` to its end with the public SDK's :class:`PullConsumer`
+    (``connect_broker_by_user`` with ``default_broker_id`` 1: the slaves only, as ``pullFrom=slave``), ``max_nums`` a
+    pull, one pull at a time: rows/s and rows."""
+    from client import PullConsumer, PullStatus
+
+    with PullConsumer("spark-bench-sdk", ns, connect_broker_by_user=True, default_broker_id=broker_id) as consumer:
+        queues = consumer.fetch_subscribe_message_queues(topic)
+        ends = {mq: (consumer.min_offset(mq), consumer.max_offset(mq)) for mq in queues}
+        rows = 0
+        t0 = time.perf_counter()
+        for mq, (offset, end) in ends.items():
+            while offset < end:
+                r = consumer.pull(mq, offset, max_nums=max_nums)
+                if r.pull_status is not PullStatus.FOUND:
+                    raise RuntimeError(f"SDK read of {mq} at {offset}: {r.pull_status.name}")
+                rows += len(r.msg_found_list)
+                offset = r.next_begin_offset
+        return rows / (time.perf_counter() - t0), rows
+
+
+def _slave_bytes(cluster: Any) -> int:
+    """Bytes the slave brokers' processes have written so far (``/proc/PID/io`` ``wchar``: their pull answers,
+    plus their small log and store writes)."""
+    total = 0
+    for b in cluster.brokers:
+        if b.broker_id != 0 and b.pid:
+            for line in Path(f"/proc/{b.pid}/io").read_text().splitlines():
+                if line.startswith("wchar:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def bench_pushdown(spark: Any, cluster: Any, topic: str, n: int) -> tuple[tuple[float, int, int], tuple[float, int, int]]:
+    """A selective read, ``WHERE tags = 'Rare'`` (1 row in 16), from the slaves with the filter pushed to them and
+    with ``filterPushdown=false`` (Spark filters after reading every row): ``(seconds, bytes the slaves wrote,
+    rows)`` of each, best of two."""
+    ns = cluster.namesrv_addr
+    out = []
+    for push in ("true", "false"):
+        best: tuple[float, int, int] | None = None
+        for _ in range(2):
+            df = _reader(spark, ns, topic, {"pullFrom": "slave", "filterPushdown": push}).load().where("tags = 'Rare'")
+            b0 = _slave_bytes(cluster)
+            t0 = time.perf_counter()
+            rows = df.count()
+            got = (time.perf_counter() - t0, _slave_bytes(cluster) - b0, rows)
+            best = got if best is None or got[0] < best[0] else best
+        assert best is not None
+        out.append(best)
+    if out[0][2] != out[1][2] or out[0][2] != n // 16:
+        raise RuntimeError(f"pushdown read {out[0][2]} rows, plain {out[1][2]}, expected {n // 16}")
+    return out[0], out[1]
 
 
 def bench_writer(spark: Any, ns: str, n: int, *, body_size: int = 100, topic: str = "SparkBenchWrite") -> tuple[float, float]:
@@ -190,13 +266,13 @@ def bench_writer(spark: Any, ns: str, n: int, *, body_size: int = 100, topic: st
     return spark_rate, sdk_rate
 
 
-def _session() -> Any:
+def _session(master: str = "local[2]") -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     import spark_connector
 
-    spark = (SparkSession.builder.master("local[2]").appName("splitmq-spark-bench")
+    spark = (SparkSession.builder.master(master).appName("splitmq-spark-bench")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -212,7 +288,9 @@ def _read_rows(quick: bool) -> int:
 
 
 def run(quick: bool) -> list[Row]:
-    """The ``spark`` benchmark entry: decode and encode alone, then a 2-group cluster with a Spark session."""
+    """The ``spark`` benchmark entry: decode and encode alone, then a 2-group cluster with a slave per group, the
+    same messages read from the slaves by one SDK process, by Spark ``local[2]`` and ``local[1]``, a selective
+    read with and without filter pushdown, and the writer."""
     fast, slow = bench_decode(16_384 if quick else 262_144)
     fast_p, slow_p = bench_decode(16_384 if quick else 131_072, include_properties=True)
     enc, enc_sdk = bench_encode(20_000 if quick else 200_000)
@@ -224,17 +302,43 @@ def run(quick: bool) -> list[Row]:
     from client.cluster import LocalCluster
 
     n = _read_rows(quick)
+    n_tags = QUICK_ROWS if quick else max(QUICK_ROWS, n // 5) // 16 * 16
     n_write = QUICK_ROWS if quick else max(QUICK_ROWS, n // 5)
+    slave = {"pullFrom": "slave"}
     with tempfile.TemporaryDirectory(prefix="splitmq-bench-spark-") as root, \
-            LocalCluster(root, broker_groups=2, slaves_per_group=0, broker_config=ANALYTICS_BROKER_CONFIG) as cluster:
-        spark = _session()
+            LocalCluster(root, broker_groups=2, slaves_per_group=1) as cluster:
+        ns = cluster.namesrv_addr
+        fill_rate = _fill(ns, READ_TOPIC, n, 1024)
+        _fill(ns, TAG_TOPIC, n_tags, 1024, tags=["Rare"] + ["Common"] * 15)
+        for group in ("broker-a", "broker-b"):
+            cluster.wait_slave_caught_up(group, timeout_s=600)
+        sdk, sdk_rows = bench_sdk_read(ns, READ_TOPIC)
+        if sdk_rows != n:
+            raise RuntimeError(f"the SDK read {sdk_rows} rows of {n}")
+        spark = _session("local[2]")
         try:
-            read = bench_batch_read(spark, cluster.namesrv_addr, n)
-            write, direct = bench_writer(spark, cluster.namesrv_addr, n_write)
+            read2, plan2 = bench_batch_read(spark, ns, n, topic=READ_TOPIC, options=slave, fill=False)
+            pushed, plain = bench_pushdown(spark, cluster, TAG_TOPIC, n_tags)
+            write, direct = bench_writer(spark, ns, n_write)
         finally:
             spark.stop()
-    rows.append(Row(f"Spark batch read {n:,} x 1 KiB, 2 groups, local[2]", read, "rows/s", "decode to Arrow alone",
-                    fast, ">= 100,000"))
-    rows.append(Row(f"Spark writer {n_write:,} x 100 B, local[2]", write, "rows/s", "SDK send_batch, 1 process",
-                    direct))
+        spark = _session("local[1]")
+        try:
+            read1, plan1 = bench_batch_read(spark, ns, n, topic=READ_TOPIC, options=slave, fill=False)
+        finally:
+            spark.stop()
+    what = f"{n:,} x 1 KiB from the slaves, 2 groups"
+    rows += [
+        Row(f"fill: the sink's sender, 1 process, {n:,} x 1 KiB", fill_rate, "rows/s"),
+        Row(f"SDK PullConsumer, 1 process, {what}", sdk, "rows/s"),
+        Row(f"Spark local[2] batch read, {what} (planning {plan2:.1%})", read2, "rows/s",
+            "SDK PullConsumer, 1 process", sdk, ">= 1.5x"),
+        Row(f"Spark local[2] batch read, {what}", read2, "rows/s", "decode to Arrow alone", fast, ">= 0.5x"),
+        Row(f"Spark local[1] batch read, {what} (planning {plan1:.1%})", read1, "rows/s", "Spark local[2]", read2),
+        Row(f"tags = 'Rare' (1/16 of {n_tags:,}), pushed to the slaves: seconds", pushed[0], "s",
+            "not pushed (filterPushdown=false)", plain[0]),
+        Row(f"tags = 'Rare' (1/16 of {n_tags:,}), pushed to the slaves: MB the slaves wrote", pushed[1] / 1e6, "MB",
+            "not pushed (filterPushdown=false)", plain[1] / 1e6),
+        Row(f"Spark writer {n_write:,} x 100 B, local[2]", write, "rows/s", "SDK send_batch, 1 process", direct),
+    ]
     return rows

@@ -1,9 +1,11 @@
 """Batch-read a SplitMQ topic with PySpark, and write rows back with the ``rocketmq`` sink.
 
     python examples/spark_batch_read.py                      # starts a throw-away local cluster
-    python examples/spark_batch_read.py --namesrv 127.0.0.1:9876 --topic TopicTest
+    python examples/spark_batch_read.py --namesrv "$NAMESRV_ADDR" --topic TopicTest
+    python examples/spark_batch_read.py --namesrv "$NAMESRV_ADDR" --master spark://127.0.0.1:7077
 
-Needs the spark extra (``pip install -e '.[spark]'``) and Java 17+.
+Needs the spark extra (``pip install '.[spark]'`` from the repository's root) and Java 17+. docs/SPARK.md runs
+it on a standalone cluster.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main() -> int:
     parser.add_argument("--namesrv", help="nameserver host:port (default: start a local cluster)")
     parser.add_argument("--topic", default="SparkExample")
     parser.add_argument("--messages", type=int, default=100, metavar="N", help="messages to produce (default 100)")
+    parser.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers must use this interpreter
 
@@ -50,7 +53,7 @@ def main() -> int:
             producer.send_batch([Message(args.topic, f"hello {i}".encode(), tags="TagA", keys=f"order-{i}")
                                  for i in range(args.messages)])
 
-        spark = (SparkSession.builder.master("local[2]").appName("splitmq-batch-example")
+        spark = (SparkSession.builder.master(args.master).appName("splitmq-batch-example")
                  .config("spark.ui.showConsoleProgress", "false").config("spark.sql.session.timeZone", "UTC")
                  .getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
@@ -61,7 +64,7 @@ def main() -> int:
             print(f"{df.count()} messages in {df.rdd.getNumPartitions()} partition(s) (one per non-empty queue)")
             df.selectExpr("brokerName", "queueId", "queueOffset", "tags", "keys", "cast(body as string) as body",
                           "servedBy").orderBy("brokerName", "queueId", "queueOffset").show(5, truncate=False)
-            # Write a transformed copy back; the sink only appends (at-least-once, like Kafka's).
+            # Write a transformed copy back; the sink only appends (each row once, even when Spark retries a task).
             (df.selectExpr("upper(cast(body as string)) as body", "keys", "'TagB' as tags")
                .write.format("rocketmq").mode("append").option("nameserver", ns).option("topic", args.topic)
                .save())

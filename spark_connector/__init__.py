@@ -4,7 +4,7 @@
 
     import spark_connector
     spark_connector.register(spark)
-    df = (spark.read.format("rocketmq").option("nameserver", "127.0.0.1:9876").option("topic", "T").load())
+    df = (spark.read.format("rocketmq").option("nameserver", "HOST:PORT").option("topic", "T").load())
 
 Reads have a fixed schema (see :func:`spark_connector.arrow.spark_schema`); writes take ``body`` plus optional
 ``topic``, ``tags``, ``keys``, ``properties``, ``queueId`` and ``brokerName`` columns with ``mode("append")``.

@@ -69,7 +69,7 @@ _SOURCE_KEYS = {
 _SINK_KEYS = {
     k.lower(): k
     for k in ("nameserver", "namesrvAddr", "topic", "producerGroup", "sendTimeoutMs", "retries", "sendConcurrency",
-              "path", "accessKey", "secretKey", "tlsCaFile")
+              "idempotent", "path", "checkpointLocation", "accessKey", "secretKey", "tlsCaFile")
 }
 _CLIENT_PREFIX = "client."
 
@@ -199,6 +199,9 @@ class SinkOptions:
     """Retries of a failed send (the SDK's ``retry_times_when_send_failed``)."""
     send_concurrency: int = DEFAULT_SEND_CONCURRENCY
     """Send requests one write task keeps in flight."""
+    idempotent: bool = True
+    """``idempotent``: deterministic row keys sent with the idempotent bit (exactly-once through replays within the
+    brokers' duplicate window); False: random keys, at-least-once."""
     client: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
     """``client.*`` options with the prefix removed."""
     credentials: Credentials | None = None
@@ -571,6 +574,7 @@ def parse_sink_options(options: Mapping[str, Any], *, app_name: str = "app") -> 
         send_timeout_s=(r.get_int("sendTimeoutMs", 3000, minimum=1) or 3000) / 1000.0,
         retries=r.get_int("retries", 2, minimum=0) or 0,
         send_concurrency=_concurrency(r, "sendConcurrency", DEFAULT_SEND_CONCURRENCY),
+        idempotent=r.get_bool("idempotent", True),
         client=r.client,
         credentials=_credentials(r),
         tls_ca_file=_tls_ca_file(r),

@@ -55,5 +55,5 @@ def worker_python_problem(python_exec: str, python_here: str, *, shipped: bool) 
         return None
     return (f"Spark's Python workers run {python_exec!r} (PYSPARK_PYTHON), which cannot import "
             f"{', '.join(missing)}: set PYSPARK_PYTHON={python_here} before creating the SparkSession, or install "
-            "splitmq[spark] into that interpreter on every executor host, or ship it with --py-files "
+            "the repository's '.[spark]' into that interpreter on every executor host, or ship it with --py-files "
             "(see docs/SPARK.md)")

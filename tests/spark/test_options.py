@@ -172,6 +172,13 @@ def test_sink_options() -> None:
         parse_sink_options({"nameserver": "h:1", "producerGroup": "a b"})
 
 
+def test_sink_writes_are_idempotent_unless_turned_off() -> None:
+    assert parse_sink_options({"nameserver": "h:1"}).idempotent
+    assert not parse_sink_options({"nameserver": "h:1", "idempotent": "false"}).idempotent
+    with pytest.raises(OptionError, match="option idempotent must be true or false"):
+        parse_sink_options({"nameserver": "h:1", "idempotent": "maybe"})
+
+
 SECRET = "s3cr3t-never-shown"
 
 

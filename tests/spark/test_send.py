@@ -10,13 +10,13 @@ import pytest
 
 from client.errors import BrokerError, MessageIllegalError, SendFailedError
 from common.codec import UniqKeyGenerator, decode_batch
-from common.codes import ResponseCode
+from common.codes import ResponseCode, SysFlag
 from common.message import MessageQueue
 from common.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
 from common.requests import SendRequestHeader, parse_query
 from common.route import BrokerData, QueueData, TopicRouteData
 from common.wire import encode_error, encode_send_reply, http_status_for_code
-from spark_connector.send import Chunk, ChunkBuilder, ItemEncoder, Sender, encode_columns
+from spark_connector.send import Chunk, ChunkBuilder, ItemEncoder, RowKeys, Sender, encode_columns
 from spark_connector.transport import BrokerClient
 
 ROUTE = TopicRouteData(
@@ -201,3 +201,65 @@ def test_stored_but_not_durable_batches_are_counted() -> None:
     s.submit(chunk(n=3))
     s.submit(chunk(n=2))
     assert (s.requests, s.not_durable) == (2, 5)
+
+
+# --- idempotent writes: deterministic keys, the key's group, the idempotent bit ------------------------------------
+
+def keyed_chunks(columns: dict[str, list[Any]], *, prefix: str = "q1-0-1-", first_row: int = 0,
+                 max_messages: int = 512) -> list[Chunk]:
+    from client.lowlevel import topic_route_to_publish_info
+    from spark_connector.sink import KeyGroups
+
+    info = topic_route_to_publish_info("T", ROUTE)
+    enc = ItemEncoder(uniq=UniqKeyGenerator(), clock_ms=lambda: 1_700_000_000_000, idempotent=True)
+    builder = ChunkBuilder(max_messages=max_messages)
+    keys = RowKeys(prefix, KeyGroups(lambda _topic: info))
+    n = len(columns["body"])
+    chunks = list(encode_columns(columns, n, topic_option="T", encoder=enc, builder=builder,
+                                 queue_of=lambda row, t, qid, broker: MessageQueue(t, broker or "broker-a", qid),
+                                 row_keys=keys, first_row=first_row))
+    return chunks + builder.finish()
+
+
+def _items(chunks: list[Chunk]) -> dict[str, tuple[str | None, int]]:
+    """Each item's key -> (the chunk's pinned group, its sys flag)."""
+    out = {}
+    for c in chunks:
+        for item in decode_batch(c.body):
+            out[decode_properties(item.properties)[UNIQ_KEY]] = (c.group, item.sys_flag)
+    return out
+
+
+def test_idempotent_rows_get_keys_from_their_task_and_index_and_go_to_their_keys_group() -> None:
+    from client.lowlevel import group_for_key, topic_route_to_publish_info
+
+    info = topic_route_to_publish_info("T", ROUTE)
+    got = _items(keyed_chunks({"body": [b"m"] * 40}, first_row=0x100))
+    assert sorted(got) == sorted(f"q1-0-1-{i:x}" for i in range(0x100, 0x128))
+    assert {flag for _, flag in got.values()} == {int(SysFlag.IDEMPOTENT)}
+    assert all(group == group_for_key(info, key) for key, (group, _) in got.items())
+    assert {group for group, _ in got.values()} == {"broker-a", "broker-b"}  # the keys spread over both groups
+    # the same rows again (a replayed task): the same keys in the same groups, whatever the chunking
+    assert _items(keyed_chunks({"body": [b"m"] * 40}, first_row=0x100, max_messages=7)) == got
+    # a row with its own queue keeps it, with its deterministic key
+    fixed = keyed_chunks({"body": [b"m"] * 2, "queueId": [1, None]})
+    assert [(c.queue, c.group is None) for c in fixed if c.queue is not None] == [
+        (MessageQueue("T", "broker-a", 1), True)]
+
+
+def test_row_key_prefixes_must_stay_within_the_key_rules() -> None:
+    with pytest.raises(ValueError, match="printable"):
+        RowKeys("a b-", lambda t, k: None)
+    with pytest.raises(ValueError, match="110"):
+        RowKeys("x" * 111, lambda t, k: None)
+
+
+def test_an_idempotent_sender_pins_each_chunk_to_its_group() -> None:
+    c = FakeBrokers()
+    s = Sender(c.client, "G", send_timeout_s=5.0, retries=2, concurrency=1, idempotent=True)
+    chunks = keyed_chunks({"body": [b"m"] * 64}, max_messages=4)
+    for chunk in chunks:
+        s.submit(chunk)
+    s.flush()
+    assert [mq.broker_name for _, mq, _ in c.sent] == [ch.group for ch in chunks]
+    assert {ch.group for ch in chunks} == {"broker-a", "broker-b"}
