@@ -647,25 +647,30 @@ class LocalCluster:
             time.sleep(0.05)  # polling the nameserver with a deadline
 
     def wait_slave_caught_up(self, name: str, timeout_s: float = 30.0) -> None:
-        """Until every running slave of ``name`` has the master's commit-log max offset.
+        """Until every running slave of ``name`` has the master's commit-log max offset and knows as many topics
+        (a slave serves a topic only once its metadata sync copied it: up to ``slaveMetadataSyncInterval``, 10 s,
+        after the topic was created).
 
         Raises:
-            ClusterError: not caught up within ``timeout_s`` (the message gives both offsets).
+            ClusterError: not caught up within ``timeout_s`` (the message gives both offsets and topic counts).
         """
         master = self.leader(name, timeout_s) if self.mode == "dledger" else self.broker(name, 0)
         slaves = [b for b in self.members(name) if b is not master and b.running()]
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                want = int(master.runtime()["commitLogMaxOffset"])
-                have = {s.broker_id: int(s.runtime()["commitLogMaxOffset"]) for s in slaves}
+                m = master.runtime()
+                want = (int(m["commitLogMaxOffset"]), int(m["topicCount"]))
+                have = {s.broker_id: (int(r["commitLogMaxOffset"]), int(r["topicCount"]))
+                        for s in slaves for r in (s.runtime(),)}
             except (OSError, ValueError, KeyError):
-                want, have = -1, {}
-            if want >= 0 and all(v >= want for v in have.values()) and len(have) == len(slaves):
+                want, have = (-1, -1), {}
+            if want[0] >= 0 and len(have) == len(slaves) and all(
+                    off >= want[0] and topics >= want[1] for off, topics in have.values()):
                 return
             if time.monotonic() > deadline:
-                raise ClusterError(f"slaves of {name} not caught up within {timeout_s} s: master commitLogMaxOffset "
-                                   f"{want}, slaves {have}")
+                raise ClusterError(f"slaves of {name} not caught up within {timeout_s} s: master (commitLogMaxOffset, "
+                                   f"topicCount) {want}, slaves {have}")
             time.sleep(0.05)  # polling the brokers with a deadline
 
 

@@ -101,11 +101,12 @@ def test_spark_example(name: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.spark
-@pytest.mark.timeout(3 * SPARK_TIMEOUT_S + 30)
-def test_spark_streaming_run_twice_goes_on_and_refuses_another_clusters_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.timeout(2 * SPARK_TIMEOUT_S + 30)
+def test_spark_streaming_run_twice_goes_on(tmp_path: Path) -> None:
     """Issue 36's story: ``examples/spark_streaming.py --out X`` run twice reads only what came since (its local
-    cluster's stores are kept under X); the same checkpoint against a fresh cluster stops the query with one line
-    naming failOnDataLoss, where it used to skip 500 of 600 new messages without a word."""
+    cluster's stores are kept under X), where it used to skip 500 of 600 new messages without a word. The same
+    checkpoint against another cluster's stores stops the query with one line naming failOnDataLoss:
+    tests/spark/test_spark_offsets.py (a third Spark start here cost 35 s of the suite)."""
     assert shutil.which("java") is not None, "no java on PATH: the Spark examples need Java 17+ (install a JDK)"
     out = str(tmp_path / "out")
     args = ["--messages", "50", "--out", out]
@@ -117,9 +118,3 @@ def test_spark_streaming_run_twice_goes_on_and_refuses_another_clusters_checkpoi
                                                                                second)]
     assert rounds == [50, 50], second  # only the new messages, each once
     assert re.search(rf"200 rows in {re.escape(out)}/data \(200 produced; restarts added no duplicates\)", second)
-    shutil.rmtree(tmp_path / "out" / "cluster")  # the next run starts a fresh cluster: same names, other stores
-    third = run_example("spark_streaming", args, SPARK_TIMEOUT_S, exit_code=2)
-    line = next(ln for ln in third.splitlines() if ln.startswith("the query stopped: "))
-    assert "DataLossError: the checkpoint of this query does not fit topic SparkStreamExample any more: broker " \
-           "group broker-a holds another store than the checkpoint's" in line, third
-    assert "Set failOnDataLoss=false" in line and "checkpointLocation" in line
