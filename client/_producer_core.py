@@ -460,9 +460,20 @@ def group_for_key(info: TopicPublishInfo, key: str) -> str | None:
     """The broker group a caller's key goes to: ``crc32(key)`` over the names of every group in the topic's route
     that has write permission, master or not (so an outage does not move keys), sorted; None when there is none.
     A replay of the key from any producer lands where the first send did while the topic's groups stay the
-    same, so that group's duplicate window sees it."""
-    names = sorted({qd.broker_name for qd in info.route.queue_datas if Perm.writeable(qd.perm)}) or sorted(
+    same, so that group's duplicate window sees it. A caller placing many keys takes :func:`key_group_names`
+    once and :func:`group_among` per key."""
+    return group_among(key_group_names(info), key)
+
+
+def key_group_names(info: TopicPublishInfo) -> list[str]:
+    """The groups :func:`group_for_key` hashes keys over, sorted: every group with write permission in the
+    route, master or not (else the groups of its writable queues)."""
+    return sorted({qd.broker_name for qd in info.route.queue_datas if Perm.writeable(qd.perm)}) or sorted(
         {q.broker_name for q in info.message_queues})
+
+
+def group_among(names: Sequence[str], key: str) -> str | None:
+    """The group of :func:`key_group_names` ``names`` that ``key`` goes to; None when there is none."""
     return names[zlib.crc32(key.encode("utf-8")) % len(names)] if names else None
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +33,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructType
 
-from client.lowlevel import TopicPublishInfo
+from client.lowlevel import TopicPublishInfo, group_among, key_group_names
 from common.codec import UniqKeyGenerator
-from common.codes import Perm
 from common.message import MessageQueue
 from spark_connector.options import OptionError, SinkOptions, parse_sink_options
 from spark_connector.send import ChunkBuilder, ItemEncoder, RowKeys, Sender, encode_columns
@@ -140,23 +138,17 @@ class _QueueResolver:
 
 class KeyGroups:
     """A key's broker group among a topic's groups, as :func:`client.lowlevel.group_for_key` chooses it, with
-    the topic's group names read once per task (``group_for_key`` sorts them on every call)."""
+    the topic's group names (:func:`client.lowlevel.key_group_names`) taken once per task."""
 
     def __init__(self, publish_info: Callable[[str], TopicPublishInfo]) -> None:
         self._publish_info = publish_info
         self._names: dict[str, list[str]] = {}
 
-    @staticmethod
-    def names(info: TopicPublishInfo) -> list[str]:
-        """The groups keys hash over: every group with write permission in the route, master or not."""
-        return sorted({qd.broker_name for qd in info.route.queue_datas if Perm.writeable(qd.perm)}) or sorted(
-            {q.broker_name for q in info.message_queues})
-
     def __call__(self, topic: str, key: str) -> str | None:
         names = self._names.get(topic)
         if names is None:
-            names = self._names[topic] = self.names(self._publish_info(topic))
-        return names[zlib.crc32(key.encode("utf-8")) % len(names)] if names else None
+            names = self._names[topic] = key_group_names(self._publish_info(topic))
+        return group_among(names, key)
 
 
 def task_row_keys(write_id: str, partition: int, groups: Callable[[str, str], str | None]) -> RowKeys:

@@ -29,7 +29,8 @@ def test_public_names_are_pinned_and_documented() -> None:
         "FaultToleranceConfig", "FindBrokerResult", "LatencyFaultTolerance", "PullNodeTable", "PullPlan",
         "PullRequestHeader", "PullTarget", "QueueSelector", "RawPullResult", "RawSendResult", "RouteCache",
         "SendAttempts", "SendRequestHeader", "SendWhere", "TopicPublishInfo", "check_batch", "default_route_for",
-        "find_broker_address_in_subscribe", "group_for_key", "is_retriable", "may_be_stored", "plan_pull",
+        "find_broker_address_in_subscribe", "group_among", "group_for_key", "is_retriable", "key_group_names",
+        "may_be_stored", "plan_pull",
         "raw_pull_refused",
         "topic_route_to_publish_info", "topic_route_to_subscribe_info", "validate_message",
     ]
