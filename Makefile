@@ -36,10 +36,11 @@ browser-deps:
 	fi
 
 # Most tests wait on servers they start (processes, sockets, JVMs), so two workers take about two thirds of the
-# time of one even on two cores; each test file runs whole on one worker (its module fixtures start once).
+# time of one even on two cores; each test file runs whole on one worker (its module fixtures start once), the
+# longest files first (tests/conftest.py, LONGEST_FIRST; --no-loadscope-reorder keeps that order).
 TEST_WORKERS ?= 2
 test: $(STAMP_ALL) browser-deps
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP_CORE)
 	$(BIN)/ruff check .

@@ -111,7 +111,7 @@ def test_register_names_the_fix_when_the_workers_python_lacks_the_connector(tmp_
 
 # --- the exactly-once sink: a streaming write killed mid-batch and restarted from its checkpoint ------------------
 
-SINK_ROWS = 12_000  # three micro-batches of sink_restart_app.ROWS_PER_BATCH
+SINK_ROWS = 8_000  # two micro-batches of sink_restart_app.ROWS_PER_BATCH: the kill lands in one, a restart replays it
 #: The brokers' duplicate window in this test: a replay must reach them within it (docs/SPARK.md, "Exactly-once
 #: writes"). Under this machine's load a standalone driver's restart and its first micro-batch took 2 to 4 minutes,
 #: beyond the 120 s default, which then stored the replayed rows twice; 10 minutes bounds the test's restart.
