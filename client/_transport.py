@@ -413,11 +413,42 @@ def speaks_tls(origin: tuple[str, int]) -> bool:
     """Whether ``origin`` completes a TLS handshake: asked only when a plain connection to it was closed before
     any answer, which is what a TLS server does to plain HTTP (and what little else does)."""
     try:
-        with socket.create_connection(origin, timeout=TLS_PROBE_TIMEOUT_S) as raw, \
-                _probe_context().wrap_socket(raw, server_hostname=origin[0]):
-            return True
-    except (OSError, ValueError):
+        raw = socket.create_connection(origin, timeout=TLS_PROBE_TIMEOUT_S)
+    except OSError:
         return False
+    with raw:
+        return completes_tls_handshake(raw, origin[0], TLS_PROBE_TIMEOUT_S)
+
+
+def completes_tls_handshake(sock: socket.socket, server_hostname: str, timeout_s: float) -> bool:
+    """Whether a client TLS handshake over the connected ``sock`` completes within ``timeout_s``; ``sock`` stays
+    the caller's to close. Driven through memory BIOs, not ``SSLContext.wrap_socket``: given a connection its peer
+    had already reset, CPython 3.11's ``SSLSocket`` raised without closing the descriptor it had taken over from
+    ``sock`` (an unclosed-socket warning when it was collected)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = _probe_context().wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            tls.do_handshake()
+            return True
+        except ssl.SSLWantReadError:
+            pass
+        except (ssl.SSLError, ValueError):
+            return False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            sock.settimeout(left)
+            if outgoing.pending:
+                sock.sendall(outgoing.read())
+            data = sock.recv(65536)
+        except OSError:  # TimeoutError included
+            return False
+        if not data:
+            return False
+        incoming.write(data)
 
 
 async def speaks_tls_async(origin: tuple[str, int]) -> bool:
