@@ -31,7 +31,7 @@ from broker.store.file_store import FileMessageStore
 from common.codec import pack_host
 from remoting.acl import AclFileError
 from remoting.http import HttpLimits
-from remoting.server import HttpServer
+from remoting.server import HttpServer, inherited_listener
 
 __all__ = ["main"]
 
@@ -87,6 +87,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("-n", "--namesrvAddr", dest="namesrv_addr", help="nameservers, ';'-separated (overrides the file)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override one property (repeatable)")
+    p.add_argument("--listen-fd", type=int, default=None, metavar="FD",
+                   help="an inherited socket, bound and listening, to serve HTTP on instead of binding listenPort (a "
+                        "supervisor that binds the ports itself starts its servers at once, race-free)")
+    p.add_argument("--ha-fd", type=int, default=None, metavar="FD",
+                   help="the same for the HA port (instead of haListenPort)")
     p.add_argument("--dledger-fd", type=int, default=None, metavar="FD",
                    help="DLedger mode: an inherited socket, bound and listening, to serve the peer port on (a "
                         "supervisor binds it, so a restarted broker keeps its port)")
@@ -129,9 +134,16 @@ def open_store(config: BrokerConfig, store_host: bytes) -> FileMessageStore:
     return store
 
 
-async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int:
-    """Run one broker until SIGTERM/SIGINT; returns the process exit code."""
-    sock = bind_socket(config.bind_host, config.listen_port)
+async def run_broker(config: BrokerConfig, dledger_fd: int | None = None, *, listen_fd: int | None = None,
+                     ha_fd: int | None = None) -> int:
+    """Run one broker until SIGTERM/SIGINT; returns the process exit code. ``listen_fd``, ``ha_fd``,
+    ``dledger_fd``: inherited listening sockets to serve the HTTP, HA and DLedger peer ports on.
+
+    Raises:
+        OSError: a port cannot be bound, or an inherited socket is not one to serve on.
+    """
+    sock = (inherited_listener(listen_fd, "--listen-fd", config.bind_host) if listen_fd is not None
+            else bind_socket(config.bind_host, config.listen_port))
     port = sock.getsockname()[1]
     addr = f"{config.advertised_ip}:{port}"
     store_host = pack_host(config.advertised_ip, port)
@@ -162,7 +174,8 @@ async def run_broker(config: BrokerConfig, dledger_fd: int | None = None) -> int
         dledger_sock = socket.socket(fileno=dledger_fd) if dledger_fd is not None else None
         if dledger_sock is not None:
             dledger_sock.setblocking(False)
-        await ctrl.start(dledger_sock=dledger_sock)
+        ha_sock = inherited_listener(ha_fd, "--ha-fd", config.bind_host) if ha_fd is not None else None
+        await ctrl.start(dledger_sock=dledger_sock, ha_sock=ha_sock)
     except OSError as e:
         print(f"broker {config.broker_name}: {e}", file=sys.stderr, flush=True)
         await ctrl.stop()
@@ -234,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loop_factory = None
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(run_broker(config, args.dledger_fd))
+            return runner.run(run_broker(config, args.dledger_fd, listen_fd=args.listen_fd, ha_fd=args.ha_fd))
     except OSError as e:
         print(f"broker {config.broker_name}: {e}", file=sys.stderr, flush=True)
         return EXIT_START

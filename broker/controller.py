@@ -458,10 +458,11 @@ class BrokerController:
             log.error("cannot persist the group identity of %s (readers cannot check their offsets against this "
                       "store until it is): %s", self.config.broker_name, e)
 
-    async def start(self, *, dledger_sock: socket.socket | None = None) -> None:
-        """Load metadata, hook the store, start HA (or the DLedger member, listening on ``dledger_sock`` when
-        given, else on its ``dLegerPeers`` port) and the background tasks (registration runs in the background: an
-        unreachable nameserver never delays serving).
+    async def start(self, *, dledger_sock: socket.socket | None = None, ha_sock: socket.socket | None = None
+                    ) -> None:
+        """Load metadata, hook the store, start HA (listening on ``ha_sock`` when given, else on ``haListenPort``;
+        or the DLedger member, listening on ``dledger_sock`` when given, else on its ``dLegerPeers`` port) and the
+        background tasks (registration runs in the background: an unreachable nameserver never delays serving).
 
         Raises:
             RuntimeError: started twice.
@@ -497,7 +498,7 @@ class BrokerController:
                 await self.timer.start()
             await self.transactions.start()  # and checks half messages back
         if dledger is None:
-            ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port)
+            ha_port = await self.ha_service.start(cfg.bind_host, cfg.ha_listen_port, ha_sock)
             self.ha_addr = f"{cfg.ha_ip}:{ha_port}"
         if self.ha_client is not None:
             await self.ha_client.start()

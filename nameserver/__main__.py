@@ -24,6 +24,7 @@ from nameserver.server import NamesrvConfig, serve
 from remoting.acl import AclFileError
 from remoting.acl_gate import DEFAULT_NONCE_CACHE_MAX, DEFAULT_TIMESTAMP_TOLERANCE_MS, load_acl_file
 from remoting.http import HttpLimits
+from remoting.server import inherited_listener
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
 #: Environment variable holding the metrics bearer token (an argument would show in ``ps``).
@@ -82,6 +83,9 @@ def _positive_int(value: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _ArgParser(prog="splitmq-nameserver", description="SplitMQ nameserver (route table over HTTP)")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})")
+    p.add_argument("--listen-fd", type=int, default=None, metavar="FD",
+                   help="serve on this inherited socket, bound to --listen's address and listening, instead of "
+                        "binding (a supervisor that binds the ports itself starts its servers at once, race-free)")
     p.add_argument("--broker-expiry-ms", type=_positive_int, default=NamesrvConfig().broker_expiry_ms,
                    help="drop a broker not heard from for this long (default 120000)")
     p.add_argument("--scan-interval-ms", type=_positive_int, default=NamesrvConfig().scan_interval_ms,
@@ -244,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"splitmq-nameserver: error: {refusal}", file=sys.stderr, flush=True)
         return 2
     try:
-        sock = _bind(host, port)
+        sock = (inherited_listener(args.listen_fd, "--listen-fd", host) if args.listen_fd is not None
+                else _bind(host, port))
     except OSError as e:
         print(f"splitmq-nameserver: error: cannot listen on {args.listen}: {e.strerror or e}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ starts when told and stops when told, gracefully (:meth:`HttpServer.shutdown`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import ssl
@@ -15,7 +16,7 @@ import ssl
 from remoting.http import HttpLimits, HttpService
 from remoting.router import Router
 
-__all__ = ["DEFAULT_BACKLOG", "HttpServer"]
+__all__ = ["DEFAULT_BACKLOG", "HttpServer", "inherited_listener"]
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,30 @@ log = logging.getLogger(__name__)
 DEFAULT_BACKLOG = 2048
 #: Bound on the wait for connections to go once the graceful stop's own bound passed and they were aborted.
 _ABORT_WAIT_S = 1.0
+
+
+def inherited_listener(fd: int, flag: str, bind_host: str | None = None) -> socket.socket:
+    """The listening TCP socket a supervisor passed as descriptor ``fd`` (``flag`` names the option that gave it,
+    for the messages), non-blocking; when ``bind_host`` is given, it must be bound to that address (the one the
+    configuration names and protected mode judged).
+
+    Raises:
+        OSError: ``fd`` is not open, not a listening TCP socket, or bound elsewhere.
+    """
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise OSError(e.errno, f"{flag} {fd} is not an open socket: {e.strerror}") from e
+    if (sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM
+            or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+        sock.close()
+        raise OSError(errno.EINVAL, f"{flag} {fd} is not a listening TCP socket")
+    host = sock.getsockname()[0]
+    if bind_host and host != bind_host:
+        sock.close()
+        raise OSError(errno.EINVAL, f"{flag} {fd} is bound to {host}, where the configuration says {bind_host}")
+    sock.setblocking(False)
+    return sock
 
 
 class HttpServer:

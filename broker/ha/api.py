@@ -9,6 +9,7 @@ that would let a broker run without replication.
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any, Protocol
 
 __all__ = ["HAClientAPI", "HAServiceAPI"]
@@ -17,8 +18,9 @@ __all__ = ["HAClientAPI", "HAServiceAPI"]
 class HAServiceAPI(Protocol):
     """The master side, opened on every broker (:class:`broker.ha.HAService`)."""
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: any free port) and return the bound port."""
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+        """Listen on ``host:port`` (0: any free port), or on ``sock`` (bound and listening), and return the bound
+        port."""
         ...
 
     async def stop(self) -> None:

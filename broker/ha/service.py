@@ -310,8 +310,9 @@ class HAService:
         """The bound HA port (0 before ``start``)."""
 
     # lifecycle -------------------------------------------------------------------------------------------
-    async def start(self, host: str, port: int) -> int:
-        """Bind and listen; return the bound port (``port=0`` lets the OS choose).
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+        """Bind and listen; return the bound port (``port=0`` lets the OS choose). ``sock``: a socket already bound
+        and listening (inherited from a supervisor) to serve on instead; ``host`` and ``port`` are then unused.
 
         Raises:
             RuntimeError: started twice.
@@ -321,17 +322,22 @@ class HAService:
             raise RuntimeError(f"HAService cannot start: it is {self._state_name}")
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        infos = await self._loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, _, _, _, sockaddr = infos[0]
-        lsock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            lsock.bind(sockaddr)
-            lsock.listen(_LISTEN_BACKLOG)
+        if sock is not None:
+            lsock = sock
             lsock.setblocking(False)
-        except OSError as exc:
-            lsock.close()
-            raise OSError(exc.errno, f"HA listener cannot bind {host}:{port}: {exc.strerror}") from exc
+        else:
+            infos = await self._loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                 flags=socket.AI_PASSIVE)
+            family, _, _, _, sockaddr = infos[0]
+            lsock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                lsock.bind(sockaddr)
+                lsock.listen(_LISTEN_BACKLOG)
+                lsock.setblocking(False)
+            except OSError as exc:
+                lsock.close()
+                raise OSError(exc.errno, f"HA listener cannot bind {host}:{port}: {exc.strerror}") from exc
         self._lsock = lsock
         self.port = lsock.getsockname()[1]
         self._state_name = "started"

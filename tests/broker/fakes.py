@@ -8,6 +8,7 @@ next offsets of docs/SEMANTICS.md 3.1 (master rules).
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -253,7 +254,7 @@ class FakeHAService:
         self.started_on: tuple[str, int] | None = None
         self.waits: list[tuple[int, float]] = []
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
         self.started_on = (host, port)
         return 20912
 
