@@ -46,6 +46,9 @@ __all__ = ["DLEDGER", "BrokerHandle", "ClusterError", "LocalCluster", "Nameserve
 log = logging.getLogger(__name__)
 
 _NAMESRV_READY = re.compile(r"nameserver ready listen=(\S+)")
+#: Broker settings that choose its addresses: a cluster whose ``broker_config`` sets one starts its brokers in
+#: order (:meth:`LocalCluster.start`) instead of binding their ports first.
+_PORT_KEYS = frozenset({"listenPort", "haListenPort", "brokerIP1", "bindAddress"})
 _BROKER_READY = re.compile(r"broker ready name=(\S+) id=(-?\d+) role=(\S+) listen=(\S+) ha=(\S*)")
 _LIVE: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
 
@@ -171,6 +174,22 @@ class _Process:
             self.kill()
 
 
+def _listener() -> socket.socket:
+    """A listening socket on a loopback port the OS picks, for a server process to inherit (race-free: nobody else
+    can take the port meanwhile, and the address is known before the process starts)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _addr(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"{host}:{port}"
+
+
 class NameserverHandle:
     """A nameserver process of the cluster."""
 
@@ -186,21 +205,37 @@ class NameserverHandle:
         self.tls_files: LocalTlsFiles | None = None
         """The certificate it serves TLS with (a TLS cluster), else None."""
         self._proc = _Process(f"nameserver-{index}", root / "logs" / f"nameserver-{index}.log", _NAMESRV_READY)
+        self._listen_sock: socket.socket | None = None
+        """The port bound here for the first start (:meth:`prebind`), handed to the process, then closed here."""
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid
 
+    def prebind(self) -> None:
+        """Bind the port of the first start here, so that its address is known before the process runs."""
+        self._listen_sock = _listener()
+        self.addr = _addr(self._listen_sock)
+
     def spawn(self) -> None:
         listen = self.addr or "127.0.0.1:0"  # a restart keeps the port clients know
         args = ["-m", "nameserver", "--listen", listen]
+        fds: tuple[int, ...] = ()
+        if self._listen_sock is not None:
+            fds = (self._listen_sock.fileno(),)
+            args += ["--listen-fd", str(fds[0])]
         if self.acl_file is not None:
             args += ["--acl-enable", "--acl-file", str(self.acl_file)]
         if self.secret_file is not None:  # registrations then need the brokers' cluster account too
             args += ["--ha-auth-secret-file", str(self.secret_file)]
         if self.tls_files is not None:
             args += ["--tls-cert", self.tls_files.cert_file, "--tls-key", self.tls_files.key_file]
-        self._proc.spawn(args, self._root)
+        try:
+            self._proc.spawn(args, self._root, fds)
+        finally:
+            if self._listen_sock is not None:  # the process has its own copy; a restart binds the port itself
+                self._listen_sock.close()
+                self._listen_sock = None
 
     def wait_ready(self) -> None:
         self.addr = self._proc.wait_ready(self._timeout).group(1)
@@ -238,6 +273,9 @@ class BrokerHandle:
         self.entry_module = "broker"
         """The module run as ``python -m``: a harness may set a wrapper of the broker's entry point (one that
         injects store faults, say) before the broker starts."""
+        self._listen_socks: tuple[socket.socket, socket.socket | None] | None = None
+        """The HTTP and HA ports bound here for the first start (:meth:`prebind`), handed to the process, then
+        closed here."""
         self.command_prefix: list[str] = []
         """Argv put before the interpreter on every (re)start: a program that sets something up and execs the rest
         of its arguments in the same process (so :attr:`pid` stays the broker's), such as
@@ -297,17 +335,41 @@ class BrokerHandle:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write("".join(f"{k}={v}\n" for k, v in props.items()))
 
+    def prebind(self) -> None:
+        """Bind the HTTP and HA ports of the first start here (a DLedger member has no HA port), so that their
+        addresses are known before the process runs: its slaves and its nameservers can start alongside it."""
+        http = _listener()
+        ha = None if self.role == DLEDGER else _listener()
+        self._listen_socks = (http, ha)
+        self.addr = _addr(http)
+        self.ha_addr = _addr(ha) if ha is not None else ""
+
     def spawn(self) -> None:
         args = ["-m", self.entry_module, "-c", str(self.config_path)]
-        if self.addr:  # a restart: the same ports, so the route and the slaves' haMasterAddress stay right
-            args += ["--set", f"listenPort={self.addr.rsplit(':', 1)[1]}"]
-        if self.ha_addr:
-            args += ["--set", f"haListenPort={self.ha_addr.rsplit(':', 1)[1]}"]
-        fds: tuple[int, ...] = ()
+        fds: list[int] = []
+        if self._listen_socks is not None:
+            http, ha = self._listen_socks
+            fds.append(http.fileno())
+            args += ["--listen-fd", str(http.fileno())]
+            if ha is not None:
+                fds.append(ha.fileno())
+                args += ["--ha-fd", str(ha.fileno())]
+        else:
+            if self.addr:  # a restart: the same ports, so the route and the slaves' haMasterAddress stay right
+                args += ["--set", f"listenPort={self.addr.rsplit(':', 1)[1]}"]
+            if self.ha_addr:
+                args += ["--set", f"haListenPort={self.ha_addr.rsplit(':', 1)[1]}"]
         if self.peer_sock is not None:
-            fds = (self.peer_sock.fileno(),)
-            args += ["--dledger-fd", str(fds[0])]
-        self._proc.spawn(args, self.dir, fds, tuple(self.command_prefix))
+            fds.append(self.peer_sock.fileno())
+            args += ["--dledger-fd", str(self.peer_sock.fileno())]
+        try:
+            self._proc.spawn(args, self.dir, tuple(fds), tuple(self.command_prefix))
+        finally:
+            if self._listen_socks is not None:  # the process has its own copies; a restart binds the ports itself
+                for sock in self._listen_socks:
+                    if sock is not None:
+                        sock.close()
+                self._listen_socks = None
 
     def wait_ready(self) -> None:
         m = self._proc.wait_ready(self._cluster.start_timeout_s)
@@ -494,23 +556,35 @@ class LocalCluster:
                 write_private(self.root_dir / "acl" / "cluster.secret", self.ha_auth_secret + "\n")
             if self.tls:
                 self._make_tls_files()
-            for ns in self.nameserver_handles:
-                ns.spawn()
-            for ns in self.nameserver_handles:
-                ns.wait_ready()
             if self.mode == "dledger":
                 self._bind_peer_ports()
             masters = [b for b in self._brokers.values() if b.broker_id == 0 or b.role == DLEDGER]
             slaves = [b for b in self._brokers.values() if b not in masters]
+            # Every port bound here first, so that every process starts at once: a broker's registrations and a
+            # slave's HA connection wait in their server's accept queue until it serves. A configuration that
+            # chooses the brokers' addresses itself starts them in order, each learning the ports of the last.
+            at_once = not _PORT_KEYS & self.broker_config.keys()
+            for ns in self.nameserver_handles:
+                ns.prebind()
+                ns.spawn()
+            if at_once:
+                for b in self._brokers.values():
+                    b.prebind()
+            else:
+                for ns in self.nameserver_handles:
+                    ns.wait_ready()
             for b in masters:
                 b.write_config(None)
                 b.spawn()
-            for b in masters:
-                b.wait_ready()
+            if not at_once:
+                for b in masters:
+                    b.wait_ready()
             for b in slaves:
                 b.write_config(self._brokers[(b.name, 0)].ha_addr)
                 b.spawn()
-            for b in slaves:
+            for ns in self.nameserver_handles:
+                ns.wait_ready()
+            for b in (*masters, *slaves):
                 b.wait_ready()
             self.wait_registered(timeout_s=self.start_timeout_s)
         except BaseException:
