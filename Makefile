@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_CORE := $(VENV)/.installed-core
 STAMP_ALL := $(VENV)/.installed-all
 
-.PHONY: demo test lint typecheck bench clean browser-deps
+.PHONY: demo test lint typecheck bench clean browser-deps bytecode
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,13 @@ $(STAMP_ALL): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	touch $@ $(STAMP_CORE)
 
-demo: $(STAMP_ALL)
+# Bytecode of the project's packages, written ahead: where PYTHONDONTWRITEBYTECODE is set (the development machines
+# of this project set it) Python writes none, and every server process the demo or the tests start compiled the
+# modules again (a broker's imports: 0.5 s of CPU from source, 0.3 s from bytecode). Compiled files are skipped.
+bytecode: $(STAMP_ALL)
+	$(BIN)/python -m compileall -q common remoting client broker nameserver spark_connector benchmarks
+
+demo: $(STAMP_ALL) bytecode
 	$(BIN)/python examples/demo.py
 
 # The dashboard's browser tests drive Debian's headless Chromium (tests/dashboard); install it when missing.
@@ -39,7 +45,7 @@ browser-deps:
 # time of one even on two cores; each test file runs whole on one worker (its module fixtures start once), the
 # longest files first (tests/conftest.py, LONGEST_FIRST; --no-loadscope-reorder keeps that order).
 TEST_WORKERS ?= 2
-test: $(STAMP_ALL) browser-deps
+test: $(STAMP_ALL) browser-deps bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP_CORE)
