@@ -543,7 +543,8 @@ class LocalCluster:
     # --- lifecycle ---
 
     def start(self) -> LocalCluster:
-        """Start nameservers, then masters, then slaves; return once every broker is in the nameserver."""
+        """Start every nameserver and broker (at once, their ports bound here first; in turn when ``broker_config``
+        chooses the brokers' addresses); return once every broker is in the nameservers."""
         if self._started:
             raise ClusterError("cluster already started")
         self._started = True
