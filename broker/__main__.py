@@ -171,9 +171,7 @@ async def run_broker(config: BrokerConfig, dledger_fd: int | None = None, *, lis
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        dledger_sock = socket.socket(fileno=dledger_fd) if dledger_fd is not None else None
-        if dledger_sock is not None:
-            dledger_sock.setblocking(False)
+        dledger_sock = inherited_listener(dledger_fd, "--dledger-fd") if dledger_fd is not None else None
         ha_sock = inherited_listener(ha_fd, "--ha-fd", config.bind_host) if ha_fd is not None else None
         await ctrl.start(dledger_sock=dledger_sock, ha_sock=ha_sock)
     except OSError as e:

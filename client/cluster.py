@@ -615,12 +615,7 @@ class LocalCluster:
         broker inherits its socket, on every restart."""
         for b in self._brokers.values():
             if b.peer_sock is None:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("127.0.0.1", 0))
-                sock.listen(128)
-                sock.set_inheritable(True)
-                b.peer_sock = sock
+                b.peer_sock = _listener()
 
     def dledger_properties(self, member: BrokerHandle) -> dict[str, str]:
         """The ``.properties`` keys of a DLedger member of this cluster."""
