@@ -1,6 +1,6 @@
 """Broker configuration: RocketMQ's camelCase ``.properties`` keys -> a frozen, validated :class:`BrokerConfig`.
 
-Loading (docs/SEMANTICS.md 1.2, with the decisions at its top): read the file, apply ``--set key=value`` overrides,
+Loading (docs/BEHAVIOUR.md 1.2, with the decisions at its top): read the file, apply ``--set key=value`` overrides,
 convert each known key strictly (a bad value is a :class:`ConfigError` naming the key and the value, where
 RocketMQ silently keeps the default), then derive: masters get ``brokerId=0``; a slave needs ``brokerId > 0``;
 ``haListenPort`` is the configured one when > 0, else ``listenPort + 1`` (0 when ``listenPort`` is 0, so the OS
@@ -182,7 +182,7 @@ class BrokerConfig:
     destroy_maped_file_interval_forcibly_ms: int = 120_000
     enable_dleger_commit_log: bool = False
     """``enableDLegerCommitLog``: the commit log is a DLedger (Raft) log shared by ``dLegerPeers``; the elected
-    leader is the group's master (docs/SEMANTICS.md 9.8). ``brokerRole`` and ``brokerId`` then follow the election."""
+    leader is the group's master (docs/BEHAVIOUR.md 9.8). ``brokerRole`` and ``brokerId`` then follow the election."""
     dleger_group: str = ""
     """``dLegerGroup`` ('' = brokerName)."""
     dleger_peers: tuple[tuple[str, str], ...] = ()
@@ -263,7 +263,7 @@ class BrokerConfig:
 
     @property
     def dledger_broker_id(self) -> int:
-        """The id a DLedger follower registers with: the number in its peer id plus one (n0 -> 1), docs/SEMANTICS.md 9.8."""
+        """The id a DLedger follower registers with: the number in its peer id plus one (n0 -> 1), docs/BEHAVIOUR.md 9.8."""
         digits = self.dleger_self_id[1:]
         return int(digits) + 1 if digits.isdigit() else 1 + [p for p, _ in self.dleger_peers].index(self.dleger_self_id)
 
@@ -864,7 +864,7 @@ def _derive_dledger(values: dict[str, Any]) -> None:
         raise ConfigError(f"preferredLeaderId={preferred!r} is not one of the dLegerPeers ids")
     if values.get("min_vote_interval_ms", 300) >= values.get("max_vote_interval_ms", 1000):
         raise ConfigError("minVoteIntervalMs must be less than maxVoteIntervalMs")
-    # The member starts as a follower; the election decides the role (docs/SEMANTICS.md 9.8).
+    # The member starts as a follower; the election decides the role (docs/BEHAVIOUR.md 9.8).
     values["broker_role"] = BrokerRole.SLAVE
     values["broker_id"] = -1
 

@@ -493,7 +493,7 @@ class BrokerController:
             if dledger is None:
                 self.rebuild_dedup()  # before the first send: a retry of a send the crash left unanswered is known
             self._mint_group_identity()
-            await self.schedule.start()  # only a master redelivers delayed messages (docs/SEMANTICS.md 8.2)
+            await self.schedule.start()  # only a master redelivers delayed messages (docs/BEHAVIOUR.md 8.2)
             if self.timer is not None:
                 await self.timer.start()
             await self.transactions.start()  # and checks half messages back

@@ -1,4 +1,4 @@
-"""Waiting for a put to be as durable as the broker's mode asks, docs/SEMANTICS.md 2.9 and decision 5; shared by
+"""Waiting for a put to be as durable as the broker's mode asks, docs/BEHAVIOUR.md 2.9 and decision 5; shared by
 ``/send`` and ``/consumer/sendback``.
 
 * ``SYNC_FLUSH``: wait for the commit log to be flushed past the put (``FLUSH_DISK_TIMEOUT`` after
@@ -8,7 +8,7 @@
   ``syncFlushTimeout``); when fewer replicas are in sync than it needs -- a slave is in sync while it is connected
   and its own last ack is less than ``haMaxGapNotInSync`` behind the put -- it answers ``SLAVE_NOT_AVAILABLE``
   at once, without waiting. ``inSyncReplicas=1`` waits for no slave.
-* Both: the replica status wins when both fail (docs/SEMANTICS.md 2.9.3).
+* Both: the replica status wins when both fail (docs/BEHAVIOUR.md 2.9.3).
 
 The message is in the master's commit log whatever the answer.
 """
@@ -115,7 +115,7 @@ def _true(fut: asyncio.Future[bool]) -> bool:
 
 
 class QuorumWait:
-    """DLedger mode (docs/SEMANTICS.md 9.4, 9.8): a send is acknowledged once a quorum of the group stores its entry.
+    """DLedger mode (docs/BEHAVIOUR.md 9.4, 9.8): a send is acknowledged once a quorum of the group stores its entry.
 
     It never answers SEND_OK otherwise: past ``maxWaitAckTimeMs`` the send fails with SYSTEM_BUSY (the entry may
     still commit later, so a retry can duplicate it); when leadership moved while it waited, with

@@ -1,5 +1,5 @@
 """Read/write splitting on the broker side: whether a broker serves a pull, which broker the consumer should pull
-from next, and the code of the answer (docs/SEMANTICS.md 3.2, 3.2.1 and decision 6). Pure, table-tested.
+from next, and the code of the answer (docs/BEHAVIOUR.md 3.2, 3.2.1 and decision 6). Pure, table-tested.
 
 The pull processor plans its whole answer with one call, :func:`plan_pull_answer`, from the facts of the pull
 (:class:`PullContext`: the broker's role and settings, its master link, the subscription group's broker ids) and
@@ -87,14 +87,14 @@ def plan_pull_answer(ctx: PullContext, status: GetMessageStatus | None, request_
 
 
 def _suggest(ctx: PullContext, suggest_pulling_from_slave: bool) -> int:
-    """Where the consumer should read next (docs/SEMANTICS.md 3.2.1 and decision 6)."""
+    """Where the consumer should read next (docs/BEHAVIOUR.md 3.2.1 and decision 6)."""
     if ctx.slave_read_enable:
         return ctx.which_broker_when_consume_slowly if suggest_pulling_from_slave else ctx.group_broker_id
     return MASTER_ID  # reads belong to the master; a slave serving while it is down still points there
 
 
 def code_for_status(status: GetMessageStatus, request_offset: int) -> ResponseCode:
-    """The pull response code for a store status (docs/SEMANTICS.md 3.2 table)."""
+    """The pull response code for a store status (docs/BEHAVIOUR.md 3.2 table)."""
     if status is GetMessageStatus.FOUND:
         return ResponseCode.SUCCESS
     if status in (GetMessageStatus.MESSAGE_WAS_REMOVING, GetMessageStatus.NO_MATCHED_MESSAGE):

@@ -1,4 +1,4 @@
-"""Registration with the nameservers (docs/SEMANTICS.md 6.2-6.3): ``POST /broker/register`` to every nameserver in
+"""Registration with the nameservers (docs/BEHAVIOUR.md 6.2-6.3): ``POST /broker/register`` to every nameserver in
 parallel, at start, every ``max(10000, min(registerNameServerPeriod, 60000))`` ms and at once after a topic
 change; ``POST /broker/unregister`` at graceful shutdown. Failures are logged and retried next period.
 

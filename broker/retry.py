@@ -1,4 +1,4 @@
-"""The retry and dead-letter rules (docs/SEMANTICS.md 8.3), broker side: where a message a consumer failed goes, the
+"""The retry and dead-letter rules (docs/BEHAVIOUR.md 8.3), broker side: where a message a consumer failed goes, the
 properties of its copy, and the send path's rule for a batch a producer sends straight to ``%RETRY%<group>``.
 
 Pure functions over names, counts and properties; :mod:`broker.processor.sendback` and
@@ -84,7 +84,7 @@ def retry_send_dlq_topic(topic: str, reconsume_times: int, properties: Mapping[s
 
     It goes to the DLQ when ``reconsume_times`` (the send request's ``reconsumeTimes``, i.e. the message's
     ``RECONSUME_TIME`` property as the SDK sends it) exceeds its ``MAX_RECONSUME_TIMES`` property (the group's
-    ``retryMaxTimes`` when absent or malformed). docs/SEMANTICS.md 8.3 says "exceeds"; RocketMQ's
+    ``retryMaxTimes`` when absent or malformed). docs/BEHAVIOUR.md 8.3 says "exceeds"; RocketMQ's
     ``handleRetryAndDLQ`` uses ``>=``, which gives the fallback path one retry fewer than send-back.
     The caller then stores it in queue 0 of that topic (created with 1 queue, perm RW) without a delay.
     """

@@ -1,6 +1,6 @@
 """The broker's current role and id, which the processors read on every request.
 
-In the classic mode they are the configuration's and never change. In DLedger mode (docs/SEMANTICS.md 9.8) they follow
+In the classic mode they are the configuration's and never change. In DLedger mode (docs/BEHAVIOUR.md 9.8) they follow
 the election: a member starts as a SLAVE with id -1, becomes id 0 / SYNC_MASTER when it leads and has caught up,
 and its follower id (``n1`` -> 2) when another member leads. One object, shared by reference, so every reader
 sees a change at once; only the controller's role handler changes it.

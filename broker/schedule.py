@@ -1,4 +1,4 @@
-"""Delayed messages: RocketMQ's ``ScheduleMessageService`` (docs/SEMANTICS.md 8.1-8.2), master only.
+"""Delayed messages: RocketMQ's ``ScheduleMessageService`` (docs/BEHAVIOUR.md 8.1-8.2), master only.
 
 A message put with a ``DELAY`` level is rewritten by the store to ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``
 (``REAL_TOPIC`` / ``REAL_QID`` keep where it was going). This service reads each level's queue from

@@ -1,4 +1,4 @@
-"""Slave metadata sync (docs/SEMANTICS.md 5, 4.9.3 rules, decision 7): every ``slaveMetadataSyncInterval`` (10 s) a
+"""Slave metadata sync (docs/BEHAVIOUR.md 5, 4.9.3 rules, decision 7): every ``slaveMetadataSyncInterval`` (10 s) a
 slave fetches its master's topics, consumer offsets, delay offsets and subscription groups and applies them, and
 the group identity of the store (:mod:`broker.group_identity`).
 

@@ -300,7 +300,7 @@ class Admin:
 
     def dledger_status(self, broker_name: str) -> dict[int, dict[str, Any]]:
         """``GET /dledger`` of every member of the DLedger group ``broker_name``, by the broker id each registered
-        with: 0 for the leader serving as master, ``N + 1`` for follower ``nN`` (docs/SEMANTICS.md 9.8).
+        with: 0 for the leader serving as master, ``N + 1`` for follower ``nN`` (docs/BEHAVIOUR.md 9.8).
 
         Each answer holds ``group``, ``selfId``, ``peers`` (id -> peer address, every member of the group),
         ``role`` (LEADER / FOLLOWER / CANDIDATE), ``term``, ``leaderId``, ``leaderAddr`` (the leader's broker

@@ -1,6 +1,6 @@
 """``PullConsumer`` and ``AsyncPullConsumer``: pulls with read/write splitting, offsets, range queries.
 
-Choosing the member of a broker group (docs/SEMANTICS.md 3.3, 3.5, 3.6):
+Choosing the member of a broker group (docs/BEHAVIOUR.md 3.3, 3.5, 3.6):
 
 * pull: ``recalculate_pull_from_which_node(mq)`` (the user's pin, else the broker's last suggestion, else the
   master), moved off a member the client found unreachable within the last ``broker_down_isolation_s`` (but not

@@ -5,7 +5,7 @@ admin of the process; each user holds a reference and the instance closes when t
 
 * Routes: cached per topic, refreshed every ``poll_name_server_interval_s`` (30 s) and on demand. One nameserver
   is asked at a time (random start, the next one on failure). When every nameserver is down, or a nameserver says
-  TOPIC_NOT_EXIST, the cached route stays (docs/SEMANTICS.md 6.6), so clients keep working on what they knew.
+  TOPIC_NOT_EXIST, the cached route stays (docs/BEHAVIOUR.md 6.6), so clients keep working on what they knew.
 * Heartbeats: ``POST /heartbeat`` every ``heartbeat_broker_interval_s`` to every master, and to slaves too when
   a consumer uses the instance.
 * Background work: a daemon thread waiting on an Event (sync) or an asyncio task (async); both stop at close.
@@ -225,7 +225,7 @@ class _InstanceCore:
     def find_broker_address_in_subscribe(
         self, broker_name: str, broker_id: int, only_this_broker: bool
     ) -> FindBrokerResult | None:
-        """docs/SEMANTICS.md 3.3 over the cached routes (see :func:`client._routing.find_broker_address_in_subscribe`)."""
+        """docs/BEHAVIOUR.md 3.3 over the cached routes (see :func:`client._routing.find_broker_address_in_subscribe`)."""
         return self.routes.find_broker_address_in_subscribe(broker_name, broker_id, only_this_broker)
 
     def topic_route(self, topic: str) -> TopicRouteData | None:
@@ -265,7 +265,7 @@ class _InstanceCore:
             self.consumer_selectors.get(group, {}).pop(topic, None)
 
     def heartbeat_targets(self) -> list[str]:
-        """Masters for producers; masters and slaves once a consumer is registered (docs/SEMANTICS.md 3.3)."""
+        """Masters for producers; masters and slaves once a consumer is registered (docs/BEHAVIOUR.md 3.3)."""
         return [addr for _, _, addr in self.routes.all_broker_addrs(include_slaves=bool(self.consumer_groups))]
 
     def heartbeat_body(self) -> bytes:
@@ -296,7 +296,7 @@ class _InstanceCore:
 
     def fetch_route_op(self, topic: str) -> Op[TopicRouteData | None]:
         """``topic``'s route from the first nameserver that answers, starting with the current one; None when
-        none does or one says TOPIC_NOT_EXIST (docs/SEMANTICS.md 6.6: the caller keeps what it knew)."""
+        none does or one says TOPIC_NOT_EXIST (docs/BEHAVIOUR.md 6.6: the caller keeps what it knew)."""
         unreachable: dict[str, ClientError] = {}
         for addr in self.nameservers.rotation():
             try:

@@ -4,9 +4,9 @@ The sync and async producers, consumers and low-level clients differ only in how
 here, and ``ClientInstance.drive`` / ``AsyncClientInstance.drive`` run it:
 
 * :func:`send_op` -- a send batch to the master of each attempt's queue until one stores it (the retry loop of
-  :class:`client._producer_core.SendAttempts`, docs/SEMANTICS.md 4.6);
+  :class:`client._producer_core.SendAttempts`, docs/BEHAVIOUR.md 4.6);
 * :func:`pull_op` -- a pull from the members :class:`client._routing.PullPlan` names (read/write split,
-  fallback after a transport failure, a slave's refusal sent on to the master; docs/SEMANTICS.md 3.3, decision 6);
+  fallback after a transport failure, a slave's refusal sent on to the master; docs/BEHAVIOUR.md 3.3, decision 6);
 * :func:`member_call_op` -- an offset query or commit answered by the master, else a slave (3.5, 3.6).
 
 Each refreshes the route once, through the instance's :meth:`~client._instance._InstanceCore.update_route_op`,
@@ -97,7 +97,7 @@ def _role(t: PullTarget) -> str:
 
 
 def _target(header: PullRequestHeader, t: PullTarget) -> str:
-    """The pull's path and query for ``t``: the commit offset goes to a master only (docs/SEMANTICS.md 3.3)."""
+    """The pull's path and query for ``t``: the commit offset goes to a master only (docs/BEHAVIOUR.md 3.3)."""
     if t.slave and header.sys_flag & PULL_COMMIT_OFFSET:
         header = attrs.evolve(header, sys_flag=header.sys_flag & ~PULL_COMMIT_OFFSET, commit_offset=-1)
     return header.target()

@@ -6,7 +6,7 @@ between two route reads of a send waiting for a new master (``time.sleep`` or ``
 
 Sends go to masters only. A send picks a queue with :class:`~client._routing.QueueSelector` (avoiding the broker
 of the previous failed attempt, and isolated brokers when latency fault tolerance is on), retries retryable
-failures within ``send_timeout_s`` (docs/SEMANTICS.md 4.6), waits within it for a new master when its group's master
+failures within ``send_timeout_s`` (docs/BEHAVIOUR.md 4.6), waits within it for a new master when its group's master
 is gone and no other group can take the message (:class:`~client._producer_core.SendAttempts`), and returns a :class:`SendResult` also for codes 10/11/12
 (stored, not fully durable). Concurrent sends to one topic are batched automatically (see ``_producer_core``).
 

@@ -1,6 +1,6 @@
 """What the sync and async producers share: config, validation, the batch accumulator and the retry rules.
 
-No I/O here. :class:`SendAttempts` is the retry loop of one send (docs/SEMANTICS.md 4.6) without its requests; the
+No I/O here. :class:`SendAttempts` is the retry loop of one send (docs/BEHAVIOUR.md 4.6) without its requests; the
 producers and :class:`client.lowlevel.BrokerClient` drive it. For the producers it also rides through a change of
 a broker group's master (issue 12): when the group's master is gone and no other group can take the message, the
 send re-reads the route until a new master registers, within its deadline (see :class:`SendAttempts`). The
@@ -116,7 +116,7 @@ class ProducerConfig:
     retry_times_when_send_failed: int = attrs.field(default=2, validator=_non_negative)
     """Extra attempts (on other queues) after a failed one."""
     latency_fault_enable: bool = False
-    """Isolate slow or failing brokers for a while (docs/SEMANTICS.md 4.5)."""
+    """Isolate slow or failing brokers for a while (docs/BEHAVIOUR.md 4.5)."""
     fault_tolerance: FaultToleranceConfig = attrs.field(factory=FaultToleranceConfig)
     """Isolation tables used when ``latency_fault_enable``."""
     max_message_size: int = attrs.field(default=codec.DEFAULT_MAX_MESSAGE_SIZE, validator=_positive)
@@ -405,7 +405,7 @@ class Sharding:
 
 
 def is_retriable(err: ClientError) -> bool:
-    """True when a send that failed with ``err`` is tried again on another queue (docs/SEMANTICS.md 4.6).
+    """True when a send that failed with ``err`` is tried again on another queue (docs/BEHAVIOUR.md 4.6).
 
     Broker answers are retried for :data:`RETRY_RESPONSE_CODES` only; other errors (a connection refused, a
     timeout) by their ``retriable`` flag.
@@ -522,7 +522,7 @@ def send_target(topic: str, queue_id: int, group: str, default_topic_queue_nums:
 
 
 class SendAttempts:
-    """The retry loop of one send (docs/SEMANTICS.md 4.6) without its I/O: which queue next, when to stop, what to
+    """The retry loop of one send (docs/BEHAVIOUR.md 4.6) without its I/O: which queue next, when to stop, what to
     record. A driver asks :meth:`next` for the queue and time budget of each attempt, sends, and reports
     :meth:`succeeded` or :meth:`failed`; when :meth:`next` says None it raises :meth:`exhausted`.
 

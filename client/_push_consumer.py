@@ -11,7 +11,7 @@ consume side (RocketMQ ``ConsumeMessageConcurrentlyService`` / ``ConsumeMessageO
 * RECONSUME_LATER (clustering): each message goes back with ``POST /consumer/sendback`` to the master of its
   broker group; the broker stores it in ``%RETRY%<group>`` with a growing delay, or in ``%DLQ%<group>`` after
   ``max_reconsume_times``. When that fails the consumer produces the copy to ``%RETRY%<group>`` itself
-  (docs/SEMANTICS.md 8.3); when even that fails the message is consumed again here after 5 s;
+  (docs/BEHAVIOUR.md 8.3); when even that fails the message is consumed again here after 5 s;
 * orderly: one callback at a time per queue, in offset order; a failed batch is retried in place after
   ``suspend_current_queue_time_s``, and sent to the DLQ after ``max_reconsume_times``. In clustering mode a
   queue is also locked on its master before it is consumed (RocketMQ's orderly protocol, :mod:`client._orderly`):

@@ -1,7 +1,7 @@
 """Routing as pure state: the route cache, queue selection, fault tables and the pull-node decision.
 
 Nothing here does I/O or reads a clock: callers pass ``now_ms`` and inject the random source, so every rule is
-table-tested (``tests/client/test_routing.py``). The rules are RocketMQ's (docs/SEMANTICS.md 3.3, 3.5, 4.2-4.5):
+table-tested (``tests/client/test_routing.py``). The rules are RocketMQ's (docs/BEHAVIOUR.md 3.3, 3.5, 4.2-4.5):
 
 * :func:`topic_route_to_publish_info` -- writable queues of groups that have a master (id 0), groups sorted by
   name; :func:`topic_route_to_subscribe_info` -- readable queues of every group, master or not.
@@ -95,7 +95,7 @@ class TopicPublishInfo:
 
 
 def topic_route_to_publish_info(topic: str, route: TopicRouteData, *, from_default_topic: bool = False) -> TopicPublishInfo:
-    """docs/SEMANTICS.md 4.2: writable queues of the groups whose ``brokerAddrs`` contain id 0."""
+    """docs/BEHAVIOUR.md 4.2: writable queues of the groups whose ``brokerAddrs`` contain id 0."""
     masters = {bd.broker_name for bd in route.broker_datas if MASTER_ID in bd.broker_addrs}
     queues: list[MessageQueue] = []
     for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
@@ -105,7 +105,7 @@ def topic_route_to_publish_info(topic: str, route: TopicRouteData, *, from_defau
 
 
 def topic_route_to_subscribe_info(topic: str, route: TopicRouteData) -> tuple[MessageQueue, ...]:
-    """docs/SEMANTICS.md 4.2: readable queues of every group (no check for a master)."""
+    """docs/BEHAVIOUR.md 4.2: readable queues of every group (no check for a master)."""
     queues: list[MessageQueue] = []
     for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
         if Perm.readable(qd.perm):
@@ -129,7 +129,7 @@ def default_route_for(route: TopicRouteData, default_queue_nums: int) -> TopicRo
 def find_broker_address_in_subscribe(
     addrs: Mapping[int, str] | None, broker_id: int, only_this_broker: bool
 ) -> FindBrokerResult | None:
-    """docs/SEMANTICS.md 3.3 ``findBrokerAddressInSubscribe`` over one group's ``{brokerId: addr}`` map.
+    """docs/BEHAVIOUR.md 3.3 ``findBrokerAddressInSubscribe`` over one group's ``{brokerId: addr}`` map.
 
     Args:
         addrs: the group's members; None or empty when the group is unknown.
@@ -223,7 +223,7 @@ class RouteCache:
         return out
 
     def find_broker_address_in_publish(self, broker_name: str) -> str | None:
-        """The group's master address, or None (docs/SEMANTICS.md 3.3)."""
+        """The group's master address, or None (docs/BEHAVIOUR.md 3.3)."""
         members = self._broker_addrs.get(broker_name)
         return members.get(MASTER_ID) if members else None
 
@@ -236,7 +236,7 @@ class RouteCache:
 
 @attrs.frozen
 class FaultToleranceConfig:
-    """Latency fault tolerance tables (RocketMQ 4.9.3 defaults, docs/SEMANTICS.md 4.5)."""
+    """Latency fault tolerance tables (RocketMQ 4.9.3 defaults, docs/BEHAVIOUR.md 4.5)."""
 
     latency_max_ms: tuple[int, ...] = (50, 100, 550, 1000, 2000, 3000, 15000)
     """Latency thresholds, ascending."""
@@ -295,7 +295,7 @@ class LatencyFaultTolerance:
 
 
 class QueueSelector:
-    """Round-robin queue selection that avoids the previous attempt's broker (docs/SEMANTICS.md 4.3, 4.4).
+    """Round-robin queue selection that avoids the previous attempt's broker (docs/BEHAVIOUR.md 4.3, 4.4).
 
     The shape is HEAD's scan (look at ``n`` positions from the next index for a queue passing the filters)
     with 4.9.3's fault tables. The index is shared by the threads of one producer (RocketMQ keeps one per
@@ -354,7 +354,7 @@ class QueueSelector:
 
 
 class PullNodeTable:
-    """``pullFromWhichNodeTable``: the broker id each queue should be pulled from next (docs/SEMANTICS.md 3.3)."""
+    """``pullFromWhichNodeTable``: the broker id each queue should be pulled from next (docs/BEHAVIOUR.md 3.3)."""
 
     def __init__(self, *, connect_broker_by_user: bool = False, default_broker_id: int = MASTER_ID) -> None:
         self.connect_broker_by_user = connect_broker_by_user
@@ -547,7 +547,7 @@ class PullPlan:
 
 def plan_pull(broker_name: str, members: Mapping[int, str] | None, wanted_id: int, down: BrokerDownTable,
               now_ms: int, *, pinned: bool) -> PullPlan | None:
-    """The plan of one pull of a queue of ``broker_name`` (docs/SEMANTICS.md 3.3 and decision 6).
+    """The plan of one pull of a queue of ``broker_name`` (docs/BEHAVIOUR.md 3.3 and decision 6).
 
     Args:
         broker_name: the queue's group.
@@ -597,7 +597,7 @@ def normalize_namesrv_addr(namesrv_addr: str) -> str:
 
 
 class NameServerSelector:
-    """Which nameserver to ask: one at a time, random start, the next one on failure (docs/SEMANTICS.md 6.6)."""
+    """Which nameserver to ask: one at a time, random start, the next one on failure (docs/BEHAVIOUR.md 6.6)."""
 
     def __init__(self, addrs: Iterable[str], *, rng: random.Random | None = None) -> None:
         self.addrs = parse_namesrv_addr(";".join(addrs))

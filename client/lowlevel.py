@@ -15,16 +15,16 @@ laid out by hand), a pull returns the stored records as bytes (decode them with
 
 The rules are the SDK's, each implemented once:
 
-* send (:class:`SendAttempts`, docs/SEMANTICS.md 4.6): round robin over the topic's writable queues of groups with a
+* send (:class:`SendAttempts`, docs/BEHAVIOUR.md 4.6): round robin over the topic's writable queues of groups with a
   master (the ``TBW102`` route while the topic does not exist), each attempt to a master, a failed attempt
   retried on another broker group ``retries`` times within ``timeout_s`` when its error is retriable
   (:data:`RETRY_RESPONSE_CODES` for broker answers); an explicit queue gets one attempt;
-* pull (:func:`plan_pull`, docs/SEMANTICS.md 3.3 and decision 6): the member from :class:`PullNodeTable` (the broker's
+* pull (:func:`plan_pull`, docs/BEHAVIOUR.md 3.3 and decision 6): the member from :class:`PullNodeTable` (the broker's
   last suggestion for the queue, else the master), moved off a member found unreachable within
   ``broker_down_isolation_s`` (the slave serves while the master is down), a refusing slave's pull sent on to the
   master in the same call, the suggestion of every answer remembered; the commit offset only goes to a master;
 * routes (:class:`RouteCache`): fetched from one nameserver at a time, kept when every nameserver is down or
-  one says the topic does not exist (docs/SEMANTICS.md 6.6), fetched again when older than
+  one says the topic does not exist (docs/BEHAVIOUR.md 6.6), fetched again when older than
   ``poll_name_server_interval_s`` on their next use (this client runs no background thread and sends no
   heartbeats).
 
@@ -285,7 +285,7 @@ class BrokerClient(_LowLevelCore):
         namesrv_addr: ``host:port`` of the nameservers, ``;``-separated.
         config: timeouts, ``broker_down_isolation_s``, ``poll_name_server_interval_s``, connection bounds.
         transport: the HTTP transport (tests inject ``httpx.MockTransport``); the SDK's own by default.
-        latency_fault_enable: isolate slow or failing brokers from sends (docs/SEMANTICS.md 4.5).
+        latency_fault_enable: isolate slow or failing brokers from sends (docs/BEHAVIOUR.md 4.5).
         fault_tolerance: the isolation tables when ``latency_fault_enable``.
         rng: random source of the nameserver and queue round-robin starts.
         clock_ms: monotonic clock of member isolation and route age (injected by tests).

@@ -1,7 +1,7 @@
 """Status codes, roles and flags shared by the SDK and the servers (RocketMQ's values).
 
 Pure data: nothing here does I/O. The numeric values are RocketMQ's own so that a RocketMQ user reading a log
-or a metric recognises them (see docs/SEMANTICS.md sections 2.10, 3.2 and 3.3).
+or a metric recognises them (see docs/BEHAVIOUR.md sections 2.10, 3.2 and 3.3).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ _CODE_BY_SEND_STATUS = {v: int(k) for k, v in _SEND_STATUS_BY_CODE.items()}
 
 
 class PullStatus(enum.Enum):
-    """Client-side pull outcome (docs/SEMANTICS.md 3.3: 0 FOUND, 19 NO_NEW_MSG, 20 NO_MATCHED_MSG, 21 OFFSET_ILLEGAL)."""
+    """Client-side pull outcome (docs/BEHAVIOUR.md 3.3: 0 FOUND, 19 NO_NEW_MSG, 20 NO_MATCHED_MSG, 21 OFFSET_ILLEGAL)."""
 
     FOUND = "FOUND"
     NO_NEW_MSG = "NO_NEW_MSG"
@@ -180,7 +180,7 @@ class SysFlag(enum.IntFlag):
 
 
 class PullSysFlag(enum.IntFlag):
-    """Pull request flag bits (docs/SEMANTICS.md 3.3)."""
+    """Pull request flag bits (docs/BEHAVIOUR.md 3.3)."""
 
     NONE = 0
     COMMIT_OFFSET = 0x1

@@ -194,7 +194,7 @@ class PullRequestHeader:
     def of(cls, group: str, topic: str, queue_id: int, offset: int, max_nums: int = DEFAULT_PULL_MAX_NUMS, *,
            sub_expression: str = "*", commit_offset: int | None = None, suspend_timeout_ms: int | None = None,
            max_bytes: int | None = None, expression_type: str = TAG) -> PullRequestHeader:
-        """A consumer's pull, with the flag bits derived from what it carries (docs/SEMANTICS.md 3.3).
+        """A consumer's pull, with the flag bits derived from what it carries (docs/BEHAVIOUR.md 3.3).
 
         Args:
             group: consumer group.

@@ -1,6 +1,6 @@
 """The nameserver's route table as pure state: no I/O, no clock (callers pass ``now_ms``), no locks.
 
-Tables (docs/SEMANTICS.md section 6.1, RocketMQ 4.9.3 ``RouteInfoManager``)::
+Tables (docs/BEHAVIOUR.md section 6.1, RocketMQ 4.9.3 ``RouteInfoManager``)::
 
     clusterAddrTable   cluster     -> {brokerName}
     brokerAddrTable    brokerName  -> (cluster, {brokerId -> "ip:port"})
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @attrs.frozen
 class RegisterResult:
-    """What a registration returns (docs/SEMANTICS.md section 2.2).
+    """What a registration returns (docs/BEHAVIOUR.md section 2.2).
 
     Both fields are set only for a slave whose master (id 0 of the same group) is live; a master, or a slave
     whose master is absent or expired, gets both ``None``.
@@ -117,7 +117,7 @@ class RouteInfo:
         data_version: DataVersion,
         now_ms: int,
     ) -> RegisterResult:
-        """Register (or refresh) one broker, RocketMQ 4.9.3 rules (docs/SEMANTICS.md section 6.3).
+        """Register (or refresh) one broker, RocketMQ 4.9.3 rules (docs/BEHAVIOUR.md section 6.3).
 
         Args:
             cluster: the broker's ``brokerClusterName``.
@@ -186,7 +186,7 @@ class RouteInfo:
             by_broker[broker_name] = qd
 
     def unregister_broker(self, cluster: str, broker_addr: str, broker_name: str, broker_id: int) -> bool:
-        """A broker's goodbye (docs/SEMANTICS.md section 6.4).
+        """A broker's goodbye (docs/BEHAVIOUR.md section 6.4).
 
         The group entry is removed by address value (as HEAD and the expiry path do) rather than by id, so a
         late goodbye from an old master cannot remove a newer master registered under the same id.
@@ -218,7 +218,7 @@ class RouteInfo:
         """Expire every address whose last registration is older than ``expiry_ms``.
 
         A broker is expired when ``last_update_ms + expiry_ms < now_ms``. Its address leaves every group; a
-        group that still has a slave keeps its queue data and perm (docs/SEMANTICS.md sections 3.5 and 6.5); a group
+        group that still has a slave keeps its queue data and perm (docs/BEHAVIOUR.md sections 3.5 and 6.5); a group
         left empty is removed with its queue data, and topics left without queue data disappear.
 
         Returns:

@@ -1,6 +1,6 @@
 """The pull loop of one Spark task: read a planned queue range ``[start, end)`` into Arrow batches.
 
-Member choice per pull follows the SDK (docs/SEMANTICS.md 3.3): ``auto`` resolves the broker's last suggestion for
+Member choice per pull follows the SDK (docs/BEHAVIOUR.md 3.3): ``auto`` resolves the broker's last suggestion for
 the queue (the pooled client's hint table), ``master`` pins broker id 0 and ``slave`` pins id 1; either id goes
 through ``find_broker_address_in_subscribe`` (id, then id+1 for slaves, then the first member). On top of the
 SDK the connector adds two rules that keep a planned range exact:

@@ -17,7 +17,7 @@ send-batch item directly). This module keeps the SDK's rules and only drops the 
 * each request is one :meth:`client.lowlevel.BrokerClient.send_encoded`: the SDK's own queue choice (writable
   queues of groups with a master; the ``TBW102`` route when the topic does not exist yet, so brokers that
   auto-create topics still do; round robin for rows without a queue) and its retry loop (a failed request is
-  retried whole on a queue of another broker group, ``retries`` times within ``sendTimeoutMs``, docs/SEMANTICS.md
+  retried whole on a queue of another broker group, ``retries`` times within ``sendTimeoutMs``, docs/BEHAVIOUR.md
   4.6); rows with an explicit queue get one attempt, as with the SDK.
 
 Up to ``sendConcurrency`` requests are in flight per task; a write task returns only after every request was

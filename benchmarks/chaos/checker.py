@@ -75,7 +75,7 @@ def read_back(client: BrokerClient, addr: str, mq: MessageQueue, group: str, *, 
                 return keys
             if offset == 0 and 0 < r.min_offset < r.max_offset:
                 # The member's queue starts later: a slave that was empty when it (re)connected took its
-                # master's last file start (docs/SEMANTICS.md 2.6), so it never had what came before. The offsets below
+                # master's last file start (docs/BEHAVIOUR.md 2.6), so it never had what came before. The offsets below
                 # its min are GAPs here; judge() allows them on a replica only where nothing was acknowledged.
                 keys.extend([GAP] * r.min_offset)
                 continue

@@ -1,4 +1,4 @@
-"""DLedger mode (issue 12, docs/SEMANTICS.md 9): a Raft-replicated commit log with leader election.
+"""DLedger mode (issue 12, docs/BEHAVIOUR.md 9): a Raft-replicated commit log with leader election.
 
 Pure state first, each module a table of rules with no I/O (the house rule of ``broker/ha/``):
 
@@ -29,7 +29,7 @@ The broker side:
 
 * :mod:`broker.dledger.message_store` -- the broker's store on the DLedger log: one entry per send holds its
   records, consume queues and the index are built from committed entries only;
-* :mod:`broker.dledger.roles` -- the role-change handler: the member's role becomes the broker's (docs/SEMANTICS.md 9.8).
+* :mod:`broker.dledger.roles` -- the role-change handler: the member's role becomes the broker's (docs/BEHAVIOUR.md 9.8).
 
 Not built: changing a group's members while it runs (docs/DLEDGER.md).
 """

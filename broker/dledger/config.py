@@ -1,7 +1,7 @@
 """A DLedger member's settings and the error its appends fail with: what the broker, the server and each role
 share, and nothing else (no role imports another's module for these).
 
-* :class:`DLedgerConfig` -- the ``dLeger*`` keys a member runs with (docs/SEMANTICS.md 9.1), frozen;
+* :class:`DLedgerConfig` -- the ``dLeger*`` keys a member runs with (docs/BEHAVIOUR.md 9.1), frozen;
 * :class:`AppendError` -- an append that did not commit, with DLedger's code and the leader this member knows.
 """
 
@@ -19,7 +19,7 @@ __all__ = ["AppendError", "DLedgerConfig"]
 
 @attrs.frozen(kw_only=True)
 class DLedgerConfig:
-    """A member's settings (docs/SEMANTICS.md 9.1; the broker builds it from its ``dLeger*`` keys)."""
+    """A member's settings (docs/BEHAVIOUR.md 9.1; the broker builds it from its ``dLeger*`` keys)."""
 
     group: str
     self_id: str

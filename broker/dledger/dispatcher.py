@@ -1,4 +1,4 @@
-"""The leader's replication to one follower (docs/SEMANTICS.md 9.5, DLedger's ``EntryDispatcher``), as a pure state
+"""The leader's replication to one follower (docs/BEHAVIOUR.md 9.5, DLedger's ``EntryDispatcher``), as a pure state
 machine: it says what to send next, and learns from each answer. The transport sends; the store provides entries.
 
 States:

@@ -1,4 +1,4 @@
-"""Leader election (docs/SEMANTICS.md 9.3, DLedger's ``DLedgerLeaderElector``), as pure rules over a
+"""Leader election (docs/BEHAVIOUR.md 9.3, DLedger's ``DLedgerLeaderElector``), as pure rules over a
 :class:`~broker.dledger.member.MemberState`:
 
 * :func:`handle_vote` -- a vote request, each reject rule in DLedger's order;
@@ -81,7 +81,7 @@ class Verdict(enum.Enum):
 
 @attrs.frozen(kw_only=True)
 class ElectionTimings:
-    """DLedger's timing keys (docs/SEMANTICS.md 9.1)."""
+    """DLedger's timing keys (docs/BEHAVIOUR.md 9.1)."""
 
     heartbeat_interval_ms: int = 2000
     """``heartBeatTimeIntervalMs``."""

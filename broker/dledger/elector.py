@@ -1,4 +1,4 @@
-"""Leader election at work (docs/SEMANTICS.md 9.3, DLedger's ``DLedgerLeaderElector``): the timers of each role,
+"""Leader election at work (docs/BEHAVIOUR.md 9.3, DLedger's ``DLedgerLeaderElector``): the timers of each role,
 campaigns with pre-vote, the answers to votes, heartbeats and hand-overs, the leader's heartbeat rounds and its
 quorum check, and leadership transfer. The rules are :mod:`broker.dledger.election`'s; this module drives them
 with the clock, the randomness and the peers' channels.

@@ -1,4 +1,4 @@
-"""The DLedger entry and index formats (docs/SEMANTICS.md 9.6): the one module that owns these bytes.
+"""The DLedger entry and index formats (docs/BEHAVIOUR.md 9.6): the one module that owns these bytes.
 
 Data entry, big-endian, body at ``BODY_OFFSET`` (48)::
 
@@ -11,7 +11,7 @@ Data entry, big-endian, body at ``BODY_OFFSET`` (48)::
     36  4  CHAIN_CRC    int32   0 (unused)
     40  4  BODY_CRC     int32   zlib.crc32 of the body
     44  4  BODY_LENGTH  int32
-    48     BODY                 the RocketMQ record of docs/SEMANTICS.md 7.1 (its PHYSICALOFFSET is POS + 48)
+    48     BODY                 the RocketMQ record of docs/BEHAVIOUR.md 7.1 (its PHYSICALOFFSET is POS + 48)
 
 Index unit, 32 bytes, entry ``i``'s at byte ``i * 32`` of the index files::
 

@@ -1,4 +1,4 @@
-"""The follower's side of replication (docs/SEMANTICS.md 9.5, the rules of DLedger's ``EntryHandler``), as plain
+"""The follower's side of replication (docs/BEHAVIOUR.md 9.5, the rules of DLedger's ``EntryHandler``), as plain
 data; :mod:`broker.dledger.handler` does the I/O around them.
 
 * :func:`compare_answer` -- a COMPARE at an index succeeds only when this follower holds the leader's very entry

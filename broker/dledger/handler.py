@@ -1,4 +1,4 @@
-"""The follower's side of replication (docs/SEMANTICS.md 9.5, DLedger's ``EntryHandler``): the leader's PUSH
+"""The follower's side of replication (docs/BEHAVIOUR.md 9.5, DLedger's ``EntryHandler``): the leader's PUSH
 requests become writes to this member's log and answers. The rules are :mod:`broker.dledger.follower`'s; this
 module reads and writes the log with them.
 
@@ -32,7 +32,7 @@ __all__ = ["EntryHandler"]
 
 log = logging.getLogger(__name__)
 
-#: Smallest entry a batch may hold: a header and an empty body (docs/SEMANTICS.md 9.6).
+#: Smallest entry a batch may hold: a header and an empty body (docs/BEHAVIOUR.md 9.6).
 _MIN_ENTRY = 48
 
 #: The PUSH answer to a push the elector did not take as its leader's.

@@ -1,4 +1,4 @@
-"""One DLedger member's state (docs/SEMANTICS.md 9.2): role, term, vote, leader and ledger end, with the transitions
+"""One DLedger member's state (docs/BEHAVIOUR.md 9.2): role, term, vote, leader and ledger end, with the transitions
 the election makes. Pure: the term and vote are handed to an injected ``persist`` callback whenever they change
 (the ``currterm`` file is the caller's business), so a member never votes twice in one term across a restart.
 """

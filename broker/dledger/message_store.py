@@ -1,6 +1,6 @@
-"""The broker's message store in DLedger mode (docs/SEMANTICS.md 9.8): the replicated DLedger log is the commit log.
+"""The broker's message store in DLedger mode (docs/BEHAVIOUR.md 9.8): the replicated DLedger log is the commit log.
 
-A send becomes one DLedger entry whose body is the send's RocketMQ records (docs/SEMANTICS.md 7.1), written back to
+A send becomes one DLedger entry whose body is the send's RocketMQ records (docs/BEHAVIOUR.md 7.1), written back to
 back straight into the entry; each record's PHYSICALOFFSET is its position in the data files, so the entry's
 first record sits at entry position + 48 and msgIds carry those offsets. Everything that reads the commit log
 (pulls, lookups by offset or key, the flush thread, the disk guard) reads the DLedger data files through the
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 #: behind the consume queues is raised to what they hold.
 CHECKPOINT_INTERVAL_MS = 3000
 
-#: How an append the member refused is answered (docs/SEMANTICS.md 9.8's table, 4.9.3 column).
+#: How an append the member refused is answered (docs/BEHAVIOUR.md 9.8's table, 4.9.3 column).
 _REFUSED = {
     "NOT_LEADER": PutMessageStatus.SERVICE_NOT_AVAILABLE,
     "LEADER_TRANSFERRING": PutMessageStatus.SERVICE_NOT_AVAILABLE,
@@ -57,7 +57,7 @@ _REFUSED = {
 
 
 def put_status(code: str) -> PutMessageStatus:
-    """The put status of a DLedger append code (docs/SEMANTICS.md 9.8)."""
+    """The put status of a DLedger append code (docs/BEHAVIOUR.md 9.8)."""
     return _REFUSED.get(code, PutMessageStatus.UNKNOWN_ERROR)
 
 

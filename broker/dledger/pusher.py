@@ -1,4 +1,4 @@
-"""The leader's replication (docs/SEMANTICS.md 9.4-9.5, DLedger's ``DLedgerEntryPusher``): from an append to its
+"""The leader's replication (docs/BEHAVIOUR.md 9.4-9.5, DLedger's ``DLedgerEntryPusher``): from an append to its
 commit, top to bottom in this module.
 
 1. :meth:`EntryPusher.append_nowait` writes the entry to the leader's log, registers it with the quorum tracker

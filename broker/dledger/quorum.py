@@ -1,4 +1,4 @@
-"""The leader's wait for a quorum (docs/SEMANTICS.md 9.4-9.5, DLedger's ``pendingAppendResponsesByTerm``,
+"""The leader's wait for a quorum (docs/BEHAVIOUR.md 9.4-9.5, DLedger's ``pendingAppendResponsesByTerm``,
 ``peerWaterMarksByTerm`` and ``QuorumAckChecker``), as plain data: no futures, no threads. An append registers an
 opaque token; :meth:`QuorumTracker.check` says which tokens complete, and how. The caller owns the real futures.
 

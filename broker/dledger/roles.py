@@ -1,4 +1,4 @@
-"""The broker's role-change handler in DLedger mode (docs/SEMANTICS.md 9.8): the member's role becomes the broker's.
+"""The broker's role-change handler in DLedger mode (docs/BEHAVIOUR.md 9.8): the member's role becomes the broker's.
 
 * FOLLOWER or CANDIDATE: the broker is a SLAVE with its follower id (``n1`` -> 2) at once: the store refuses
   writes, the schedule service stops, the slave metadata sync follows the master, the broker registers.
@@ -26,7 +26,7 @@ __all__ = ["RoleHandler"]
 
 log = logging.getLogger(__name__)
 
-#: Bound between two looks at the leader's progress when no wake-up came (docs/SEMANTICS.md 9.8 polls every 100 ms).
+#: Bound between two looks at the leader's progress when no wake-up came (docs/BEHAVIOUR.md 9.8 polls every 100 ms).
 _POLL_S = 0.1
 
 

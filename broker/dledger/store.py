@@ -1,4 +1,4 @@
-"""The DLedger log on disk (docs/SEMANTICS.md 9.6-9.7): entry data files and index files on the store's mapped-file
+"""The DLedger log on disk (docs/BEHAVIOUR.md 9.6-9.7): entry data files and index files on the store's mapped-file
 and fault-injecting I/O layer, the ``checkpoint`` and ``currterm`` files, recovery after a crash, and truncation
 of a divergent tail.
 
@@ -432,7 +432,7 @@ class DLedgerStore:
 
     # -- commit and truncation --------------------------------------------------------------------------
     def update_committed(self, term: int, index: int, current_term: int) -> bool:
-        """docs/SEMANTICS.md 9.5 ``updateCommittedIndex``: ignored for -1, an empty log, an old term or no change;
+        """docs/BEHAVIOUR.md 9.5 ``updateCommittedIndex``: ignored for -1, an empty log, an old term or no change;
         refused (False, with a warning) below the committed index or the log's begin; capped at the end."""
         if index == -1 or self.end_index < 0 or term < current_term or index == self.committed_index:
             return False

@@ -1,4 +1,4 @@
-"""Classic master/slave HA: byte-level commit-log replication (docs/SEMANTICS.md section 2).
+"""Classic master/slave HA: byte-level commit-log replication (docs/BEHAVIOUR.md section 2).
 
 The master runs :class:`HAService` (the HA listener is opened on every broker); a slave runs :class:`HAClient`
 against its master's HA address. Both are asyncio-only and live in the broker's event loop.

@@ -1,4 +1,4 @@
-"""Slave side of classic HA (docs/SEMANTICS.md 2.6 with decisions 3 and 4): connect to the master's HA port, append
+"""Slave side of classic HA (docs/BEHAVIOUR.md 2.6 with decisions 3 and 4): connect to the master's HA port, append
 the streamed commit-log bytes at the same physical offsets, report progress.
 
 One task per client runs the connection cycle (READY -> connect -> [handshake, with ``haAuthSecret``] -> TRANSFER
@@ -155,7 +155,7 @@ class HAClient:
                             self._config.ha_stop_timeout_ms)
 
     def update_master_address(self, addr: str | None) -> None:
-        """Point the client at a (new) master. None keeps the known address (docs/SEMANTICS.md 2.2: the client keeps
+        """Point the client at a (new) master. None keeps the known address (docs/BEHAVIOUR.md 2.2: the client keeps
         retrying the old master). A different address drops the current link and connects there at once.
 
         Raises:
@@ -339,7 +339,7 @@ class HAClient:
                 phy = frame.phy_offset
                 expected = checker.next_offset
                 if expected == 0 and not run and store.max_physical_offset == 0:
-                    # An empty slave takes the master's start (docs/SEMANTICS.md 2.6), which is always a file start.
+                    # An empty slave takes the master's start (docs/BEHAVIOUR.md 2.6), which is always a file start.
                     if phy % store.mapped_file_size_commitlog:
                         raise HAOffsetMismatchError(
                             f"master sent phyOffset {phy} to an empty slave, not a commit-log file start"

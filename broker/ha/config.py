@@ -1,4 +1,4 @@
-"""HA configuration: a frozen, validated attrs object. Defaults are RocketMQ's (docs/SEMANTICS.md 2.7); the broker
+"""HA configuration: a frozen, validated attrs object. Defaults are RocketMQ's (docs/BEHAVIOUR.md 2.7); the broker
 builds it from its ``.properties`` file (``haSendHeartbeatInterval`` -> ``ha_send_heartbeat_interval_ms``...)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Replication progress on the master, as pure state (no sockets, no clock): docs/SEMANTICS.md 2.4, 2.5, 2.8, 2.9.
+"""Replication progress on the master, as pure state (no sockets, no clock): docs/BEHAVIOUR.md 2.4, 2.5, 2.8, 2.9.
 
 * :class:`SlaveProgress` - what the master knows about one connected slave (first request, last ack).
 * :func:`slave_acks_needed` - the in-sync-replica rule of a SYNC_MASTER send (below).
@@ -8,16 +8,16 @@
 * :class:`Backoff` - the slave's bounded, jittered reconnect delays.
 
 The in-sync rule is RocketMQ 5's (``inSyncReplicas``, ``minInSyncReplicas``, ``enableAutoInSyncReplicas``, each
-counting the master as one replica, docs/SEMANTICS.md 2.9.2) with 4.9.3's answer when too few replicas are in sync:
+counting the master as one replica, docs/BEHAVIOUR.md 2.9.2) with 4.9.3's answer when too few replicas are in sync:
 ``SLAVE_NOT_AVAILABLE`` at once (decision 5), where RocketMQ 5 would wait for its timeout. A slave is in sync when
 *its own* last ack, on a connection that is still open, is less than ``haMaxGapNotInSync`` behind the put
-(``inSyncReplicasNums``, docs/SEMANTICS.md 2.8). 4.9.3's ``isSlaveOK`` compares the best ack ever seen
+(``inSyncReplicasNums``, docs/BEHAVIOUR.md 2.8). 4.9.3's ``isSlaveOK`` compares the best ack ever seen
 (``push2SlaveMaxOffset``, kept after that slave disconnects) instead, so with the in-sync slave dead and a fresh
 slave still catching up every send waited for the whole timeout; here that slave no longer counts, and neither
 do its acks: a waiter completes when enough *connected* slaves have acked its offset. ``push2SlaveMaxOffset`` is
 still kept, for the status page only.
 
-An empty slave is streamed from the start of the master's last file (docs/SEMANTICS.md 2.4) -- or from the file of the
+An empty slave is streamed from the start of the master's last file (docs/BEHAVIOUR.md 2.4) -- or from the file of the
 oldest put still waiting for a replica, when that file is older (:func:`transfer_start_offset`). Such a put was
 appended while a slave was connected but had not yet reported; streamed from after it, that slave acked past its
 end without ever receiving it, and the put got SEND_OK (RocketMQ compares the ack with the put's end alone).
@@ -55,7 +55,7 @@ _SWEEP_SLACK = 1024
 
 def transfer_start_offset(request_offset: int, master_max_offset: int, mapped_file_size: int,
                           master_min_offset: int = 0, oldest_waiting_end: int | None = None) -> int:
-    """Where the master starts streaming for a slave's first report (docs/SEMANTICS.md 2.4).
+    """Where the master starts streaming for a slave's first report (docs/BEHAVIOUR.md 2.4).
 
     An empty slave (report 0) gets the start of the master's LAST commit-log file; older data is never sent --
     except that it gets the file of the oldest SYNC_MASTER send still waiting for a replica
@@ -110,7 +110,7 @@ def slave_acks_needed(in_sync_replicas: int, min_in_sync_replicas: int, auto: bo
                       ) -> int | None:
     """How many slave acks a SYNC_MASTER send waits for; None when it answers ``SLAVE_NOT_AVAILABLE`` at once.
 
-    Replica counts include the master (RocketMQ 5, docs/SEMANTICS.md 2.9.2): the send needs ``in_sync_replicas``
+    Replica counts include the master (RocketMQ 5, docs/BEHAVIOUR.md 2.9.2): the send needs ``in_sync_replicas``
     copies, or with ``auto`` (``enableAutoInSyncReplicas``) as many as are in sync, but never fewer than
     ``min_in_sync_replicas``. One copy (the master's) needs no slave ack. When more copies are needed than
     replicas are in sync (the master plus ``in_sync_slaves``), the send does not wait for a slave that is gone or

@@ -1,4 +1,4 @@
-"""Byte framing of master/slave replication (docs/SEMANTICS.md 2.3). Pure: no sockets, no clock.
+"""Byte framing of master/slave replication (docs/BEHAVIOUR.md 2.3). Pure: no sockets, no clock.
 
 Slave -> master, an offset report (8 bytes)::
 

@@ -1,4 +1,4 @@
-"""Master side of classic HA (docs/SEMANTICS.md 2.4, 2.5, 2.8, 2.9): accept slaves, stream the commit log, collect
+"""Master side of classic HA (docs/BEHAVIOUR.md 2.4, 2.5, 2.8, 2.9): accept slaves, stream the commit log, collect
 acks, complete SYNC_MASTER waits.
 
 Everything runs as tasks and callbacks in the broker's event loop (a sender thread beside a busy loop collapses
@@ -420,7 +420,7 @@ class HAService:
 
     def is_slave_ok(self, master_put_where: int) -> bool:
         """At least one connected slave's own ack is less than ``haMaxGapNotInSync`` behind ``master_put_where``
-        (docs/SEMANTICS.md 2.8 counted per connection, not 4.9.3's ``push2SlaveMaxOffset``)."""
+        (docs/BEHAVIOUR.md 2.8 counted per connection, not 4.9.3's ``push2SlaveMaxOffset``)."""
         return self._state.is_slave_ok(master_put_where)
 
     def in_sync_slave_count(self, master_put_where: int) -> int:
@@ -438,7 +438,7 @@ class HAService:
         return self._state.connection_count
 
     def wait_for_replicas(self, end_offset: int, timeout_s: float) -> asyncio.Future[bool] | None:
-        """The replica wait of a SYNC_MASTER put ending at ``end_offset`` (docs/SEMANTICS.md 2.9, decision 5).
+        """The replica wait of a SYNC_MASTER put ending at ``end_offset`` (docs/BEHAVIOUR.md 2.9, decision 5).
 
         Returns:
             None when fewer replicas are in sync than the put needs (``inSyncReplicas`` and friends): the send

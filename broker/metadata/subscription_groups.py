@@ -1,7 +1,7 @@
 """Subscription groups (``config/subscriptionGroup.json``):
 ``{"dataVersion": ..., "subscriptionGroupTable": {name: config}}``.
 
-A group's ``brokerId`` and ``whichBrokerWhenConsumeSlowly`` steer read/write splitting (docs/SEMANTICS.md 3.2).
+A group's ``brokerId`` and ``whichBrokerWhenConsumeSlowly`` steer read/write splitting (docs/BEHAVIOUR.md 3.2).
 Groups are created on first use when ``autoCreateSubscriptionGroup`` is on.
 """
 

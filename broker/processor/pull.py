@@ -1,4 +1,4 @@
-"""``GET /pull``: RocketMQ's ``PullMessageProcessor`` (docs/SEMANTICS.md 3.2) with SplitMQ's decision 6.
+"""``GET /pull``: RocketMQ's ``PullMessageProcessor`` (docs/BEHAVIOUR.md 3.2) with SplitMQ's decision 6.
 
 Arguments are read by :meth:`common.requests.PullRequestHeader.from_query` (INVALID_PARAMETER naming
 the bad one). Pre-checks in order: broker readable (NO_PERMISSION), subscription group (auto-created, else

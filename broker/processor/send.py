@@ -8,7 +8,7 @@ kept header) and not a system topic producers may not send to, the body decodes 
 is in ``[0, writeQueueNums)`` (INVALID_PARAMETER); then, as in RocketMQ, the store refuses a batch with a message
 past ``maxMessageSize`` (MESSAGE_ILLEGAL, naming the message; checked once, when the store plans the put). A message
 with a timer property due later is parked in ``rmq_sys_wheel_timer`` (:mod:`broker.timer.rules`). After a successful
-append, unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability` describes (docs/SEMANTICS.md
+append, unless every message says ``WAIT=false``, the send waits as :mod:`broker.durability` describes (docs/BEHAVIOUR.md
 2.9, decision 5): SYNC_FLUSH for the flush (``FLUSH_DISK_TIMEOUT``), SYNC_MASTER for the acks of
 ``inSyncReplicas - 1`` connected slaves, one by default (``FLUSH_SLAVE_TIMEOUT`` after ``syncFlushTimeout``;
 ``SLAVE_NOT_AVAILABLE`` at once when fewer connected slaves are in sync, i.e. have their own last ack within

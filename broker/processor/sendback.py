@@ -1,5 +1,5 @@
 """``POST /consumer/sendback``: a consumer hands back a message it failed to consume (RocketMQ's
-``consumerSendMsgBack``, docs/SEMANTICS.md 8.3, broker side).
+``consumerSendMsgBack``, docs/BEHAVIOUR.md 8.3, broker side).
 
 The broker looks the original up by its commit-log offset and stores a copy in ``%RETRY%<group>`` with a delay
 level, or in ``%DLQ%<group>`` past the retry limit, as the rules of :mod:`broker.retry` say.

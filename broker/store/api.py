@@ -108,7 +108,7 @@ class GetMessageStatus(enum.Enum):
 
 @attrs.frozen
 class GetMessageResult:
-    """Outcome of ``get_message`` (docs/SEMANTICS.md 3.1)."""
+    """Outcome of ``get_message`` (docs/BEHAVIOUR.md 3.1)."""
 
     status: GetMessageStatus
     next_begin_offset: int
@@ -192,7 +192,7 @@ class MessageStore(Protocol):
 
     # lifecycle -------------------------------------------------------------------------------------------
     def load(self) -> None:
-        """Open files, recover (normal or abnormal, docs/SEMANTICS.md 7.6), create the abort file.
+        """Open files, recover (normal or abnormal, docs/BEHAVIOUR.md 7.6), create the abort file.
 
         Raises:
             StoreCorruptError: a corrupt record mid-log and ``truncate_corrupt`` was not set.
@@ -293,7 +293,7 @@ class MessageStore(Protocol):
         record_filter: RecordFilter | None = None,
     ) -> GetMessageResult:
         """Read up to ``max_nums`` messages / ``max_bytes`` from a queue (statuses and next-offset rules of
-        docs/SEMANTICS.md 3.1, including the slave rule that suppresses offset corrections). A record refused by
+        docs/BEHAVIOUR.md 3.1, including the slave rule that suppresses offset corrections). A record refused by
         ``record_filter`` is skipped like a tag mismatch: it counts toward no limit."""
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int: ...

@@ -1,4 +1,4 @@
-"""The checkpoint file (``<root>/checkpoint``, 4096 bytes, big-endian int64 fields, docs/SEMANTICS.md 7.5)::
+"""The checkpoint file (``<root>/checkpoint``, 4096 bytes, big-endian int64 fields, docs/BEHAVIOUR.md 7.5)::
 
     @0   physicMsgTimestamp   store time of the last flushed commit-log record
     @8   logicsMsgTimestamp   store time of the last record in flushed consume queues

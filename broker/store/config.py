@@ -48,7 +48,7 @@ def _wall_clock_ms() -> int:
 
 @attrs.frozen(kw_only=True)
 class StoreConfig:
-    """Everything the message store needs to know. Defaults are RocketMQ's (docs/SEMANTICS.md 1.3)."""
+    """Everything the message store needs to know. Defaults are RocketMQ's (docs/BEHAVIOUR.md 1.3)."""
 
     store_path_root_dir: str
     """``storePathRootDir``: holds commitlog/, consumequeue/, index/, checkpoint, abort, config/."""

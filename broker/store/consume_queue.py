@@ -1,4 +1,4 @@
-"""Consume queues: per (topic, queueId), a chain of fixed-size files of 20-byte units (docs/SEMANTICS.md 7.2)::
+"""Consume queues: per (topic, queueId), a chain of fixed-size files of 20-byte units (docs/BEHAVIOUR.md 7.2)::
 
     0  8  commitLogOffset   int64
     8  4  size              int32

@@ -1,4 +1,4 @@
-"""The dispatcher (RocketMQ's ReputMessageService, docs/SEMANTICS.md 7.7): tails the commit log from the reput
+"""The dispatcher (RocketMQ's ReputMessageService, docs/BEHAVIOUR.md 7.7): tails the commit log from the reput
 offset and builds consume-queue units and index entries.
 
 Two sources, one builder. On a master the store hands over each appended batch with what its send path already

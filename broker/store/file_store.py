@@ -64,7 +64,7 @@ _DONE_TRUE.set_result(True)
 
 
 class FileMessageStore:
-    """The :class:`~broker.store.api.MessageStore` on disk (docs/SEMANTICS.md 1.5, 7).
+    """The :class:`~broker.store.api.MessageStore` on disk (docs/BEHAVIOUR.md 1.5, 7).
 
     Args:
         config: the store configuration.
@@ -111,7 +111,7 @@ class FileMessageStore:
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def load(self) -> None:
-        """Lock the directory, open and recover every file (docs/SEMANTICS.md 7.6), write the abort file.
+        """Lock the directory, open and recover every file (docs/BEHAVIOUR.md 7.6), write the abort file.
 
         Raises:
             StoreCorruptError: a corrupt record mid-log and ``truncate_corrupt`` is not set.
@@ -138,7 +138,7 @@ class FileMessageStore:
 
     def _open_and_recover(self, last_exit_ok: bool) -> None:
         """Open the commit log, the consume queues and the index, recover them and dispatch what the queues miss
-        (docs/SEMANTICS.md 7.6)."""
+        (docs/BEHAVIOUR.md 7.6)."""
         assert self.checkpoint is not None
         self.commitlog.load()
         self.cqs.load()
@@ -488,8 +488,8 @@ class FileMessageStore:
         tag_filter: TagFilter | None = None,
         record_filter: RecordFilter | None = None,
     ) -> GetMessageResult:
-        """Read from a queue with the statuses and next-offset rules of docs/SEMANTICS.md 3.1."""
-        # A slave keeps the consumer's offset unless offsetCheckInSlave (docs/SEMANTICS.md 3.1, nextOffsetCorrection).
+        """Read from a queue with the statuses and next-offset rules of docs/BEHAVIOUR.md 3.1."""
+        # A slave keeps the consumer's offset unless offsetCheckInSlave (docs/BEHAVIOUR.md 3.1, nextOffsetCorrection).
         correct = self._role is not BrokerRole.SLAVE or self.config.offset_check_in_slave
         return reader.get_message(self.commitlog, self.cqs, self.config, topic, queue_id, offset, max_nums, max_bytes,
                                   tag_filter, record_filter, correct_offsets=correct,

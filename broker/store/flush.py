@@ -1,4 +1,4 @@
-"""Flush services (docs/SEMANTICS.md 7.8).
+"""Flush services (docs/BEHAVIOUR.md 7.8).
 
 * :class:`FlushService` (one thread): under ASYNC_FLUSH, every ``flushIntervalCommitLog`` flush the commit log
   when at least ``flushCommitLogLeastPages`` pages are dirty, fully at least every

@@ -1,4 +1,4 @@
-"""The index files (``<root>/index/<yyyyMMddHHmmssSSS>``): lookup by key and unique key (docs/SEMANTICS.md 7.3)::
+"""The index files (``<root>/index/<yyyyMMddHHmmssSSS>``): lookup by key and unique key (docs/BEHAVIOUR.md 7.3)::
 
     header   40 B   beginTimestamp int64 | endTimestamp int64 | beginPhyOffset int64 | endPhyOffset int64
                     | hashSlotCount int32 | indexCount int32 (starts at 1)

@@ -1,4 +1,4 @@
-"""Read paths of the file store: ``get_message`` (docs/SEMANTICS.md 3.1), offsets by time, key queries.
+"""Read paths of the file store: ``get_message`` (docs/BEHAVIOUR.md 3.1), offsets by time, key queries.
 
 Kept apart from the store class so the hot loop of ``get_message`` reads top to bottom. Each function takes the
 parts of the store it reads (the commit log, the consume-queue table, the index, the read limits of the config).

@@ -1,4 +1,4 @@
-"""Checking commit-log records (layout: :mod:`common.codec`; rules: docs/SEMANTICS.md 7.1). Pure: no files.
+"""Checking commit-log records (layout: :mod:`common.codec`; rules: docs/BEHAVIOUR.md 7.1). Pure: no files.
 
 One checker serves both places that take records they did not write:
 

@@ -1,4 +1,4 @@
-"""Start-up recovery (docs/SEMANTICS.md 7.6).
+"""Start-up recovery (docs/BEHAVIOUR.md 7.6).
 
 * Normal (no abort file): validate the last three commit-log files, cut after the last valid record, cut
   consume queues that point past it, and dispatch whatever the queues miss.

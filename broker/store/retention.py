@@ -1,5 +1,5 @@
 """Retention and disk guards of the store, as pure decisions (RocketMQ's ``CleanCommitLogService`` and the disk
-checks of ``DefaultMessageStore``; keys and defaults in docs/SEMANTICS.md 1.3). No I/O: the store measures, the
+checks of ``DefaultMessageStore``; keys and defaults in docs/BEHAVIOUR.md 1.3). No I/O: the store measures, the
 broker's cleaner paces, these functions decide.
 
 A pass of the cleaner:

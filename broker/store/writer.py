@@ -1,4 +1,4 @@
-"""Validation and planning of a put (docs/SEMANTICS.md 7.8 put path, 8.1 delay rewrite), without I/O.
+"""Validation and planning of a put (docs/BEHAVIOUR.md 7.8 put path, 8.1 delay rewrite), without I/O.
 
 The fast path (no delay level, no transaction flags) checks sizes in one loop and hands the caller's items to
 the writer untouched. The delay level is the item's (read once, when the batch was decoded); nothing here parses

@@ -2,7 +2,7 @@
 
 ``FakeStore`` follows ``broker.store.api.MessageStore`` closely enough for the broker: records are encoded with
 the shared codec, dispatch is explicit (``dispatch_available``), and ``get_message`` returns the statuses and
-next offsets of docs/SEMANTICS.md 3.1 (master rules).
+next offsets of docs/BEHAVIOUR.md 3.1 (master rules).
 """
 
 from __future__ import annotations

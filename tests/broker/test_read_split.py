@@ -1,4 +1,4 @@
-"""The pull's answer plan (docs/SEMANTICS.md 3.2 status table, 3.2.1 read/write-split table, decision 6, the slave's
+"""The pull's answer plan (docs/BEHAVIOUR.md 3.2 status table, 3.2.1 read/write-split table, decision 6, the slave's
 offset rewrite): each row is one call of :func:`broker.read_split.plan_pull_answer`."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from common.codes import ResponseCode as C
 # whichBrokerWhenConsumeSlowly), store status (None: not read), request offset, suggestPullingFromSlave
 #   -> serves, code, suggestWhichBrokerId
 ROWS = [
-    # docs/SEMANTICS.md 3.2.1: a master, slaveReadEnable=false: always the master
+    # docs/BEHAVIOUR.md 3.2.1: a master, slaveReadEnable=false: always the master
     (False, False, False, False, (0, 1), S.FOUND, 5, False, True, C.SUCCESS, 0),
     (False, False, False, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 0),
     # ... slaveReadEnable=true: a cold read goes to whichBrokerWhenConsumeSlowly, else to the group's brokerId
@@ -34,7 +34,7 @@ ROWS = [
     (True, False, False, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 0),
     # a master ignores the link flag
     (False, False, True, False, (0, 1), S.FOUND, 5, True, True, C.SUCCESS, 0),
-    # codes on a master (docs/SEMANTICS.md 3.2)
+    # codes on a master (docs/BEHAVIOUR.md 3.2)
     (False, False, False, False, (0, 1), S.OFFSET_OVERFLOW_ONE, 5, False, True, C.PULL_NOT_FOUND, 0),
     (False, False, False, False, (0, 1), S.OFFSET_TOO_SMALL, 5, False, True, C.PULL_OFFSET_MOVED, 0),
     (False, False, False, False, (0, 1), S.NO_MESSAGE_IN_QUEUE, 0, False, True, C.PULL_NOT_FOUND, 0),

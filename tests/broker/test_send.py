@@ -1,4 +1,4 @@
-"""``POST /send`` against a fake store: codes, remarks, auto-create, durability waits (docs/SEMANTICS.md 2.9-2.11)."""
+"""``POST /send`` against a fake store: codes, remarks, auto-create, durability waits (docs/BEHAVIOUR.md 2.9-2.11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Send-back (docs/SEMANTICS.md 8.3, broker side): the pure decisions, and ``POST /consumer/sendback`` over a real
+"""Send-back (docs/BEHAVIOUR.md 8.3, broker side): the pure decisions, and ``POST /consumer/sendback`` over a real
 file store -- retry topic with a delay, DLQ, the checks and their codes, and the full loop with the scheduler."""
 
 from __future__ import annotations

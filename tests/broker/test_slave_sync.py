@@ -1,4 +1,4 @@
-"""Slave metadata sync: the pure apply rules (docs/SEMANTICS.md 5.2, 4.9.3) and one round against a fake master
+"""Slave metadata sync: the pure apply rules (docs/BEHAVIOUR.md 5.2, 4.9.3) and one round against a fake master
 where items fail independently."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``Admin.dledger_status`` and ``Admin.transfer_leadership`` against a real 3-peer DLedger group on loopback.
 
 One group (heartbeats every 500 ms) serves the module; each test finds the current leader itself, so the order
-of the tests does not matter. docs/SEMANTICS.md 9.8: the leader registers id 0, follower ``nN`` id ``N + 1``.
+of the tests does not matter. docs/BEHAVIOUR.md 9.8: the leader registers id 0, follower ``nN`` id ``N + 1``.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def test_an_acl_refusal_is_access_denied_and_not_retried() -> None:
     assert type(acl) is AccessDeniedError and isinstance(acl, NoPermissionError)
     assert acl.code == 16 and not acl.retriable and not is_retriable(acl)
     assert "no PUB permission on topic T" in str(acl)
-    # A topic's or broker's perm stays what it was: retried on another broker group (docs/SEMANTICS.md 4.6).
+    # A topic's or broker's perm stays what it was: retried on another broker group (docs/BEHAVIOUR.md 4.6).
     assert type(perm) is NoPermissionError and perm.retriable and is_retriable(perm)
 
 

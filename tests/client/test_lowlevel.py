@@ -61,7 +61,7 @@ def _addrs(fake, path: str) -> list[str]:
     return [f"{r.url.host}:{r.url.port}" for r in fake.requests if r.url.path == path]
 
 
-# --- send: the producer's retry loop (docs/SEMANTICS.md 4.6) --------------------------------------------------------
+# --- send: the producer's retry loop (docs/BEHAVIOUR.md 4.6) --------------------------------------------------------
 
 
 def test_send_encoded_retries_on_the_other_broker_group(fake) -> None:
@@ -109,7 +109,7 @@ def test_send_encoded_to_a_new_topic_borrows_the_default_route(fake) -> None:
     assert SendRequestHeader.from_query(_query(fake.sends()[0])).default_topic_queue_nums == 4
 
 
-# --- pull: the consumer's read/write split (docs/SEMANTICS.md 3.3, decision 6) --------------------------------------
+# --- pull: the consumer's read/write split (docs/BEHAVIOUR.md 3.3, decision 6) --------------------------------------
 
 
 def test_pull_raw_goes_to_the_slave_while_the_master_is_down(fake) -> None:

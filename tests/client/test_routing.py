@@ -1,4 +1,4 @@
-"""Table tests of the pure routing state (docs/SEMANTICS.md 3.3, 4.2-4.5, 6.6)."""
+"""Table tests of the pure routing state (docs/BEHAVIOUR.md 3.3, 4.2-4.5, 6.6)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The one property scanner: ``scan_properties`` reads the well-known fields as ``decode_properties`` reads the
-whole map (docs/SEMANTICS.md 7.1 property string), and a decoded send batch carries them."""
+whole map (docs/BEHAVIOUR.md 7.1 property string), and a decoded send batch carries them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Citations of docs/SEMANTICS.md resolve inside the repository.
+"""Citations of docs/BEHAVIOUR.md resolve inside the repository.
 
-* Every ``SEMANTICS.md <number>`` / ``SEMANTICS.md section(s) <number>, <number>`` citation in a tracked ``.py`` or
-  ``.md`` file names a numbered heading of docs/SEMANTICS.md (a range such as ``9.4-9.5`` names every section in
+* Every ``BEHAVIOUR.md <number>`` / ``BEHAVIOUR.md section(s) <number>, <number>`` citation in a tracked ``.py`` or
+  ``.md`` file names a numbered heading of docs/BEHAVIOUR.md (a range such as ``9.4-9.5`` names every section in
   it), and every ``decision <n>`` names an item of its decisions list.
 * No tracked file points outside the repository at the team's private documents, and every relative link in
   docs/*.md and README.md names a file (or folder) the repository tracks.
@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SEMANTICS = "docs/SEMANTICS.md"
+BEHAVIOUR = "docs/BEHAVIOUR.md"
 #: This file plants bad citations on purpose (see the last tests); the scan of the repository skips it.
 THIS = Path(__file__).resolve().relative_to(ROOT).as_posix()
 
@@ -26,16 +26,16 @@ _NUM = r"\d+(?:\.\d+)*"
 _DASH = "[-\u2013]"  # a hyphen or an en dash
 _ITEM = rf"{_NUM}(?:\s*{_DASH}\s*{_NUM})?"
 _LIST = rf"{_ITEM}(?:(?:\s*,\s*(?:and\s+)?|\s+and\s+){_ITEM})*"
-#: ``SEMANTICS.md 2.3``, ``docs/SEMANTICS.md section 6.1``, ``[SEMANTICS.md](SEMANTICS.md) 2.8, 2.9.2``, and a
+#: ``BEHAVIOUR.md 2.3``, ``docs/BEHAVIOUR.md section 6.1``, ``[BEHAVIOUR.md](BEHAVIOUR.md) 2.8, 2.9.2``, and a
 #: citation whose number wraps onto the next line, a Python comment line included.
 CITATION = re.compile(
-    rf"SEMANTICS\.md(?:\]\([^)\s]*SEMANTICS\.md\))?(?:\s|#)*(?:(?:sections?|§)\s*)?(?P<nums>{_LIST})",
+    rf"BEHAVIOUR\.md(?:\]\([^)\s]*BEHAVIOUR\.md\))?(?:\s|#)*(?:(?:sections?|§)\s*)?(?P<nums>{_LIST})",
     re.IGNORECASE,
 )
-#: ``section 9 of [SEMANTICS.md](SEMANTICS.md)``.
-CITATION_BEFORE = re.compile(rf"\bsections?\s+(?P<nums>{_LIST})\s+of\s+\[?(?:docs/)?SEMANTICS\.md", re.IGNORECASE)
+#: ``section 9 of [BEHAVIOUR.md](BEHAVIOUR.md)``.
+CITATION_BEFORE = re.compile(rf"\bsections?\s+(?P<nums>{_LIST})\s+of\s+\[?(?:docs/)?BEHAVIOUR\.md", re.IGNORECASE)
 DECISION = re.compile(r"\bdecisions?\s+(?P<nums>\d+(?:(?:\s*,\s*(?:and\s+)?|\s+and\s+)\d+)*)\b", re.IGNORECASE)
-#: RocketMQ versions that may follow a citation ("docs/SEMANTICS.md 5, 4.9.3 rules"): not section numbers.
+#: RocketMQ versions that may follow a citation ("docs/BEHAVIOUR.md 5, 4.9.3 rules"): not section numbers.
 VERSIONS = frozenset({"4.9.3", "5.3.3"})
 
 HEADING = re.compile(rf"^#{{2,6}}\s+(?P<num>{_NUM})\.?\s", re.MULTILINE)
@@ -76,7 +76,7 @@ def expand(item: str) -> list[str]:
 
 
 def cited_sections(text: str) -> list[tuple[int, str]]:
-    """``(line, section number)`` of every citation of docs/SEMANTICS.md in ``text``."""
+    """``(line, section number)`` of every citation of docs/BEHAVIOUR.md in ``text``."""
     found = []
     for pattern in (CITATION, CITATION_BEFORE):
         for m in pattern.finditer(text):
@@ -136,8 +136,8 @@ def broken_links(doc_path: str, text: str, files: frozenset[str]) -> list[str]:
 
 
 def semantics_doc() -> str:
-    assert SEMANTICS in tracked(), f"{SEMANTICS} is not tracked"
-    return read(SEMANTICS)
+    assert BEHAVIOUR in tracked(), f"{BEHAVIOUR} is not tracked"
+    return read(BEHAVIOUR)
 
 
 def test_the_reference_numbers_its_sections_and_its_eight_decisions() -> None:
@@ -160,7 +160,7 @@ def test_every_citation_names_a_section_and_every_decision_exists() -> None:
         checked += len(cited_sections(text))
         bad += [f"{path} {b}" for b in bad_citations(text, sections, decisions)]
     assert checked >= 100, f"only {checked} citations found: has the citation form changed?"
-    assert not bad, "citations of docs/SEMANTICS.md that name nothing there:\n" + "\n".join(bad)
+    assert not bad, "citations of docs/BEHAVIOUR.md that name nothing there:\n" + "\n".join(bad)
 
 
 def test_no_tracked_file_points_at_documents_outside_the_repository() -> None:
@@ -177,17 +177,17 @@ def test_no_tracked_file_points_at_documents_outside_the_repository() -> None:
 def test_relative_links_in_the_docs_resolve_to_tracked_files() -> None:
     files = frozenset(tracked())
     docs = [p for p in files if p == "README.md" or re.fullmatch(r"docs/[^/]+\.md", p)]
-    assert SEMANTICS in docs and "docs/HA.md" in docs
+    assert BEHAVIOUR in docs and "docs/HA.md" in docs
     bad = [b for p in sorted(docs) for b in broken_links(p, read(p), files)]
     assert not bad, "links to files the repository does not have:\n" + "\n".join(bad)
 
 
 PLANTED = (
-    "# docs/SEMANTICS.md 2.3 and docs/SEMANTICS.md\n"
-    "#   2.9-2.11, decision 5. See docs/SEMANTICS.md section 6.1, [SEMANTICS.md](SEMANTICS.md) 2.8, 2.9.2.\n"
-    "docs/SEMANTICS.md 5, 4.9.3 rules; section 9 of [SEMANTICS.md](SEMANTICS.md); decisions 3 and 4.\n"
-    "Bad: docs/SEMANTICS.md 2.13, docs/SEMANTICS.md sections 3.2 and 3.9, docs/SEMANTICS.md 9.7-9.9,\n"
-    "section 11 of [SEMANTICS.md](SEMANTICS.md), decision 9.\n"
+    "# docs/BEHAVIOUR.md 2.3 and docs/BEHAVIOUR.md\n"
+    "#   2.9-2.11, decision 5. See docs/BEHAVIOUR.md section 6.1, [BEHAVIOUR.md](BEHAVIOUR.md) 2.8, 2.9.2.\n"
+    "docs/BEHAVIOUR.md 5, 4.9.3 rules; section 9 of [BEHAVIOUR.md](BEHAVIOUR.md); decisions 3 and 4.\n"
+    "Bad: docs/BEHAVIOUR.md 2.13, docs/BEHAVIOUR.md sections 3.2 and 3.9, docs/BEHAVIOUR.md 9.7-9.9,\n"
+    "section 11 of [BEHAVIOUR.md](BEHAVIOUR.md), decision 9.\n"
 )
 
 
@@ -207,7 +207,7 @@ def test_the_parsers_catch_planted_mistakes() -> None:
 
 
 def test_the_link_check_catches_a_missing_file() -> None:
-    files = frozenset({"README.md", "docs/HA.md", "docs/SEMANTICS.md", "examples/demo.py"})
-    text = ("[a](SEMANTICS.md) [b](HA.md#roles) [c](#local) [d](https://example.com/x.md) [e](../examples/demo.py)\n"
+    files = frozenset({"README.md", "docs/HA.md", "docs/BEHAVIOUR.md", "examples/demo.py"})
+    text = ("[a](BEHAVIOUR.md) [b](HA.md#roles) [c](#local) [d](https://example.com/x.md) [e](../examples/demo.py)\n"
             "[f](../examples/) [g](MISSING.md) [h](../../outside.md)\n```\n[i](in-a-code-block.md)\n```\n")
     assert broken_links("docs/HA.md", text, files) == ["docs/HA.md: ](MISSING.md)", "docs/HA.md: ](../../outside.md)"]

@@ -1,4 +1,4 @@
-"""The master of a group SIGKILLed under live clients (docs/SEMANTICS.md 3.5, 3.6, decision 6).
+"""The master of a group SIGKILLed under live clients (docs/BEHAVIOUR.md 3.5, 3.6, decision 6).
 
 * a consumer reading the group continues from its slave (``slaveReadEnable=false``: the slave serves because its
   master link is down), without losing or skipping a message; the producer moves to the other group;

@@ -1,4 +1,4 @@
-"""Slave metadata sync against real processes (docs/SEMANTICS.md 5, decision 7): topics, subscription groups and consumer
+"""Slave metadata sync against real processes (docs/BEHAVIOUR.md 5, decision 7): topics, subscription groups and consumer
 offsets created on the master reach the slave within one ``slaveMetadataSyncInterval`` plus a margin, and the
 slave keeps them across a crash-restart while its master is away."""
 

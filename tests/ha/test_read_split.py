@@ -1,4 +1,4 @@
-"""Read/write splitting against real brokers: every row of docs/SEMANTICS.md 3.2.1 and decision 6.
+"""Read/write splitting against real brokers: every row of docs/BEHAVIOUR.md 3.2.1 and decision 6.
 
 ``accessMessageInMemoryMaxRatio=0`` makes every found message "cold" (``suggestPullingFromSlave``); the default
 40 % of RAM makes none cold with these small stores. After every pull the consumer stores the suggestion

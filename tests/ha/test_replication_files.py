@@ -1,4 +1,4 @@
-"""Commit-log replication between real broker processes, checked on disk (docs/SEMANTICS.md 2.4, 2.6).
+"""Commit-log replication between real broker processes, checked on disk (docs/BEHAVIOUR.md 2.4, 2.6).
 
 (A frame at the wrong offset is covered in tests/broker/ha/test_replication.py.)
 """

@@ -1,4 +1,4 @@
-"""SYNC_MASTER and ASYNC_MASTER durability against real processes (docs/SEMANTICS.md 2.8, 2.9, decision 5, docs/HA.md).
+"""SYNC_MASTER and ASYNC_MASTER durability against real processes (docs/BEHAVIOUR.md 2.8, 2.9, decision 5, docs/HA.md).
 
 * with the slave up, a SEND_OK message is in the slave's commit log when ``send`` returns;
 * slave stopped -> SLAVE_NOT_AVAILABLE at once; slave paused (SIGSTOP) -> FLUSH_SLAVE_TIMEOUT after

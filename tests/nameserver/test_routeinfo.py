@@ -1,4 +1,4 @@
-"""Table tests of the pure route table (docs/SEMANTICS.md sections 2.2, 3.5, 6.3, 6.4, 6.5)."""
+"""Table tests of the pure route table (docs/BEHAVIOUR.md sections 2.2, 3.5, 6.3, 6.4, 6.5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Election rules (docs/SEMANTICS.md 9.2-9.3) as tables: each vote-handling rule and reject code in its order, heartbeat
+"""Election rules (docs/BEHAVIOUR.md 9.2-9.3) as tables: each vote-handling rule and reject code in its order, heartbeat
 handling, the candidate's count, the leader's count, the timers, pre-vote, and the persisted vote."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DLedger entry and index formats (docs/SEMANTICS.md 9.6): layout, the batch example, and every check."""
+"""The DLedger entry and index formats (docs/BEHAVIOUR.md 9.6): layout, the batch example, and every check."""
 
 from __future__ import annotations
 

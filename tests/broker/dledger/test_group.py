@@ -53,7 +53,7 @@ def route_addrs(cluster: LocalCluster) -> dict[int, str]:
 
 
 def expected_route(cluster: LocalCluster, leader: BrokerHandle) -> dict[int, str]:
-    """docs/SEMANTICS.md 9.8: the leader is id 0, follower nN registers N + 1."""
+    """docs/BEHAVIOUR.md 9.8: the leader is id 0, follower nN registers N + 1."""
     return {(0 if b is leader else b.broker_id + 1): b.addr for b in cluster.members(GROUP) if b.running()}
 
 

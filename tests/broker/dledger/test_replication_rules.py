@@ -1,4 +1,4 @@
-"""The leader's quorum wait, its per-follower dispatcher and the follower's rules (docs/SEMANTICS.md 9.4-9.5), as
+"""The leader's quorum wait, its per-follower dispatcher and the follower's rules (docs/BEHAVIOUR.md 9.4-9.5), as
 tables: the quorum index, completions and timeouts, LEADER_PENDING_FULL, TERM_CHANGED, each dispatcher
 transition, re-push, the follower's COMPARE answer, its commit bound and its gap timeout; and the dispatcher
 against a follower answering by those rules, from logs that diverge in every way, until both logs are one."""

@@ -1,4 +1,4 @@
-"""docs/SEMANTICS.md 9.8's status table: how a DLedger append that fails is answered, at the store and after the
+"""docs/BEHAVIOUR.md 9.8's status table: how a DLedger append that fails is answered, at the store and after the
 quorum wait."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ GiB = 1 << 30
     ("request_offset", "master_max", "file_size", "expected"),
     [
         (0, 0, GiB, 0),  # both empty
-        (0, 2_500_000_000, GiB, 2_147_483_648),  # docs/SEMANTICS.md 2.4 example: the master's last file
+        (0, 2_500_000_000, GiB, 2_147_483_648),  # docs/BEHAVIOUR.md 2.4 example: the master's last file
         (0, 2 * GiB, GiB, 2 * GiB),  # exactly at a boundary: the (empty) next file
         (0, 100, 64, 64),
         (5000, 9000, 64, 5000),  # a non-empty slave resumes from its own offset

@@ -1,4 +1,4 @@
-"""The HA byte framing: examples from docs/SEMANTICS.md 2.3, errors, and arbitrary chunking (hypothesis)."""
+"""The HA byte framing: examples from docs/BEHAVIOUR.md 2.3, errors, and arbitrary chunking (hypothesis)."""
 
 from __future__ import annotations
 

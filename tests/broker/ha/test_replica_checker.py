@@ -1,4 +1,4 @@
-"""The slave's check of replicated bytes (:mod:`broker.store.records`, docs/SEMANTICS.md 7.1), as tables: good
+"""The slave's check of replicated bytes (:mod:`broker.store.records`, docs/BEHAVIOUR.md 7.1), as tables: good
 streams split every way, and each kind of bad record, with what may be appended before it."""
 
 from __future__ import annotations

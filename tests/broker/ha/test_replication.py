@@ -382,7 +382,7 @@ def test_client_address_rules() -> None:
     client.update_master_address(None)
     assert client.master_ha_addr is None
     client.update_master_address("10.0.0.1:10912")
-    client.update_master_address(None)  # docs/SEMANTICS.md 2.2: a null result keeps the known address
+    client.update_master_address(None)  # docs/BEHAVIOUR.md 2.2: a null result keeps the known address
     assert client.master_ha_addr == "10.0.0.1:10912"
     with pytest.raises(ValueError, match="not host:port"):
         client.update_master_address("10.0.0.1")

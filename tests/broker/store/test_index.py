@@ -1,4 +1,4 @@
-"""Index file layout (docs/SEMANTICS.md 7.3)."""
+"""Index file layout (docs/BEHAVIOUR.md 7.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reads: get_message statuses and next offsets (docs/SEMANTICS.md 3.1), limits, filters, lookups, dispatch."""
+"""Reads: get_message statuses and next offsets (docs/BEHAVIOUR.md 3.1), limits, filters, lookups, dispatch."""
 
 from __future__ import annotations
 
