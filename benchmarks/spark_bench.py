@@ -3,12 +3,12 @@
 Entry ``run(quick)`` (registered as ``"spark"``): ``python -m benchmarks spark [--quick]``. The full run reads
 the acceptance size, **1,000,000 messages of 1 KiB** from 2 broker groups on this machine with ``local[2]``;
 ``SPLITMQ_SPARK_BENCH_ROWS`` overrides the read size (the writer uses a fifth of it, at least 20,000 rows) and
-``--quick`` uses 20,000 rows for CI. The brokers run with the transfer caps raised as the connector docs advise
-for analytical reads (:data:`ANALYTICS_BROKER_CONFIG`); RocketMQ's defaults (32 messages / 256 KiB per pull)
-cost the reader more round trips, which its pipelined pulls hide only partly.
+``--quick`` uses 20,000 rows for CI. The brokers run with their defaults: a slave serves 1024 messages / 4 MiB
+per pull (a master keeps RocketMQ's 32 / 256 KiB).
 
 The pieces are callable on their own: :func:`bench_decode` and :func:`bench_encode` need neither Spark nor a
-cluster; :func:`bench_batch_read` and :func:`bench_writer` take a SparkSession and a nameserver address.
+cluster; :func:`bench_batch_read` and :func:`bench_writer` take a SparkSession and a nameserver address;
+:func:`bench_spark_floor` a SparkSession only (Spark's own cost per row of a Python data source, no connector).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,10 @@ from spark_connector.arrow import decode_to_batch, messages_to_batch
 from spark_connector.options import DEFAULT_PULL_BATCH_SIZE
 from spark_connector.send import ChunkBuilder, ItemEncoder, encode_columns
 
-__all__ = ["ANALYTICS_BROKER_CONFIG", "bench_batch_read", "bench_decode", "bench_encode", "bench_writer", "run"]
+__all__ = ["bench_batch_read", "bench_decode", "bench_encode", "bench_spark_floor", "bench_writer", "run"]
 
 TOPIC = "SparkBench"
 READ_TOPIC, TAG_TOPIC = "SparkBenchRead", "SparkBenchTags"
-#: Broker settings for analytical reads: a pull may carry 1024 messages / 4 MiB (RocketMQ default 32 / 256 KiB).
-ANALYTICS_BROKER_CONFIG = {"maxTransferCountOnMessageInMemory": "1024", "maxTransferBytesOnMessageInMemory": "4194304"}
 FULL_READ_ROWS = 1_000_000
 QUICK_ROWS = 20_000
 
@@ -187,6 +186,59 @@ def bench_batch_read(spark: Any, ns: str, n: int, *, body_size: int = 1024, topi
     return n / elapsed, planning / elapsed
 
 
+def _prebuilt_source(batch: pa.RecordBatch) -> type:
+    """A Python data source named ``splitmq-prebuilt`` whose every partition yields ``batch`` again and again: the
+    connector's schema with no network and no decode. Option ``partitions`` (default 8), ``batches`` per partition.
+    Defined here, not at module level, so Spark's workers get the class and its batch by value (cloudpickle)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from spark_connector.arrow import spark_schema
+
+    class _Reader(DataSourceReader):
+        def __init__(self, options: dict[str, str]) -> None:
+            self.parts = int(options.get("partitions", "8"))
+            self.batches = int(options.get("batches", "1"))
+
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(i) for i in range(self.parts)]
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            for _ in range(self.batches):
+                yield batch
+
+    class PrebuiltSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "splitmq-prebuilt"
+
+        def schema(self) -> Any:
+            return spark_schema(False)
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return _Reader(dict(self.options))
+
+    return PrebuiltSource
+
+
+def bench_spark_floor(spark: Any, n: int, *, body_size: int = 1024, partitions: int = 8) -> float:
+    """Rows/s of Spark reading ``n`` rows of the connector's schema from a source that costs nothing (one prebuilt
+    Arrow batch of 4096 decoded 1 KiB messages, yielded again and again) into the ``noop`` sink: what Spark itself
+    spends per row of a Python data source on this machine, the ceiling of any connector's read. Same warm-up as
+    :func:`bench_batch_read` (a small read first)."""
+    per = 4096
+    raw = _records(per, body_size)
+    batch = decode_to_batch([(memoryview(raw), 1)], topic=READ_TOPIC, broker_name="broker-a", include_properties=False)
+    spark.dataSource.register(_prebuilt_source(batch))
+    batches = max(1, n // (per * partitions))
+
+    def load(k: int) -> Any:
+        return (spark.read.format("splitmq-prebuilt").option("partitions", str(partitions))
+                .option("batches", str(k)).load())
+
+    _timed_noop(load(1))
+    return batches * per * partitions / _timed_noop(load(batches))
+
+
 def bench_sdk_read(ns: str, topic: str, *, broker_id: int = 1, max_nums: int = 1024) -> tuple[float, int]:
     """One Python process pulling every queue of ``topic`` to its end with the public SDK's :class:`PullConsumer`
     (``connect_broker_by_user`` with ``default_broker_id`` 1: the slaves only, as ``pullFrom=slave``), ``max_nums`` a
@@ -318,6 +370,7 @@ def run(quick: bool) -> list[Row]:
         spark = _session("local[2]")
         try:
             read2, plan2 = bench_batch_read(spark, ns, n, topic=READ_TOPIC, options=slave, fill=False)
+            floor2 = bench_spark_floor(spark, n)
             pushed, plain = bench_pushdown(spark, cluster, TAG_TOPIC, n_tags)
             write, direct = bench_writer(spark, ns, n_write)
         finally:
@@ -325,6 +378,7 @@ def run(quick: bool) -> list[Row]:
         spark = _session("local[1]")
         try:
             read1, plan1 = bench_batch_read(spark, ns, n, topic=READ_TOPIC, options=slave, fill=False)
+            floor1 = bench_spark_floor(spark, n)
         finally:
             spark.stop()
     what = f"{n:,} x 1 KiB from the slaves, 2 groups"
@@ -335,6 +389,10 @@ def run(quick: bool) -> list[Row]:
             "SDK PullConsumer, 1 process", sdk, ">= 1.5x"),
         Row(f"Spark local[2] batch read, {what}", read2, "rows/s", "decode to Arrow alone", fast, ">= 0.5x"),
         Row(f"Spark local[1] batch read, {what} (planning {plan1:.1%})", read1, "rows/s", "Spark local[2]", read2),
+        Row(f"Spark local[2], {n:,} rows from a source that costs nothing (Spark's own ceiling)", floor2, "rows/s",
+            "SDK PullConsumer, 1 process", sdk),
+        Row(f"Spark local[1], {n:,} rows from a source that costs nothing", floor1, "rows/s",
+            "the same, local[2]", floor2),
         Row(f"tags = 'Rare' (1/16 of {n_tags:,}), pushed to the slaves: seconds", pushed[0], "s",
             "not pushed (filterPushdown=false)", plain[0]),
         Row(f"tags = 'Rare' (1/16 of {n_tags:,}), pushed to the slaves: MB the slaves wrote", pushed[1] / 1e6, "MB",
