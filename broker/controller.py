@@ -758,10 +758,10 @@ class BrokerController:
                       addr=self.addr)
         return status
 
-    async def _transfer_leadership(self, peer: str) -> dict[str, Any]:
+    async def _transfer_leadership(self, peer: str, timeout_s: float) -> dict[str, Any]:
         assert self.dledger is not None
         try:
-            await self.dledger.transfer_leadership(peer)
+            await self.dledger.transfer_leadership(peer, timeout_s)
         except ValueError as e:
             raise InvalidParameterError(str(e)) from None
         except AppendError as e:

@@ -19,7 +19,7 @@ import httpx
 from client import _requests as rq
 from client._instance import ClientConfig, ClientInstance, ClientState, with_credentials
 from common import codec
-from common.codes import MASTER_ID, Perm
+from common.codes import MASTER_ID, MAX_TRANSFER_TIMEOUT_MS, Perm
 from common.errors import (
     BrokerNotFoundError,
     ClientClosedError,
@@ -367,7 +367,10 @@ class Admin:
             raise ServiceNotAvailableError(f"{peer_id} of broker group {broker_name} is not registered with the "
                                            "nameserver (down?); a transfer needs it running and caught up")
         leader_addr, target_addr = str(master["addr"]), str(target["addr"])
-        url = f"http://{leader_addr}/dledger/transfer?peer={rq.q(peer_id)}"
+        # the leader's own bound ends half a second before this call's, so its refusal (not a timeout) arrives
+        left_ms = int((deadline - time.monotonic() - 0.5) * 1000)
+        url = (f"http://{leader_addr}/dledger/transfer?peer={rq.q(peer_id)}"
+               f"&timeoutMs={min(MAX_TRANSFER_TIMEOUT_MS, max(100, left_ms))}")
         self._broker_call(
             leader_addr, f"leadership transfer of {broker_name} to {peer_id}",
             lambda a: rq.json_of(self.client.http.post(

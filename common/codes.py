@@ -9,7 +9,9 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "DEFAULT_TRANSFER_TIMEOUT_MS",
     "MASTER_ID",
+    "MAX_TRANSFER_TIMEOUT_MS",
     "PULL_COMMIT_OFFSET",
     "PULL_SUBSCRIPTION",
     "PULL_SUSPEND",
@@ -25,6 +27,12 @@ __all__ = [
 
 #: ``brokerId`` of a broker group's master; every other id is a slave.
 MASTER_ID = 0
+
+#: Bound of a DLedger leadership transfer (``POST /dledger/transfer``) that names no ``timeoutMs``: the peer's
+#: catch-up, then its election.
+DEFAULT_TRANSFER_TIMEOUT_MS = 5000
+#: Longest ``timeoutMs`` a leadership transfer may ask for (the request holds its connection that long).
+MAX_TRANSFER_TIMEOUT_MS = 60_000
 
 
 class ResponseCode(enum.IntEnum):

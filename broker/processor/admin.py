@@ -27,6 +27,7 @@ from broker.metrics import CONTENT_TYPE
 from broker.processor.args import INT32_MAX, INT64_MAX, ArgumentError, checked_name, json_field, queue_args
 from broker.store.api import MessageStore
 from common.codec import decode_offset_msg_id
+from common.codes import DEFAULT_TRANSFER_TIMEOUT_MS, MAX_TRANSFER_TIMEOUT_MS
 from common.errors import InvalidParameterError, MessageIllegalError, QueryNotFoundError
 from common.route import TopicConfig
 from remoting.router import Request, Response, json_response
@@ -51,8 +52,10 @@ class StatusViews:
     """``GET /metrics``: the Prometheus text, gauges refreshed."""
     dledger: Callable[[], dict[str, Any]] | None = None
     """``GET /dledger``: the DLedger member's status (None: not in DLedger mode)."""
-    transfer_leadership: Callable[[str], Awaitable[dict[str, Any]]] | None = None
-    """``POST /dledger/transfer?peer=ID``: hand leadership to that peer; answers the new status."""
+    transfer_leadership: Callable[[str, float], Awaitable[dict[str, Any]]] | None = None
+    """``POST /dledger/transfer?peer=ID[&timeoutMs=T]``: hand leadership to that peer within ``T`` ms (default
+    :data:`~common.codes.DEFAULT_TRANSFER_TIMEOUT_MS`, at most
+    :data:`~common.codes.MAX_TRANSFER_TIMEOUT_MS`); answers the new status."""
     identity: Callable[[], dict[str, Any]] | None = None
     """``GET /identity``: the group identity of the store (:mod:`broker.group_identity`)."""
 
@@ -265,7 +268,8 @@ class AdminProcessor:
         peer = request.query.get("peer", "")
         if not peer:
             raise InvalidParameterError("POST /dledger/transfer needs ?peer=ID (one of the group's dLegerPeers ids)")
-        return json_response(await self._status.transfer_leadership(peer))
+        timeout_ms = request.int_arg("timeoutMs", DEFAULT_TRANSFER_TIMEOUT_MS, lo=100, hi=MAX_TRANSFER_TIMEOUT_MS)
+        return json_response(await self._status.transfer_leadership(peer, timeout_ms / 1000))
 
     async def ha_status(self, request: Request) -> Response:
         return json_response(self._status.ha())

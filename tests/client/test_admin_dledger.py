@@ -6,9 +6,11 @@ of the tests does not matter. docs/BEHAVIOUR.md 9.8: the leader registers id 0, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from client import Admin, Message, Producer
@@ -154,3 +156,28 @@ def test_a_member_down_shows_as_an_error_or_is_missing_and_rejoins(raft: LocalCl
     assert back[bid]["selfId"] == peer and back[0]["selfId"] == leader["selfId"]
     poll_until(lambda: admin.dledger_status(GROUP)[0]["peerProgress"][peer]["lag"] == 0, 10,
                f"{peer} catching up with the leader")
+
+
+def test_a_transfer_is_bounded_by_its_timeout_ms(raft: LocalCluster, admin: Admin) -> None:
+    """``POST /dledger/transfer`` honours ``timeoutMs`` (Admin.transfer_leadership passes what is left of its
+    ``timeout_s``): a transfer to a member that can't take over fails within it, not after the default 5 s."""
+    leader = wait_settled(admin)[0]
+    follower = max((b, st) for b, st in wait_settled(admin).items() if b)[1]
+    peer, handle = follower["selfId"], member(raft, follower["selfId"])
+    handle.kill()  # still one of the leader's peers: the transfer waits for a catch-up that can't come
+    try:
+        admin.create_topic("AdminRaftBound", queue_nums=1)
+        with Producer("admin-raft-bound", raft.namesrv_addr) as producer:
+            producer.send(Message("AdminRaftBound", b"the dead member lacks this one"))
+        url = f"http://{leader['addr']}/dledger/transfer"
+        for bad in ("50", "60001", "soon"):
+            r = httpx.post(url, params={"peer": peer, "timeoutMs": bad}, timeout=10)
+            assert r.status_code == 400 and "timeoutMs" in r.text, (bad, r.status_code, r.text)
+        t0 = time.monotonic()
+        r = httpx.post(url, params={"peer": peer, "timeoutMs": "300"}, timeout=10)
+        elapsed = time.monotonic() - t0
+        assert r.status_code == 503 and f"{peer} did not catch up" in r.text and "within 0.3 s" in r.text, r.text
+        assert elapsed < 2.5, elapsed
+    finally:
+        handle.start()
+    assert wait_settled(admin)[0]["selfId"] == leader["selfId"]
