@@ -7,8 +7,10 @@ is that schema; :func:`spark_schema` is the same thing as a Spark ``StructType``
 The fast path, :func:`decode_to_batch`, works on the raw record bytes of pull responses (the commit-log layout
 in ``common.codec``). A short Python loop finds where each record starts; everything else is done in
 bulk: numpy gathers the fixed-size header of every record at once, bodies and properties become Arrow arrays
-straight from offsets and one joined buffer, and tags/keys/UNIQ_KEY are extracted by a vectorised regex. Per
-row that is a few hundred nanoseconds, versus microseconds for ``MessageExt`` objects.
+straight from offsets and one joined buffer, and the tags/keys/UNIQ_KEY values are cut out of the properties
+strings by position (Arrow finds each key, numpy the separator after it and gathers the values; a regex
+extraction cost a third of the decode). About 3 µs a row of 1 KiB on the development VM, versus 10 for
+``MessageExt`` objects turned into Arrow.
 """
 
 from __future__ import annotations
@@ -72,13 +74,14 @@ _I32 = struct.Struct(">i")
 _V6_FLAGS = 0x10 | 0x20
 
 
-def _prop_regex(key: str, *, non_empty: bool) -> str:
-    return f"(?:^|\x02){key}\x01(?P<v>[^\x02]{'+' if non_empty else '*'})"
+def _key_marks(key: str) -> tuple[str, str]:
+    """What a property ``key`` looks like at the start of a properties string, and after a separator."""
+    return f"{key}\x01", f"\x02{key}\x01"
 
 
-_TAGS_RE = _prop_regex(TAGS, non_empty=False)
-_KEYS_RE = _prop_regex(KEYS, non_empty=False)
-_UNIQ_RE = _prop_regex(UNIQ_KEY, non_empty=True)
+_TAGS_MARKS = _key_marks(TAGS)
+_KEYS_MARKS = _key_marks(KEYS)
+_UNIQ_MARKS = _key_marks(UNIQ_KEY)
 
 
 def read_schema(include_properties: bool) -> pa.Schema:
@@ -169,8 +172,49 @@ def _hosts(packed: np.ndarray) -> pa.Array:
     return pc.take(pa.array(names, pa.string()), pa.array(inverse.ravel().astype(np.int32)))
 
 
-def _extract(props: pa.Array, pattern: str) -> pa.Array:
-    return pc.extract_regex(props, pattern).flatten()[0]
+class _Props:
+    """The properties strings of a batch (``k\x01v\x02k\x01v``; an array of offset 0, as :func:`_var_array`
+    builds it), with what every value lookup shares: the bytes of all of them back to back, each string's start
+    and end in them, and the position of every separator."""
+
+    __slots__ = ("array", "ends", "raw", "seps", "starts")
+
+    def __init__(self, array: pa.StringArray) -> None:
+        self.array = array
+        _, offsets, data = array.buffers()
+        n = len(array)
+        bounds = np.frombuffer(offsets, dtype=np.int32, count=n + 1).astype(np.int64)
+        self.starts, self.ends = bounds[:-1], bounds[1:]
+        self.raw = np.frombuffer(data, dtype=np.uint8, count=int(bounds[-1])) if bounds[-1] else np.zeros(0, np.uint8)
+        self.seps = np.flatnonzero(self.raw == 2)
+
+    def value(self, marks: tuple[str, str], *, non_empty: bool) -> pa.Array:
+        """The value of one key in every row: null where the key is absent (or, ``non_empty``, empty). The key is
+        found at the start of a row or right after a separator (never inside a longer key's name); its value runs
+        to the next separator or the row's end."""
+        at_start, after_sep = marks
+        n = len(self.starts)
+        first = np.asarray(pc.starts_with(self.array, at_start), dtype=bool)
+        later = np.asarray(pc.find_substring(self.array, after_sep), dtype=np.int64)
+        found = first | (later >= 0)
+        value_at = self.starts + np.where(first, len(at_start), later + len(after_sep))
+        nxt = np.searchsorted(self.seps, value_at)
+        sep_at = np.append(self.seps, np.iinfo(np.int64).max)[nxt]
+        lengths = np.where(found, np.minimum(sep_at, self.ends) - value_at, 0)
+        if non_empty:
+            found &= lengths > 0
+        lengths = np.where(found, lengths, 0)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        if total:
+            take = np.arange(total, dtype=np.int64) + np.repeat(value_at - offsets[:-1], lengths)
+            data = self.raw[take].tobytes()
+        else:
+            data = b""
+        validity = None if found.all() else pa.py_buffer(np.packbits(found, bitorder="little").tobytes())
+        return pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets.astype(np.int32)),
+                                                      pa.py_buffer(data)])
 
 
 def _properties_map(props: pa.Array) -> pa.Array:
@@ -245,16 +289,17 @@ def decode_to_batch(
         raise ProtocolViolationError("a record's field lengths do not add up to its TOTALSIZE")
     queue_offset = _be_column(head, 20, 28, ">i8")
     props = _var_array(buf, props_len_at + 2, props_len, pa.string())
-    tags = _extract(props, _TAGS_RE)
+    values = _Props(props)
+    tags = values.value(_TAGS_MARKS, non_empty=False)
     offset_ids = _hex_ids(np.concatenate([head[:, 64:72], head[:, 28:36]], axis=1))
     columns: list[Any] = [
         pa.array([topic] * n, pa.string()),
         pa.array([broker_name] * n, pa.string()),
         pa.array(_be_column(head, 12, 16, ">i4"), pa.int32()),
         pa.array(queue_offset, pa.int64()),
-        pc.coalesce(_extract(props, _UNIQ_RE), offset_ids),
+        pc.coalesce(values.value(_UNIQ_MARKS, non_empty=True), offset_ids),
         tags,
-        _extract(props, _KEYS_RE),
+        values.value(_KEYS_MARKS, non_empty=False),
         _var_array(buf, body_start, body_len, pa.binary()),
         pa.array(_be_column(head, 40, 48, ">i8") * 1000, TIMESTAMP),
         pa.array(_be_column(head, 56, 64, ">i8") * 1000, TIMESTAMP),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -10,6 +11,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from client.errors import ProtocolViolationError
 from common.codec import decode_records
+from common.properties import KEYS, TAGS, UNIQ_KEY
 from spark_connector.arrow import (
     decode_to_batch,
     empty_batch,
@@ -56,6 +58,25 @@ def test_decode_matches_the_sdk_codec(records: Builder) -> None:
     assert dict(rows[2]["properties"]) == {"a": "", "b": "c", "TAGS": ""}
     assert dict(rows[1]["properties"]) == {}
     assert all(r["servedBy"] == 1 and r["topic"] == "TopicZ" and r["brokerName"] == "broker-b" for r in rows)
+
+
+def test_tags_keys_and_msg_id_match_the_sdk_codec_among_look_alike_properties(records: Builder) -> None:
+    """The tags, keys and msgId columns are read from each properties string without a regex: a key is found
+    only at the start or after a separator, never inside a longer name (``XTAGS``, ``TAGSX``), and an empty
+    UNIQ_KEY falls back to the offset id, exactly as the SDK's decode reads them."""
+    rnd = random.Random(36)
+    names = [TAGS, KEYS, UNIQ_KEY, "X" + TAGS, TAGS + "X", "X" + KEYS, KEYS[:-1], UNIQ_KEY + "S", "a"]
+    values = ["", "v", "TagA", "k1 k2", "\u00e9\u6f22", "TAGS", "AB" * 16]
+    specs = []
+    for _ in range(400):
+        props = {rnd.choice(names): rnd.choice(values) for _ in range(rnd.randint(0, 5))}
+        specs.append({"body": b"b", "props": props})
+    raw = records(specs, topic="TopicP")
+    batch = decode_to_batch([(raw, 0)], topic="TopicP", broker_name="broker-a")
+    expected = messages_to_batch(decode_records(raw, broker_name="broker-a"), 0)
+    for name in ("msgId", "tags", "keys"):
+        assert batch.column(name).equals(expected.column(name)), name
+    assert batch.column("tags").null_count and batch.column("keys").null_count  # absent keys are null, not ""
 
 
 def test_chunks_keep_their_served_by_and_end_offset_trims(records: Builder) -> None:
