@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.request
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -85,6 +85,10 @@ def write_accounts_file(path: Path, admin: Credentials) -> None:
         f.write(text)
 
 
+#: A listening socket a server process inherits, and the option that names its descriptor (``--listen-fd``).
+_Inherited = tuple[str, socket.socket]
+
+
 class _Process:
     """One server process: stdout drained into its log file by a thread that also watches for the ready line."""
 
@@ -103,8 +107,19 @@ class _Process:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def spawn(self, args: list[str], cwd: Path, pass_fds: tuple[int, ...] = (), prefix: tuple[str, ...] = ()
-              ) -> None:
+    def spawn(self, args: list[str], cwd: Path, prefix: tuple[str, ...] = (), *,
+              lend: Sequence[_Inherited] = (), give: Sequence[_Inherited] = ()) -> None:
+        """Start the process with ``args``; each socket of ``lend`` and ``give`` is passed to it after its flag
+        (``FLAG FD``). ``lend`` stays the caller's; ``give`` is closed here once the process has its copy."""
+        handed = [*lend, *give]
+        args = [*args, *(arg for flag, sock in handed for arg in (flag, str(sock.fileno())))]
+        try:
+            self._popen(args, cwd, prefix, tuple(sock.fileno() for _, sock in handed))
+        finally:
+            for _, sock in give:
+                sock.close()
+
+    def _popen(self, args: list[str], cwd: Path, prefix: tuple[str, ...], pass_fds: tuple[int, ...]) -> None:
         self._ready.clear()
         self.match = None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,14 +214,14 @@ class NameserverHandle:
         self._root = root
         self._timeout = start_timeout_s
         self.acl_file: Path | None = None
+        """The accounts file the nameserver enforces (an ACL cluster), else None."""
         self.secret_file: Path | None = None
         """The file holding the brokers' ``haAuthSecret`` (an ACL cluster), given to ``--ha-auth-secret-file``."""
-        """The accounts file the nameserver enforces (an ACL cluster), else None."""
         self.tls_files: LocalTlsFiles | None = None
         """The certificate it serves TLS with (a TLS cluster), else None."""
         self._proc = _Process(f"nameserver-{index}", root / "logs" / f"nameserver-{index}.log", _NAMESRV_READY)
-        self._listen_sock: socket.socket | None = None
-        """The port bound here for the first start (:meth:`prebind`), handed to the process, then closed here."""
+        self._first_ports: list[_Inherited] = []
+        """The port bound here for the first start (:meth:`prebind`), given to the process."""
 
     @property
     def pid(self) -> int | None:
@@ -214,28 +229,21 @@ class NameserverHandle:
 
     def prebind(self) -> None:
         """Bind the port of the first start here, so that its address is known before the process runs."""
-        self._listen_sock = _listener()
-        self.addr = _addr(self._listen_sock)
+        sock = _listener()
+        self._first_ports = [("--listen-fd", sock)]
+        self.addr = _addr(sock)
 
     def spawn(self) -> None:
         listen = self.addr or "127.0.0.1:0"  # a restart keeps the port clients know
         args = ["-m", "nameserver", "--listen", listen]
-        fds: tuple[int, ...] = ()
-        if self._listen_sock is not None:
-            fds = (self._listen_sock.fileno(),)
-            args += ["--listen-fd", str(fds[0])]
         if self.acl_file is not None:
             args += ["--acl-enable", "--acl-file", str(self.acl_file)]
         if self.secret_file is not None:  # registrations then need the brokers' cluster account too
             args += ["--ha-auth-secret-file", str(self.secret_file)]
         if self.tls_files is not None:
             args += ["--tls-cert", self.tls_files.cert_file, "--tls-key", self.tls_files.key_file]
-        try:
-            self._proc.spawn(args, self._root, fds)
-        finally:
-            if self._listen_sock is not None:  # the process has its own copy; a restart binds the port itself
-                self._listen_sock.close()
-                self._listen_sock = None
+        give, self._first_ports = self._first_ports, []  # a restart binds the port itself
+        self._proc.spawn(args, self._root, give=give)
 
     def wait_ready(self) -> None:
         self.addr = self._proc.wait_ready(self._timeout).group(1)
@@ -273,9 +281,8 @@ class BrokerHandle:
         self.entry_module = "broker"
         """The module run as ``python -m``: a harness may set a wrapper of the broker's entry point (one that
         injects store faults, say) before the broker starts."""
-        self._listen_socks: tuple[socket.socket, socket.socket | None] | None = None
-        """The HTTP and HA ports bound here for the first start (:meth:`prebind`), handed to the process, then
-        closed here."""
+        self._first_ports: list[_Inherited] = []
+        """The HTTP and HA ports bound here for the first start (:meth:`prebind`), given to the process."""
         self.command_prefix: list[str] = []
         """Argv put before the interpreter on every (re)start: a program that sets something up and execs the rest
         of its arguments in the same process (so :attr:`pid` stays the broker's), such as
@@ -339,37 +346,23 @@ class BrokerHandle:
         """Bind the HTTP and HA ports of the first start here (a DLedger member has no HA port), so that their
         addresses are known before the process runs: its slaves and its nameservers can start alongside it."""
         http = _listener()
-        ha = None if self.role == DLEDGER else _listener()
-        self._listen_socks = (http, ha)
+        self._first_ports = [("--listen-fd", http)]
         self.addr = _addr(http)
-        self.ha_addr = _addr(ha) if ha is not None else ""
+        if self.role != DLEDGER:
+            ha = _listener()
+            self._first_ports.append(("--ha-fd", ha))
+            self.ha_addr = _addr(ha)
 
     def spawn(self) -> None:
         args = ["-m", self.entry_module, "-c", str(self.config_path)]
-        fds: list[int] = []
-        if self._listen_socks is not None:
-            http, ha = self._listen_socks
-            fds.append(http.fileno())
-            args += ["--listen-fd", str(http.fileno())]
-            if ha is not None:
-                fds.append(ha.fileno())
-                args += ["--ha-fd", str(ha.fileno())]
-        else:
-            if self.addr:  # a restart: the same ports, so the route and the slaves' haMasterAddress stay right
+        give, self._first_ports = self._first_ports, []
+        if not give:  # a restart binds its ports itself, the same ones: the route and haMasterAddress stay right
+            if self.addr:
                 args += ["--set", f"listenPort={self.addr.rsplit(':', 1)[1]}"]
             if self.ha_addr:
                 args += ["--set", f"haListenPort={self.ha_addr.rsplit(':', 1)[1]}"]
-        if self.peer_sock is not None:
-            fds.append(self.peer_sock.fileno())
-            args += ["--dledger-fd", str(self.peer_sock.fileno())]
-        try:
-            self._proc.spawn(args, self.dir, tuple(fds), tuple(self.command_prefix))
-        finally:
-            if self._listen_socks is not None:  # the process has its own copies; a restart binds the ports itself
-                for sock in self._listen_socks:
-                    if sock is not None:
-                        sock.close()
-                self._listen_socks = None
+        lend = [("--dledger-fd", self.peer_sock)] if self.peer_sock is not None else []
+        self._proc.spawn(args, self.dir, tuple(self.command_prefix), lend=lend, give=give)
 
     def wait_ready(self) -> None:
         m = self._proc.wait_ready(self._cluster.start_timeout_s)
