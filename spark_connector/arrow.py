@@ -186,7 +186,8 @@ class _Props:
         bounds = np.frombuffer(offsets, dtype=np.int32, count=n + 1).astype(np.int64)
         self.starts, self.ends = bounds[:-1], bounds[1:]
         self.raw = np.frombuffer(data, dtype=np.uint8, count=int(bounds[-1])) if bounds[-1] else np.zeros(0, np.uint8)
-        self.seps = np.flatnonzero(self.raw == 2)
+        # every separator's position, then a sentinel: a value after the last one runs to its row's end
+        self.seps = np.append(np.flatnonzero(self.raw == 2), np.iinfo(np.int64).max)
 
     def value(self, marks: tuple[str, str], *, non_empty: bool) -> pa.Array:
         """The value of one key in every row: null where the key is absent (or, ``non_empty``, empty). The key is
@@ -198,8 +199,7 @@ class _Props:
         later = np.asarray(pc.find_substring(self.array, after_sep), dtype=np.int64)
         found = first | (later >= 0)
         value_at = self.starts + np.where(first, len(at_start), later + len(after_sep))
-        nxt = np.searchsorted(self.seps, value_at)
-        sep_at = np.append(self.seps, np.iinfo(np.int64).max)[nxt]
+        sep_at = self.seps[np.searchsorted(self.seps, value_at)]
         lengths = np.where(found, np.minimum(sep_at, self.ends) - value_at, 0)
         if non_empty:
             found &= lengths > 0

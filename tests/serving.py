@@ -3,13 +3,17 @@
 
 Tests that talk HTTP to a router use this rather than an in-memory transport, so every request goes through the
 real protocol (parser, limits, keep-alive, the answer's one write) as it does in the broker and the nameserver.
+
+Also here: :func:`plain_http_refuser`, a plain (not TLS) HTTP port that answers one request with 400, for the
+tests of what a TLS client is told about such a port.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 
@@ -17,7 +21,7 @@ from remoting.http import HttpLimits
 from remoting.router import Router
 from remoting.server import HttpServer
 
-__all__ = ["serving"]
+__all__ = ["plain_http_refuser", "serving"]
 
 #: Bound on each request of the client (a long poll of a test waits within it).
 CLIENT_TIMEOUT_S = 60.0
@@ -53,3 +57,21 @@ async def serving(router: Router, limits: HttpLimits | None = None) -> AsyncIter
             yield client
     finally:
         await server.shutdown(STOP_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def plain_http_refuser() -> Iterator[tuple[str, int]]:
+    """A plain HTTP port on loopback that reads one request and answers 400 (as a plain HTTP server answers the
+    bytes of a TLS handshake), on a thread; yields its address. The thread is joined when the block ends."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+
+        server = threading.Thread(target=answer, daemon=True)
+        server.start()
+        yield listener.getsockname()[:2]
+        server.join(5.0)

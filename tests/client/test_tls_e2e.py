@@ -30,6 +30,7 @@ from client.errors import ClientError, TlsError
 from client.lowlevel import BrokerClient
 from client.tls import LocalTlsFiles, generate_local_tls_files
 from common.message import MessageQueue
+from tests.serving import plain_http_refuser
 
 pytestmark = pytest.mark.integration
 
@@ -148,25 +149,11 @@ def test_a_plain_client_of_a_tls_cluster_is_told_about_tls(cluster: LocalCluster
 
 
 def test_a_tls_client_of_a_plain_server_is_told_it_does_not_speak_tls(cluster: LocalCluster) -> None:
-    with socket.socket() as listener:  # a plain HTTP-ish server: answers 400 to anything, as a plain HTTP port does
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(4)
-        addr = f"127.0.0.1:{listener.getsockname()[1]}"
-
-        def answer() -> None:
-            conn, _ = listener.accept()
-            with conn:
-                conn.recv(4096)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-
-        import threading
-
-        server = threading.Thread(target=answer, daemon=True)
-        server.start()
+    with plain_http_refuser() as (host, port):  # a plain HTTP port: answers 400 to a TLS handshake
         assert cluster.tls_ca_file is not None
-        with Producer("tls_pg_x", addr, client_config=ClientConfig(tls_ca_file=cluster.tls_ca_file)) as p:
+        with Producer("tls_pg_x", f"{host}:{port}",
+                      client_config=ClientConfig(tls_ca_file=cluster.tls_ca_file)) as p:
             _fails_clearly(lambda: p.send(Message("AnyTopic", b"nope")), "does not speak TLS", "tls_ca_file")
-        server.join(5.0)
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -11,13 +11,13 @@ import errno
 import gc
 import socket
 import struct
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from client._transport import completes_tls_handshake, speaks_tls
+from tests.serving import plain_http_refuser
 from tests.waiting import poll_until
 
 
@@ -62,17 +62,9 @@ def test_a_connection_reset_before_the_handshake_is_no_tls_and_leaves_no_socket(
     assert unclosed == []
 
 
-def test_a_plain_http_server_is_no_tls(listener: socket.socket) -> None:
-    def serve() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(4096)
-            conn.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-
-    server = threading.Thread(target=serve, daemon=True)
-    server.start()
-    answer, unclosed = _unclosed_after(lambda: speaks_tls(listener.getsockname()))
-    server.join(5)
+def test_a_plain_http_server_is_no_tls() -> None:
+    with plain_http_refuser() as origin:
+        answer, unclosed = _unclosed_after(lambda: speaks_tls(origin))
     assert answer is False and unclosed == []
 
 
