@@ -391,9 +391,19 @@ class _InstanceCore:
         return ok
 
     def heartbeat_op(self) -> Op[int]:
-        """One heartbeat to each target; how many brokers answered."""
-        return (yield from self._each_broker_op("/heartbeat", self.heartbeat_body(), "heartbeat",
-                                                self.heartbeat_targets(), rq.warn_refused_subscriptions))
+        """One heartbeat to each target; how many brokers answered.
+
+        A consumer group that leaves while the heartbeat is under way (a close on another thread or task) may have
+        its unregister reach a broker before this heartbeat, which would list the group there again until the
+        heartbeat timeout, keeping its queues from the other members. So a heartbeat that announced a group gone
+        by the time its answers are in leaves it again, after them (RocketMQ orders the two with a lock)."""
+        announced = set(self.consumer_groups)
+        targets = self.heartbeat_targets()
+        ok = yield from self._each_broker_op("/heartbeat", self.heartbeat_body(), "heartbeat", targets,
+                                             rq.warn_refused_subscriptions)
+        for group in sorted(announced.difference(self.consumer_groups)):
+            yield from self._leave_op(group, targets)
+        return ok
 
     def unregister_consumer_group_op(self, group: str) -> Op[None]:
         """Stop heartbeating ``group`` and leave it on every broker now, so the other instances rebalance without
@@ -401,8 +411,11 @@ class _InstanceCore:
         targets = self.heartbeat_targets()
         self.consumer_groups.pop(group, None)
         self.consumer_selectors.pop(group, None)
+        yield from self._leave_op(group, targets)
+
+    def _leave_op(self, group: str, targets: list[str]) -> Op[int]:
         body = rq.unregister_body(self.client_id, consumer_groups=[group])
-        yield from self._each_broker_op("/client/unregister", body, f"unregister of {group}", targets)
+        return (yield from self._each_broker_op("/client/unregister", body, f"unregister of {group}", targets))
 
     def periodic_op(self) -> Op[None]:
         """The background jobs that are due: the route refresh and the heartbeats."""
