@@ -569,7 +569,8 @@ def measure(profile: Profile) -> list[Row]:
         floor = _RawPoster(stack.enter_context(null_http_server()), "PeersFloor", 1)
         with _splitmq(root, "async") as mq:
             rows = _send_rows(mq, "ASYNC_MASTER", peers.redis, peers.nats1, profile, floor)
-            default_read = _read_rows(mq, "broker defaults", peers.redis, [], profile)
+            # Issue 41: a slave's defaults serve reads (a read/write-splitting deployment does not tune them).
+            default_read = _read_rows(mq, "broker defaults", peers.redis, [], profile, target=">= 1.0x")
         with _splitmq(root, "sync", mode="sync") as mq:
             rows += _send_rows(mq, "SYNC_MASTER", peers.redis, peers.nats3, profile)
         settings = " ".join(f"{k}={v}" for k, v in SLAVE_READ_SETTINGS.items())
