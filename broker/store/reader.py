@@ -172,12 +172,12 @@ def _take_run(
     if first_phy < max_py - memory:  # on disk: the disk caps and the slave suggestion are _scan's
         return None
     take = max(1, min(len(window) // UNIT_SIZE, max_nums, cfg.max_transfer_count_on_message_in_memory))
-    units = _units(take).unpack_from(window)  # (phy, size) of each unit
+    units = _unpack_units(window, take)  # (phy, size) of each unit
     sizes = units[1::2]
     ends = list(itertools.accumulate(sizes))  # bytes of the first k records, k = 1..take
     # The first record goes even when it alone exceeds the byte cap (as _scan's ``if count`` lets it).
     take = max(1, bisect_right(ends, min(max_bytes, cfg.max_transfer_bytes_on_message_in_memory)))
-    if units[0 : 2 * take : 2] != tuple(itertools.accumulate(sizes[: take - 1], initial=first_phy)):
+    if units[0 : 2 * take : 2] != list(itertools.accumulate(sizes[: take - 1], initial=first_phy)):
         return None  # another queue's records (or a blank unit) in between
     files = cl.files
     f = _file_holding(files, files[0].start if files else 0, cl.file_size, first_phy, ends[take - 1])
@@ -188,10 +188,27 @@ def _take_run(
                             _copy_out([(f.mm, start, start + ends[take - 1])]), list(range(offset, offset + take)))
 
 
+def _unpack_units(window: bytes, count: int) -> list[int]:
+    """The commit-log offset and size of each of the first ``count`` units of ``window``, flat (their tag codes
+    skipped), unpacked :data:`_CHUNK` units a call."""
+    out: list[int] = []
+    full, rest = divmod(count, _CHUNK)
+    for i in range(full):
+        out += _CHUNK_UNITS.unpack_from(window, i * _CHUNK * UNIT_SIZE)
+    if rest:
+        out += _units(rest).unpack_from(window, full * _CHUNK * UNIT_SIZE)
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def _units(count: int) -> struct.Struct:
-    """The commit-log offset and size of each of ``count`` consume-queue units (their tag codes skipped)."""
+    """Offset and size of ``count`` units (at most :data:`_CHUNK`: about 64 bytes of Struct a unit, so the cache
+    holds at most about 1 MiB)."""
     return struct.Struct(">" + "qi8x" * count)
+
+
+_CHUNK = 256
+_CHUNK_UNITS = _units(_CHUNK)
 
 
 def _copy_out(runs: list[tuple[mmap.mmap, int, int]]) -> bytes:

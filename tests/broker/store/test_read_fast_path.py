@@ -49,15 +49,21 @@ def _both(store: FileMessageStore, queue_id: int, offset: int, max_nums: int, ma
     return fast, slow
 
 
-def test_a_queue_written_in_batches_is_read_without_a_step_per_record(make_store: StoreFactory,
-                                                                     scans: list[int]) -> None:
-    store = make_store(**_ONE_RUN)
+def test_a_queue_written_in_batches_is_read_without_a_step_per_record(make_store: StoreFactory, scans: list[int],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store(**_ONE_RUN, mapped_file_size_commitlog=1 << 20)  # every record in one file
     for i in range(4):
         store.append_batch("T", 0, batch("T", 25, start=25 * i), born_host=BORN_HOST)
     store.dispatch_available(1 << 30)
     r = store.get_message("g", "T", 0, 10, 64, 1 << 30)
     assert (r.msg_count, r.next_begin_offset, r.queue_offsets[0], scans) == (64, 74, 10, [])
     assert len(r.records) == 64
+    for i in range(12):  # a read of units of three unpacks (reader._CHUNK each)
+        store.append_batch("T", 0, batch("T", 50, start=100 + 50 * i), born_host=BORN_HOST)
+    store.dispatch_available(1 << 30)
+    fast, slow = _both(store, 0, 3, 650, 1 << 30, monkeypatch)
+    assert attrs.asdict(fast) == attrs.asdict(slow)
+    assert (fast.msg_count, fast.next_begin_offset, scans) == (650, 653, [1])  # the [1]: _both's own scan
 
 
 def test_interleaved_queues_and_filters_go_the_step_by_step_way(make_store: StoreFactory, scans: list[int]) -> None:
