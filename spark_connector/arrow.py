@@ -202,8 +202,7 @@ class _Props:
         sep_at = self.seps[np.searchsorted(self.seps, value_at)]
         lengths = np.where(found, np.minimum(sep_at, self.ends) - value_at, 0)
         if non_empty:
-            found &= lengths > 0
-        lengths = np.where(found, lengths, 0)
+            found &= lengths > 0  # the empty ones' lengths are 0 already
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])

@@ -8,6 +8,8 @@ and answered, heartbeat answered."""
 from __future__ import annotations
 
 import json
+from collections.abc import Generator
+from typing import Any
 
 import httpx
 
@@ -26,6 +28,15 @@ def _core() -> _InstanceCore:
     return core
 
 
+def _finish(op: Generator[Exchange, Any, Any], sent: list[Exchange]) -> Any:
+    """Answer each request of ``op`` with OK until it ends, adding each to ``sent``; returns what it returned."""
+    try:
+        while True:
+            sent.append(op.send(OK))
+    except StopIteration as stop:
+        return stop.value
+
+
 def _groups(req: Exchange) -> set[str]:
     return {g["group"] for g in json.loads(req.body)["consumerGroups"]}
 
@@ -38,20 +49,11 @@ def test_a_heartbeat_answered_after_the_groups_unregister_leaves_it_again() -> N
 
     leave = core.unregister_consumer_group_op("g_left")  # the close, on another thread, overtakes it
     unregistered = [leave.send(None)]
-    try:
-        while True:
-            unregistered.append(leave.send(OK))
-    except StopIteration:
-        pass
+    _finish(leave, unregistered)
     assert [r.target for r in unregistered] == ["/client/unregister"] * 2
 
     after = [heartbeat.send(OK)]  # the first broker's heartbeat answer, then the second's
-    try:
-        while True:
-            after.append(heartbeat.send(OK))
-    except StopIteration as stop:
-        answered = stop.value
-    assert answered == 2
+    assert _finish(heartbeat, after) == 2
     assert [(r.target, r.addr) for r in after] == [("/heartbeat", BROKERS[1]),
                                                    ("/client/unregister", BROKERS[0]),
                                                    ("/client/unregister", BROKERS[1])]
@@ -62,9 +64,5 @@ def test_a_heartbeat_with_no_group_gone_sends_nothing_more() -> None:
     core = _core()
     heartbeat = core.heartbeat_op()
     sent = [next(heartbeat)]
-    try:
-        while True:
-            sent.append(heartbeat.send(OK))
-    except StopIteration:
-        pass
+    _finish(heartbeat, sent)
     assert [r.target for r in sent] == ["/heartbeat"] * 2
