@@ -24,6 +24,7 @@ from common.properties import scan_properties
 __all__ = ["get_message", "offset_by_time", "query_message", "record_at", "store_timestamp"]
 
 _I64 = struct.Struct(">q").unpack_from
+_I32 = struct.Struct(">i").unpack_from
 #: Units examined per call: ``max(16000, maxMsgNums * 20) / 20``.
 _MIN_FILTER_BYTES = 16000
 
@@ -172,6 +173,8 @@ def _take_run(
     if first_phy < max_py - memory:  # on disk: the disk caps and the slave suggestion are _scan's
         return None
     take = max(1, min(len(window) // UNIT_SIZE, max_nums, cfg.max_transfer_count_on_message_in_memory))
+    if take > 1 and _I64(window, UNIT_SIZE)[0] != first_phy + _I32(window, 8)[0]:
+        return None  # the second record is not next to the first (queues written a record at a time, mixed)
     units = _unpack_units(window, take)  # (phy, size) of each unit
     sizes = units[1::2]
     ends = list(itertools.accumulate(sizes))  # bytes of the first k records, k = 1..take
